@@ -1,0 +1,16 @@
+"""hybridblas: one level-3 BLAS call on every CPU core and GPU of a node at once.
+
+    import hybridblas as hb
+    c = hb.herk(1.0, a)                                  # lower triangle of A A^H
+    c = hb.gemmt(1.0, a, x, 0.0, c, transa="C", context=hb.Context(devices="all", strategy="dynamic"))
+
+The routines follow the reference BLAS contract (scipy.linalg.blas argument order); ``context=``
+chooses devices, strategy and block size. Importing this package touches no GPU.
+"""
+from .context import Context, default_context, set_default_context
+from .profile import load_profile
+from .routines import gemm, gemmt, her2k, herk, herkx, syr2k, syrk
+
+__all__ = ["herk", "her2k", "gemmt", "herkx", "syrk", "syr2k", "gemm",
+           "Context", "default_context", "set_default_context", "load_profile"]
+__version__ = "0.1.0"

@@ -1,0 +1,185 @@
+"""Context: which devices a call runs on, which strategy, which block size, which rates."""
+import threading
+import warnings
+
+from . import blas_threads
+from .devices import CPUDevice, Device, registered
+
+STRATEGIES = ("static", "dynamic", "auto")
+
+# Rates (flop/s) used when no profile covers a device: conservative, so the CPU is never overloaded.
+DEFAULT_CPU_RATE_PER_CORE = {4: 40e9, 8: 20e9}      # by real itemsize: single, double
+DEFAULT_GPU_RATE = {4: 40e12, 8: 40e12}
+
+
+def cuda_device_count():
+    """GPUs CuPy can see; 0 without cupy or a driver. Touches no GPU when cupy is absent."""
+    try:
+        import cupy
+    except ImportError:
+        return 0
+    try:
+        return cupy.cuda.runtime.getDeviceCount() if cupy.is_available() else 0
+    except Exception:
+        return 0
+
+
+def _cuda_devices(spec):
+    factory = registered("cuda")
+    if factory is None:
+        try:
+            from .devices import cuda  # noqa: F401  (registers itself)
+        except ImportError as exc:
+            raise ValueError(f"devices: {spec!r} needs CUDA support, which is not available ({exc})") from None
+        factory = registered("cuda")
+    return factory(spec)
+
+
+class Context:
+    """Where and how hybrid calls run.
+
+    devices:    "cpu", "all" (CPU and every GPU), "gpu" (every GPU), or a list of "cpu", "cuda:i" and
+                Device objects. Repeating "cpu" makes several CPU workers that share the cores.
+    strategy:   "static" (ratio split from the rates), "dynamic" (block queues), "auto".
+    block_size: tile edge; None lets the strategy choose (static runs each band as a few big calls).
+    cpu_threads: cores the CPU workers use in all (default: every core, less one per GPU feeder thread).
+    rates:      {device name: flop/s} overriding the profile, e.g. {"cpu": 1.0, "cuda:0": 60.0}.
+    profile:    a loaded profile, or None to load the node's own (hybridblas.load_profile()).
+    sync:       run every task in the caller's thread (the same plan; for debugging and tests).
+    """
+
+    def __init__(self, devices="all", strategy="auto", block_size=None, *, cpu_threads=None,
+                 rates=None, profile=None, sync=False, tail_fraction=0.15, memory_limit=None):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool)
+                                       or block_size < 1):
+            raise ValueError(f"block_size must be a positive integer or None, got {block_size!r}")
+        if cpu_threads is not None and (not isinstance(cpu_threads, int) or cpu_threads < 1):
+            raise ValueError(f"cpu_threads must be a positive integer or None, got {cpu_threads!r}")
+        if not 0.0 <= tail_fraction < 1.0:
+            raise ValueError(f"tail_fraction must be in [0, 1), got {tail_fraction!r}")
+        if rates is not None and not isinstance(rates, dict):
+            raise TypeError(f"rates must be a dict of device name -> flop/s, got {type(rates).__name__}")
+        self.devices = self._resolve_devices(devices)
+        self.strategy = strategy
+        self.block_size = block_size
+        self.cpu_threads = cpu_threads
+        self.rates = dict(rates or {})
+        for name, value in self.rates.items():
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"rates[{name!r}] must be a positive number, got {value!r}")
+        self._profile = profile
+        self.sync = bool(sync)
+        self.tail_fraction = tail_fraction
+        self.memory_limit = memory_limit
+
+    @staticmethod
+    def _resolve_devices(devices):
+        if isinstance(devices, str):
+            if devices == "cpu":
+                return [CPUDevice(0)]
+            if devices in ("all", "gpu", "cuda"):
+                gpus = _cuda_devices("cuda") if cuda_device_count() else []
+                if devices != "all" and not gpus:
+                    raise ValueError(f"devices={devices!r} but no CUDA GPU is available")
+                return ([CPUDevice(0)] if devices == "all" else []) + gpus
+            devices = [devices]
+        if not isinstance(devices, (list, tuple)) or not devices:
+            raise ValueError(f"devices must be 'cpu', 'all', 'gpu' or a non-empty list, got {devices!r}")
+        out, n_cpu = [], 0
+        for spec in devices:
+            if isinstance(spec, Device):
+                out.append(spec)
+            elif spec == "cpu":
+                out.append(CPUDevice(n_cpu))
+                n_cpu += 1
+            elif isinstance(spec, str) and (spec.startswith("cuda") or spec == "gpu"):
+                out.extend(_cuda_devices(spec))
+            else:
+                raise ValueError(f"devices: unknown device {spec!r}; use 'cpu', 'cuda:<i>' or a Device")
+        names = [d.name for d in out]
+        if len(set(names)) != len(names):
+            raise ValueError(f"devices: a device is listed twice in {names}")
+        return out
+
+    # ------------------------------------------------------------ used by the scheduler
+    @property
+    def profile(self):
+        if self._profile is None:
+            from .profile import load_profile
+            self._profile = load_profile() or False
+        return self._profile or None
+
+    def devices_for(self, problem):
+        usable = [d for d in self.devices if d.accepts(problem)]
+        if not usable:
+            where = "host (numpy)" if problem.xp.__name__ == "numpy" else "GPU (cupy)"
+            raise ValueError(f"no device in {[d.name for d in self.devices]} can work on {where} operands")
+        return usable
+
+    def rate(self, device, problem):
+        """flop/s this device is expected to reach on this problem: explicit rates, profile, defaults."""
+        if device.name in self.rates:
+            return float(self.rates[device.name])
+        prof = self.profile
+        if prof is not None:
+            r = prof.rate(device.name, problem.kind, problem.dtype, max(problem.m, problem.n, problem.k))
+            if r:
+                return r
+        item = problem.dtype.itemsize // (2 if problem.complex else 1)
+        if device.kind == "cpu":
+            n_cpu = sum(d.kind == "cpu" for d in self.devices)
+            return DEFAULT_CPU_RATE_PER_CORE[item] * self._cpu_cores() / max(n_cpu, 1)
+        return DEFAULT_GPU_RATE[item]
+
+    def resolve_strategy(self, devices):
+        if self.strategy != "auto":
+            return self.strategy
+        if len(devices) == 1 or len({d.kind for d in devices}) == 1 or self.profile is not None:
+            return "static"
+        return "dynamic"
+
+    def _cpu_cores(self):
+        if self.cpu_threads:
+            return self.cpu_threads
+        n_gpu = sum(d.kind != "cpu" for d in self.devices)
+        return max(1, blas_threads.available_cores() - n_gpu)
+
+    def blas_threads(self, devices):
+        """The one BLAS thread limit for a call: the cores shared out among the CPU workers."""
+        n_cpu = sum(d.kind == "cpu" for d in devices)
+        if n_cpu == 0:
+            return None
+        return max(1, self._cpu_cores() // n_cpu)
+
+    def __repr__(self):
+        return (f"Context(devices={[d.name for d in self.devices]}, strategy={self.strategy!r}, "
+                f"block_size={self.block_size})")
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_context():
+    """The context used when a call passes none: every device of the node, strategy 'auto'."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Context("all")
+        return _default
+
+
+def set_default_context(ctx):
+    global _default
+    if ctx is not None and not isinstance(ctx, Context):
+        raise TypeError(f"expected a Context or None, got {type(ctx).__name__}")
+    with _default_lock:
+        _default = ctx
+
+
+def warn_once(message, _seen=set()):
+    if message not in _seen:
+        _seen.add(message)
+        warnings.warn(message, stacklevel=3)

@@ -1,0 +1,298 @@
+"""Validate a user call and normalise it into one column-major problem.
+
+Every routine becomes   C[tri] <- sum_t coef_t * op(X_t) * op(Y_t) + beta * C[tri]
+with C a column-major (BLAS) view and each X, Y an ``Operand``: a column-major base array and an op.
+Ops are two bits, transpose (1) and conjugate (2), so composing two ops is an XOR:
+
+    N = 0   x          T = 1   x^T          R = 2   conj(x)          C = 3   x^H
+
+Row-major arrays are the transposes of column-major ones, and a row-major C is handled by transposing the
+whole equation (lower <-> upper), so no operand is copied unless its layout cannot be described to BLAS
+(neither stride is one, negative strides) or it would need a conjugate without a transpose, which BLAS
+cannot express.
+"""
+from dataclasses import dataclass, field
+from numbers import Number
+
+import numpy as np
+
+N, T, R, C = 0, 1, 2, 3
+OP_CHAR = {N: "N", T: "T", C: "C"}
+_TRANS_NAMES = {"N": N, "n": N, 0: N, "T": T, "t": T, 1: T, "C": C, "c": C, 2: C}
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64),
+                    np.dtype(np.complex64), np.dtype(np.complex128))
+
+# Kinds whose diagonal tiles have a native BLAS kernel; "gemmt" diagonals are built from gemm panels.
+TRIANGULAR_KINDS = ("herk", "her2k", "syrk", "syr2k", "gemmt")
+
+
+def array_module(x):
+    """numpy for host arrays, cupy for device arrays (imported only when such an array is passed)."""
+    if isinstance(x, np.ndarray):
+        return np
+    mod = type(x).__module__.split(".")[0]
+    if mod == "cupy":
+        import cupy
+        return cupy
+    raise TypeError(f"expected a numpy or cupy array, got {type(x).__name__}")
+
+
+def parse_trans(value, name, allowed):
+    """Map 'N'/'T'/'C' or 0/1/2 (scipy style) to an op code, checking it is legal for the routine."""
+    op = _TRANS_NAMES.get(value if not isinstance(value, bool) else None)
+    if op is None or op not in allowed:
+        names = "/".join(OP_CHAR[o] for o in allowed)
+        raise ValueError(f"{name} must be one of {names} (or 0/1/2), got {value!r}")
+    return op
+
+
+@dataclass
+class Operand:
+    """op(base) where base is column-major: unit stride along axis 0 (or a single row)."""
+    base: object
+    op: int
+
+    @property
+    def trans(self):
+        return bool(self.op & T)
+
+    @property
+    def rows(self):   # rows of op(base)
+        return self.base.shape[1] if self.trans else self.base.shape[0]
+
+    @property
+    def cols(self):
+        return self.base.shape[0] if self.trans else self.base.shape[1]
+
+    def with_op(self, op):
+        return Operand(self.base, op)
+
+    def block(self, r0, r1, c0, c1):
+        """The base view whose op is op(base)[r0:r1, c0:c1]."""
+        if self.trans:
+            return Operand(self.base[c0:c1, r0:r1], self.op)
+        return Operand(self.base[r0:r1, c0:c1], self.op)
+
+
+def is_column_major(x):
+    """True when BLAS can read x as a column-major matrix with a leading dimension."""
+    rows, cols = x.shape
+    item = x.dtype.itemsize
+    s0, s1 = x.strides
+    if rows > 1 and s0 != item:
+        return False
+    if cols > 1 and (s1 < item * max(rows, 1) or s1 % item):
+        return False
+    return True
+
+
+def leading_dim(x):
+    rows, cols = x.shape
+    if cols > 1:
+        return x.strides[1] // x.dtype.itemsize
+    return max(rows, 1)
+
+
+def to_column_major(x, op, xp):
+    """Describe op(x) through a column-major base, copying only when no stride trick exists."""
+    if is_column_major(x):
+        return Operand(x, op)
+    if is_column_major(x.T):
+        return Operand(x.T, op ^ T)
+    return Operand(xp.asfortranarray(x), op)
+
+
+def without_lone_conj(operand, xp, allowed):
+    """Copy conj(base) when the op is outside ``allowed`` (BLAS has no conjugate-only op)."""
+    if operand.op in allowed:
+        return operand
+    return Operand(xp.asfortranarray(xp.conj(operand.base)), operand.op ^ R)
+
+
+@dataclass
+class Problem:
+    """One normalised level-3 call; the planner, schedulers and devices read only this."""
+    kind: str            # herk her2k syrk syr2k gemmt gemm
+    c: object            # column-major view of the result (caller's array or a working copy)
+    lower: bool          # triangle of ``c`` (ignored for gemm)
+    alpha: Number
+    beta: Number
+    factors: list        # herk/syrk: [L]; her2k/syr2k: [L1, L2]; gemmt/gemm: [left, right]
+    m: int               # rows of C
+    n: int               # cols of C
+    k: int               # inner dimension
+    xp: object = np      # numpy or cupy
+    writeback: object = None   # caller's array when ``c`` is a working copy
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def dtype(self):
+        return self.c.dtype
+
+    @property
+    def complex(self):
+        return self.c.dtype.kind == "c"
+
+    @property
+    def triangular(self):
+        return self.kind != "gemm"
+
+    @property
+    def hermitian(self):
+        return self.kind in ("herk", "her2k")
+
+    def terms(self, factors=None):
+        """[(coef, X, Y)] with C += coef * op(X) op(Y): the same list serves every tile.
+
+        ``factors`` replaces the problem's own (a device's copies of them, same ops and index space).
+        """
+        a = self.alpha
+        factors = self.factors if factors is None else factors
+        if self.kind == "herk":
+            (l,) = factors
+            return [(a, l, l.with_op(l.op ^ C))]
+        if self.kind == "her2k":
+            l1, l2 = factors
+            return [(a, l1, l2.with_op(l2.op ^ C)), (np.conj(a), l2, l1.with_op(l1.op ^ C))]
+        if self.kind == "syrk":
+            (l,) = factors
+            return [(a, l, l.with_op(l.op ^ T))]
+        if self.kind == "syr2k":
+            l1, l2 = factors
+            return [(a, l1, l2.with_op(l2.op ^ T)), (a, l2, l1.with_op(l1.op ^ T))]
+        left, right = factors
+        return [(a, left, right)]
+
+    def tile_flops(self, rows, cols, k, diag=False):
+        """LAWN 41 flop count of one C block (a diagonal block counts its triangle only)."""
+        per = 8 if self.complex else 2          # one complex multiply-add = 4 real ones
+        n_terms = 2 if self.kind in ("her2k", "syr2k") else 1
+        entries = rows * (rows + 1) / 2 if diag else rows * cols
+        return per * n_terms * entries * k
+
+    def flops(self):
+        return self.tile_flops(self.m, self.n, self.k, diag=self.triangular)
+
+
+def _check_array(x, name):
+    if x is None:
+        raise TypeError(f"{name} must be an array, got None")
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        x = np.asarray(x)
+    xp = array_module(x)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D, got {x.ndim}-D array of shape {x.shape}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} has dtype {x.dtype}; supported: float32, float64, complex64, complex128")
+    return x, xp
+
+
+def _check_scalar(value, name, dtype, real_only):
+    if not isinstance(value, Number) and not (hasattr(value, "shape") and value.shape == ()):
+        raise TypeError(f"{name} must be a scalar, got {type(value).__name__}")
+    value = complex(value) if np.iscomplexobj(value) else float(value)
+    if isinstance(value, complex):
+        if value.imag == 0:
+            value = value.real
+        elif real_only or dtype.kind != "c":
+            why = "must be real for this routine" if real_only else f"is complex but the data is {dtype}"
+            raise ValueError(f"{name} {why}, got {value!r}")
+    return value
+
+
+def build_problem(kind, alpha, operands, beta, c, ops, lower, out_shape):
+    """Validate everything, then normalise. Nothing is written before every check has passed."""
+    names = ["a", "b"][: len(operands)]
+    arrays, xp = [], None
+    for name, x in zip(names, operands):
+        x, mod = _check_array(x, name)
+        if xp is not None and mod is not xp:
+            raise TypeError(f"{name} lives on a different device kind ({mod.__name__}) than a ({xp.__name__})")
+        xp = mod
+        arrays.append(x)
+    dtype = arrays[0].dtype
+    for name, x in zip(names[1:], arrays[1:]):
+        if x.dtype != dtype:
+            raise TypeError(f"{name} has dtype {x.dtype} but a has {dtype}: they must match")
+    real_alpha = kind == "herk"
+    real_beta = kind in ("herk", "her2k")
+    alpha = _check_scalar(alpha, "alpha", dtype, real_alpha and dtype.kind == "c")
+    beta = _check_scalar(beta, "beta", dtype, real_beta and dtype.kind == "c")
+
+    # shapes of op(a), op(b)
+    shapes = []
+    for x, op in zip(arrays, ops):
+        r, q = x.shape
+        shapes.append((q, r) if op & T else (r, q))
+    m, k = shapes[0]
+    if kind == "gemm" or kind == "gemmt":
+        kb, n = shapes[1]
+        if kb != k:
+            raise ValueError(f"inner dimensions differ: op(a) is {m}x{k} but op(b) is {kb}x{n}")
+        if kind == "gemmt" and n != m:
+            raise ValueError(f"gemmt needs a square result: op(a) is {m}x{k} and op(b) is {kb}x{n}")
+    else:
+        n = m
+        if len(shapes) == 2 and shapes[1] != shapes[0]:
+            raise ValueError(f"a and b must have the same shape, got {arrays[0].shape} and {arrays[1].shape}")
+
+    writeback = None
+    if c is None:
+        c_arr = xp.zeros((m, n), dtype=dtype, order="F")
+        beta = 0.0
+    else:
+        c_arr, cmod = _check_array(c, "c")
+        if cmod is not xp:
+            raise TypeError(f"c lives on a different device kind ({cmod.__name__}) than a ({xp.__name__})")
+        if c_arr.dtype != dtype:
+            raise TypeError(f"c has dtype {c_arr.dtype} but a has {dtype}: they must match")
+        if kind != "gemm" and c_arr.shape[0] != c_arr.shape[1]:
+            raise ValueError(f"c must be square, got shape {c_arr.shape}")
+        if c_arr.shape != (m, n):
+            raise ValueError(f"c has shape {c_arr.shape}, expected {(m, n)} from the operands")
+        if getattr(getattr(c_arr, "flags", None), "writeable", True) is False:
+            raise ValueError("c is read-only: it is updated in place")
+
+    # Real data: Hermitian kinds are the symmetric ones and "C" means "T".
+    if dtype.kind != "c":
+        kind = {"herk": "syrk", "her2k": "syr2k"}.get(kind, kind)
+        ops = [op & T for op in ops]
+    return _normalise(kind, alpha, beta, arrays, ops, c_arr, lower, m, n, k, xp, writeback)
+
+
+def _normalise(kind, alpha, beta, arrays, ops, c_arr, lower, m, n, k, xp, writeback):
+    # Factors as op(array) with the arrays as given; transposing the whole equation for a row-major C.
+    factors = [Operand(x, op) for x, op in zip(arrays, ops)]
+    work = c_arr
+    if not is_column_major(c_arr):
+        if is_column_major(c_arr.T):
+            work = c_arr.T
+            lower = not lower
+            m, n = n, m
+            if kind in ("herk", "her2k"):         # C^T = conj(C): conj every factor
+                factors = [f.with_op(f.op ^ R) for f in factors]
+            elif kind in ("gemmt", "gemm"):       # (L R)^T = R^T L^T
+                left, right = factors
+                factors = [right.with_op(right.op ^ T), left.with_op(left.op ^ T)]
+        else:                                      # odd strides: work on a copy, write it back at the end
+            work = xp.asfortranarray(c_arr)
+            writeback = c_arr
+
+    # Describe each factor through a column-major base; BLAS can't take a conjugate without a transpose.
+    if kind == "herk" or kind == "her2k":
+        allowed = (N, C)     # native herk/her2k: L = M or L = M^H
+    elif kind in ("syrk", "syr2k"):
+        allowed = (N, T)
+    else:
+        allowed = (N, T, C)
+    factors = [without_lone_conj(to_column_major(f.base, f.op, xp), xp, allowed) for f in factors]
+    if kind in ("her2k", "syr2k") and factors[0].op != factors[1].op:
+        # the 2k kernels take one trans for both factors: copy the second into the first's layout
+        f = factors[1]
+        want = factors[0].op
+        value = {N: f.base, T: f.base.T, R: xp.conj(f.base), C: xp.conj(f.base).T}[f.op]
+        base = {N: value, T: value.T, C: xp.conj(value).T}[want]
+        factors[1] = Operand(xp.asfortranarray(base), want)
+    return Problem(kind=kind, c=work, lower=lower, alpha=alpha, beta=beta, factors=factors,
+                   m=m, n=n, k=k, xp=xp, writeback=writeback)

@@ -1,0 +1,70 @@
+"""Plain numpy reference of the netlib contract, computed in float64/complex128.
+
+Used by the tests as the oracle and by users who want to check a result. Slow on purpose: it forms the
+full product and then applies the netlib rules (only the triangle, beta = 0 does not read C, real diagonal
+for herk/her2k, quick return when alpha or k is zero and beta is one).
+"""
+import numpy as np
+
+__all__ = ["ref_herk", "ref_her2k", "ref_syrk", "ref_syr2k", "ref_gemmt", "ref_gemm"]
+
+
+def _wide(x):
+    return np.asarray(x, dtype=np.complex128 if np.iscomplexobj(x) else np.float64)
+
+
+def _op(x, trans):
+    x = _wide(x)
+    return {"N": x, "T": x.T, "C": x.conj().T}[trans]
+
+
+def _apply(c, full, beta, lower, hermitian, k, alpha):
+    """C[tri] <- full + beta*C[tri] with the netlib special cases; returns a new float64/complex128 array."""
+    out = _wide(c).copy()
+    n = out.shape[0]
+    mask = np.tril(np.ones((n, n), bool)) if lower else np.triu(np.ones((n, n), bool))
+    if (alpha == 0 or k == 0) and beta == 1:
+        return out
+    old = np.zeros_like(out) if beta == 0 else beta * out
+    new = np.where(mask, full + old, out)
+    if hermitian and np.iscomplexobj(new):
+        idx = np.arange(n)
+        new[idx, idx] = new[idx, idx].real
+    return new
+
+
+def ref_herk(alpha, a, beta, c, trans="N", lower=True):
+    x = _op(a, "N" if trans == "N" else "C")
+    return _apply(c, alpha * (x @ x.conj().T), beta, lower, True, x.shape[1], alpha)
+
+
+def ref_her2k(alpha, a, b, beta, c, trans="N", lower=True):
+    t = "N" if trans == "N" else "C"
+    x, y = _op(a, t), _op(b, t)
+    full = alpha * (x @ y.conj().T) + np.conj(alpha) * (y @ x.conj().T)
+    return _apply(c, full, beta, lower, True, x.shape[1], alpha)
+
+
+def ref_syrk(alpha, a, beta, c, trans="N", lower=True):
+    x = _op(a, "N" if trans == "N" else "T")
+    return _apply(c, alpha * (x @ x.T), beta, lower, False, x.shape[1], alpha)
+
+
+def ref_syr2k(alpha, a, b, beta, c, trans="N", lower=True):
+    t = "N" if trans == "N" else "T"
+    x, y = _op(a, t), _op(b, t)
+    return _apply(c, alpha * (x @ y.T + y @ x.T), beta, lower, False, x.shape[1], alpha)
+
+
+def ref_gemmt(alpha, a, b, beta, c, transa="N", transb="N", lower=True):
+    x, y = _op(a, transa), _op(b, transb)
+    return _apply(c, alpha * (x @ y), beta, lower, False, x.shape[1], alpha)
+
+
+def ref_gemm(alpha, a, b, beta, c, transa="N", transb="N"):
+    x, y = _op(a, transa), _op(b, transb)
+    out = _wide(c).copy()
+    if (alpha == 0 or x.shape[1] == 0) and beta == 1:
+        return out
+    old = np.zeros_like(out) if beta == 0 else beta * out
+    return alpha * (x @ y) + old

@@ -1,0 +1,32 @@
+"""Shared test plumbing: GPU items skip cleanly where no GPU is present."""
+import functools
+
+import pytest
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_count():
+    try:
+        import cupy
+        if not cupy.is_available():
+            return 0
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no cupy, no driver, no device
+        return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    n = _gpu_count()
+    skip_gpu = pytest.mark.skip(reason="no CUDA GPU present")
+    skip_multi = pytest.mark.skip(reason=f"needs >= 2 CUDA GPUs, found {n}")
+    for item in items:
+        if "multi_gpu" in item.keywords and n < 2:
+            item.add_marker(skip_multi)
+        elif "gpu" in item.keywords and n < 1:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def rng():
+    import numpy as np
+    return np.random.default_rng(12345)
