@@ -272,6 +272,7 @@ def _normalise(kind, alpha, beta, arrays, ops, c_arr, lower, m, n, k, xp, writeb
             m, n = n, m
             if kind in ("herk", "her2k"):         # C^T = conj(C): conj every factor
                 factors = [f.with_op(f.op ^ R) for f in factors]
+                alpha = np.conj(alpha) if kind == "her2k" else alpha   # the two terms swap roles
             elif kind in ("gemmt", "gemm"):       # (L R)^T = R^T L^T
                 left, right = factors
                 factors = [right.with_op(right.op ^ T), left.with_op(left.op ^ T)]

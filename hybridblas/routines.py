@@ -84,8 +84,8 @@ def herkx(alpha, a, b, beta=0.0, c=None, *, trans="N", lower=True, context=None)
 
     Meant for products known to be Hermitian (FLAPW's H += A^H X); computed exactly as gemmt.
     """
-    op = _p.parse_trans(trans, "trans", _ALL_TRANS)
-    opb = op ^ _p.C if op != _p.N else _p.C
+    op = _trans_for("herk", trans, a)
+    opb = _p.C if op == _p.N else _p.N
     return gemmt(alpha, a, b, beta, c, transa=_p.OP_CHAR[op], transb=_p.OP_CHAR[opb], lower=lower,
                  context=context)
 

@@ -1,0 +1,84 @@
+"""Shared helpers for the BLAS-contract tests (CPU here, GPU contexts in test_gpu*)."""
+import numpy as np
+
+from hybridblas import reference
+
+DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
+EPS = {np.dtype(np.float32): np.finfo(np.float32).eps, np.dtype(np.complex64): np.finfo(np.float32).eps,
+       np.dtype(np.float64): np.finfo(np.float64).eps, np.dtype(np.complex128): np.finfo(np.float64).eps}
+
+# (routine name, number of operands, trans keyword(s), legal trans values for complex data)
+ROUTINES = {
+    "herk": (1, ("trans",), ["N", "C"]),
+    "her2k": (2, ("trans",), ["N", "C"]),
+    "syrk": (1, ("trans",), ["N", "T"]),
+    "syr2k": (2, ("trans",), ["N", "T"]),
+    "herkx": (2, ("trans",), ["N", "C"]),
+    "gemmt": (2, ("transa", "transb"), ["N", "T", "C"]),
+    "gemm": (2, ("transa", "transb"), ["N", "T", "C"]),
+}
+
+
+def random_matrix(rng, shape, dtype):
+    x = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+def layout(x, how, rng=None):
+    """The same values as x in a chosen memory layout: F, C, ld (F with lda > rows), C-ld, step, neg."""
+    r, q = x.shape
+    if how == "F":
+        return np.array(x, order="F")
+    if how == "C":
+        return np.array(x, order="C")
+    if how == "ld":
+        big = np.full((r + 3, q + 2), np.nan, dtype=x.dtype, order="F")
+        big[1:r + 1, 2:q + 2] = x
+        return big[1:r + 1, 2:q + 2]
+    if how == "C-ld":
+        big = np.full((r + 2, q + 5), np.nan, dtype=x.dtype)
+        big[:r, 3:q + 3] = x
+        return big[:r, 3:q + 3]
+    if how == "step":
+        big = np.full((2 * r + 1, 3 * q + 1), np.nan, dtype=x.dtype)
+        big[1::2, ::3][:r, :q] = x
+        return big[1::2, ::3][:r, :q]
+    if how == "neg":
+        return np.ascontiguousarray(x[::-1, ::-1])[::-1, ::-1]
+    raise ValueError(how)
+
+
+def operand_shape(trans, rows, inner):
+    """Shape of the stored operand whose op() is rows x inner."""
+    return (rows, inner) if trans == "N" else (inner, rows)
+
+
+def reference_for(name, alpha, ops, beta, c, lower, trans):
+    if name == "herk":
+        return reference.ref_herk(alpha, ops[0], beta, c, trans[0], lower)
+    if name == "her2k":
+        return reference.ref_her2k(alpha, ops[0], ops[1], beta, c, trans[0], lower)
+    if name == "syrk":
+        return reference.ref_syrk(alpha, ops[0], beta, c, trans[0], lower)
+    if name == "syr2k":
+        return reference.ref_syr2k(alpha, ops[0], ops[1], beta, c, trans[0], lower)
+    if name == "herkx":
+        tb = "C" if trans[0] == "N" else "N"
+        return reference.ref_gemmt(alpha, ops[0], ops[1], beta, c, trans[0], tb, lower)
+    if name == "gemmt":
+        return reference.ref_gemmt(alpha, ops[0], ops[1], beta, c, trans[0], trans[1], lower)
+    return reference.ref_gemm(alpha, ops[0], ops[1], beta, c, trans[0], trans[1])
+
+
+def tolerance(dtype, k, alpha, ops, beta, c):
+    scale = abs(alpha) * np.prod([np.abs(o).max() if o.size else 0.0 for o in ops])
+    if len(ops) == 2 and ops[0].size and ops[1].size:
+        scale *= 2
+    cmax = np.nanmax(np.abs(c)) if c.size and np.isfinite(c).any() else 0.0
+    return 30 * EPS[np.dtype(dtype)] * ((k + 2) * scale + abs(beta) * cmax + 1e-30)
+
+
+def triangle_mask(n, lower):
+    return np.tril(np.ones((n, n), bool)) if lower else np.triu(np.ones((n, n), bool))
