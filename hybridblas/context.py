@@ -116,27 +116,70 @@ class Context:
         if not usable:
             where = "host (numpy)" if problem.xp.__name__ == "numpy" else "GPU (cupy)"
             raise ValueError(f"no device in {[d.name for d in self.devices]} can work on {where} operands")
+        return self._drop_unhelpful_cpu(usable, problem)
+
+    def _drop_unhelpful_cpu(self, usable, problem):
+        """Leave the CPU out of a CPU+GPU call when the profile measured that it only slows GPUs down."""
+        cpus = [d for d in usable if d.kind == "cpu"]
+        if not cpus or len(cpus) == len(usable) or any(d.name in self.rates for d in cpus):
+            return usable
+        prof = self.profile
+        size = max(problem.m, problem.n, problem.k)
+        if prof is not None and prof.cpu_helps(problem.kind, problem.dtype, size) is False:
+            return [d for d in usable if d.kind != "cpu"]
         return usable
 
     def rate(self, device, problem):
         """flop/s this device is expected to reach on this problem: explicit rates, profile, defaults."""
         if device.name in self.rates:
             return float(self.rates[device.name])
-        prof = self.profile
-        if prof is not None:
-            r = prof.rate(device.name, problem.kind, problem.dtype, max(problem.m, problem.n, problem.k))
-            if r:
-                return r
+        measured = self._profile_rate(device, problem)
+        if measured is not None:
+            return measured
         item = problem.dtype.itemsize // (2 if problem.complex else 1)
         if device.kind == "cpu":
             n_cpu = sum(d.kind == "cpu" for d in self.devices)
             return DEFAULT_CPU_RATE_PER_CORE[item] * self._cpu_cores() / max(n_cpu, 1)
         return DEFAULT_GPU_RATE[item]
 
+    def _profile_rate(self, device, problem):
+        """The profile's rate, used only when it covers every device of the call (no mixing with guesses).
+
+        Next to GPUs the whole CPU gets the rate that gives it the calibrated static share.
+        """
+        prof = self.profile
+        if prof is None:
+            return None
+        size = max(problem.m, problem.n, problem.k)
+        peers = [d for d in self.devices if d.accepts(problem)] or [device]
+        if not all(prof.rate(d.name, problem.kind, problem.dtype, size) for d in peers):
+            return None
+        if device.kind != "cpu":
+            return prof.rate(device.name, problem.kind, problem.dtype, size)
+        n_cpu = max(1, sum(d.kind == "cpu" for d in peers))
+        if any(d.kind != "cpu" for d in peers):
+            hybrid = prof.cpu_hybrid_rate(problem.kind, problem.dtype, size)
+            if hybrid:
+                return hybrid / n_cpu
+        r = prof.rate(device.name, problem.kind, problem.dtype, size)
+        return r if prof.has_device(device.name) else r / n_cpu   # siblings share the measured cores
+
+    def block_size_for(self, problem, devices):
+        """Tile edge for the dynamic strategy: the context's own, else the profile's best, else None."""
+        if self.block_size:
+            return self.block_size
+        prof = self.profile
+        if prof is None:
+            return None
+        sizes = [prof.block_size(d.name, problem.kind, problem.dtype) for d in devices]
+        return min(sizes) if sizes and all(sizes) else None
+
     def resolve_strategy(self, devices):
         if self.strategy != "auto":
             return self.strategy
-        if len(devices) == 1 or len({d.kind for d in devices}) == 1 or self.profile is not None:
+        prof = self.profile
+        covered = prof is not None and all(prof.covers(d.name) for d in devices)
+        if len(devices) == 1 or len({d.kind for d in devices}) == 1 or covered:
             return "static"
         return "dynamic"
 
