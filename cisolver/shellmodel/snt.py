@@ -1,0 +1,134 @@
+"""Reader for KSHELL ``.snt`` interaction files (format: shared/data/interactions/README.md)."""
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class InteractionFileError(ValueError):
+    """A malformed or unsupported .snt file; the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class Orbit:
+    index: int      # 0-based position in the file (k - 1)
+    n: int
+    l: int
+    twoj: int
+    twotz: int      # -1 proton, +1 neutron
+
+    @property
+    def is_proton(self):
+        return self.twotz == -1
+
+
+@dataclass
+class Interaction:
+    """One-body energies and J-coupled TBMEs, exactly as written in the file (unscaled)."""
+    path: str
+    orbits: list
+    core_z: int
+    core_n: int
+    spe: dict                       # orbit index -> energy (MeV)
+    tbme: dict = field(default_factory=dict)   # (a, b, c, d, J) -> V, both Hermitian orders stored
+    mass_a0: float = 0.0
+    mass_p: float = 0.0
+    scaled: bool = False            # method2 == 1: TBMEs times (A/A0)^p
+
+    def tbme_factor(self, mass):
+        """(A/A0)^p for method 1, else 1; SPEs are never scaled."""
+        return (mass / self.mass_a0) ** self.mass_p if self.scaled else 1.0
+
+    @property
+    def proton_orbits(self):
+        return [o for o in self.orbits if o.is_proton]
+
+    @property
+    def neutron_orbits(self):
+        return [o for o in self.orbits if not o.is_proton]
+
+
+def _data_lines(path):
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for number, raw in enumerate(fh, start=1):
+            text = raw
+            for mark in ("!", "#"):
+                text = text.split(mark, 1)[0]
+            if text.strip():
+                yield number, text.split()
+
+
+def _numbers(path, number, fields, kinds, what):
+    if len(fields) < len(kinds):
+        raise InteractionFileError(f"{path}:{number}: expected {len(kinds)} numbers for {what}, "
+                                   f"got {fields!r}")
+    try:
+        return [kind(x) for kind, x in zip(kinds, fields)]
+    except ValueError:
+        raise InteractionFileError(f"{path}:{number}: cannot read {what} from {fields!r}") from None
+
+
+def read_snt(path):
+    """Parse a KSHELL .snt file into an :class:`Interaction`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"interaction file not found: {str(path)!r}")
+    lines = _data_lines(path)
+
+    def take(kinds, what):
+        try:
+            number, fields = next(lines)
+        except StopIteration:
+            raise InteractionFileError(f"{path}: file ends before {what}") from None
+        return _numbers(path, number, fields, kinds, what), number
+
+    (n_p, n_n, zc, nc), _ = take([int] * 4, "the model-space header 'Np Nn Zc Nc'")
+    orbits = []
+    for k in range(n_p + n_n):
+        (idx, n, l, twoj, twotz), number = take([int] * 5, f"orbit {k + 1} 'k n l 2j 2tz'")
+        if idx != k + 1 or twotz not in (-1, 1) or twoj < 1 or twoj % 2 == 0 or abs(2 * l - twoj) != 1:
+            raise InteractionFileError(f"{path}:{number}: bad orbit line k={idx} n={n} l={l} 2j={twoj} 2tz={twotz}")
+        if (k < n_p) != (twotz == -1):
+            raise InteractionFileError(f"{path}:{number}: proton orbits must come first (orbit {idx}, 2tz={twotz})")
+        orbits.append(Orbit(k, n, l, twoj, twotz))
+
+    (n1, method1), number = take([int, int], "the one-body header 'N1 method'")
+    if method1 != 0:
+        raise InteractionFileError(f"{path}:{number}: one-body method {method1} is not supported (only 0)")
+    spe = {}
+    for _ in range(n1):
+        (i, j, e), number = take([int, int, float], "a one-body line 'i j e'")
+        if i != j:
+            raise InteractionFileError(f"{path}:{number}: off-diagonal one-body term {i} {j} is not supported")
+        if not 1 <= i <= len(orbits):
+            raise InteractionFileError(f"{path}:{number}: orbit {i} out of range 1..{len(orbits)}")
+        spe[i - 1] = e
+
+    try:
+        number, fields = next(lines)
+    except StopIteration:
+        raise InteractionFileError(f"{path}: file ends before the two-body header") from None
+    n2, method2 = _numbers(path, number, fields, [int, int], "the two-body header 'N2 method'")
+    inter = Interaction(str(path), orbits, zc, nc, spe)
+    if method2 == 1:
+        _, _, a0, p = _numbers(path, number, fields, [int, int, float, float], "'N2 1 A0 p'")
+        inter.scaled, inter.mass_a0, inter.mass_p = True, a0, p
+    elif method2 != 0:
+        raise InteractionFileError(f"{path}:{number}: two-body method {method2} is not supported (0 or 1)")
+
+    for _ in range(n2):
+        (i, j, k, l, jj, v), number = take([int] * 5 + [float], "a TBME line 'i j k l J V'")
+        for x in (i, j, k, l):
+            if not 1 <= x <= len(orbits):
+                raise InteractionFileError(f"{path}:{number}: orbit {x} out of range 1..{len(orbits)}")
+        a, b, c, d = i - 1, j - 1, k - 1, l - 1
+        if a > b:       # KSHELL's swap: |ba; J> = (-1)^(ja+jb-J+1) |ab; J>
+            a, b = b, a
+            v *= (-1) ** ((orbits[a].twoj + orbits[b].twoj) // 2 - jj + 1)
+        if c > d:
+            c, d = d, c
+            v *= (-1) ** ((orbits[c].twoj + orbits[d].twoj) // 2 - jj + 1)
+        charge_bra = orbits[a].twotz + orbits[b].twotz
+        if charge_bra != orbits[c].twotz + orbits[d].twotz:
+            raise InteractionFileError(f"{path}:{number}: TBME changes the charge ({i} {j} {k} {l})")
+        inter.tbme[(a, b, c, d, jj)] = v
+        inter.tbme[(c, d, a, b, jj)] = v
+    return inter
