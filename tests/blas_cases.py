@@ -46,7 +46,7 @@ def layout(x, how, rng=None):
         big[1::2, ::3][:r, :q] = x
         return big[1::2, ::3][:r, :q]
     if how == "neg":
-        return np.ascontiguousarray(x[::-1, ::-1])[::-1, ::-1]
+        return np.array(x[::-1, ::-1])[::-1, ::-1]
     raise ValueError(how)
 
 

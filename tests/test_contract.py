@@ -11,7 +11,7 @@ from blas_cases import (DTYPES, ROUTINES, layout, operand_shape, random_matrix, 
                         tolerance, triangle_mask)
 
 SIZES = [(0, 3), (1, 1), (4, 0), (5, 7), (37, 19)]     # (n, k); 37 > the tiny tiles below
-LAYOUTS = ["F", "C", "ld", "C-ld", "step"]
+LAYOUTS = ["F", "C", "ld", "C-ld", "step", "neg"]
 CONTEXTS = {
     "static-2cpu": dict(devices=["cpu", "cpu"], strategy="static", block_size=8),
     "dynamic-2cpu": dict(devices=["cpu", "cpu"], strategy="dynamic", block_size=8),
