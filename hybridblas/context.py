@@ -44,7 +44,7 @@ class Context:
     block_size: tile edge; None lets the strategy choose (static runs each band as a few big calls).
     cpu_threads: cores the CPU workers use in all (default: every core, less one per GPU feeder thread).
     rates:      {device name: flop/s} overriding the profile, e.g. {"cpu": 1.0, "cuda:0": 60.0}.
-    profile:    a loaded profile, or None to load the node's own (hybridblas.load_profile()).
+    profile:    a loaded profile, None to load the node's own (hybridblas.load_profile()), False for none.
     sync:       run every task in the caller's thread (the same plan; for debugging and tests).
     """
 
