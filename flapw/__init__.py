@@ -1,0 +1,29 @@
+"""flapw: LAPW Hamiltonian and Overlap matrices of real crystals, built with hybridblas.
+
+    import flapw
+    cell = flapw.System.preset("TiO2", kmax=3.0, k=(0.1234, 0.2345, 0.3456))
+    H, S = flapw.build_hs(cell, method="refined", context=None, interstitial=False)
+
+Hartree atomic units (bohr, Ha, Kmax in 1/bohr). See docs/flapw.md for the conventions.
+"""
+from .hsdla import METHODS, build_hs, hermitian_fill
+from .report import BuildReport
+from .structures import PRESETS
+from .system import DEFAULT_K, System
+from .wigner import gaunt, wigner3j
+
+__all__ = ["System", "build_hs", "BuildReport", "PRESETS", "METHODS", "DEFAULT_K", "hermitian_fill",
+           "gaunt", "wigner3j", "solve"]
+
+
+def solve(h, s, nev):
+    """Lowest ``nev`` generalised eigenvalues of (H, S) (scipy; S must be positive definite)."""
+    import scipy.linalg
+    n = h.shape[0]
+    if not isinstance(nev, int) or not 1 <= nev <= n:
+        raise ValueError(f"nev must be an integer in [1, {n}], got {nev!r}")
+    try:
+        return scipy.linalg.eigh(h, s, eigvals_only=True, subset_by_index=[0, nev - 1])
+    except scipy.linalg.LinAlgError as exc:
+        raise ValueError(f"S is not positive definite at this k-point and Kmax ({exc}); "
+                         "add the interstitial part (--interstitial) or lower Kmax") from None

@@ -1,0 +1,51 @@
+"""The G+k plane-wave basis of one k-point: every G with |k+G| <= Kmax."""
+import numpy as np
+
+__all__ = ["GkBasis", "reciprocal"]
+
+
+def reciprocal(lattice):
+    """Rows b_i with a_i · b_j = 2π δ_ij (1/bohr)."""
+    return 2.0 * np.pi * np.linalg.inv(lattice).T
+
+
+class GkBasis:
+    """G vectors (integer Miller indices of the supercell reciprocal lattice) with |k+G| <= kmax.
+
+    k is given in fractional units of the supercell reciprocal lattice. Vectors are ordered by |k+G|
+    (then by Miller index) so the order is reproducible.
+    """
+
+    def __init__(self, lattice, k, kmax):
+        if not np.isfinite(kmax) or kmax <= 0:
+            raise ValueError(f"kmax must be a positive number (1/bohr), got {kmax!r}")
+        k = np.asarray(k, dtype=float)
+        if k.shape != (3,) or not np.all(np.isfinite(k)):
+            raise ValueError(f"k must be three finite fractional coordinates, got {k!r}")
+        b = reciprocal(np.asarray(lattice, float))
+        # |k+G| <= kmax bounds each Miller index by kmax |a_i| / 2π (a_i · (k+G) = 2π (n_i + k_i))
+        lengths = np.linalg.norm(lattice, axis=1)
+        nmax = np.ceil(kmax * lengths / (2 * np.pi) + np.abs(k)).astype(int) + 1
+        axes = [np.arange(-n, n + 1) for n in nmax]
+        grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, 3)
+        kg = (grid + k) @ b
+        norm = np.linalg.norm(kg, axis=1)
+        keep = norm <= kmax
+        grid, kg, norm = grid[keep], kg[keep], norm[keep]
+        order = np.lexsort((grid[:, 2], grid[:, 1], grid[:, 0], np.round(norm, 12)))
+        self.k = k
+        self.kmax = float(kmax)
+        self.miller = grid[order]
+        self.kpg = kg[order]                   # Cartesian k+G (1/bohr)
+        self.norm = norm[order]                # |k+G|
+
+    @property
+    def n_g(self):
+        return len(self.miller)
+
+    def angles(self):
+        """Polar and azimuthal angles of k+G (θ = φ = 0 for k+G = 0, where only l = 0 survives)."""
+        x, y, z = self.kpg.T
+        theta = np.arctan2(np.hypot(x, y), z)
+        phi = np.arctan2(y, x)
+        return theta, phi

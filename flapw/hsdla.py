@@ -1,0 +1,238 @@
+"""H and S assembly at one k-point: the refined HSDLA (Algorithm 3) and the original (Algorithm 1).
+
+Stacked operands are column-major (n·N_L) × N_G matrices (see matching.py): the paper's A, B, X.
+Atoms are processed in batches (``batch_atoms``, or as many as ``max_temp_bytes`` allows); each batch
+adds its share to H and S with beta = 1, so a batch of all atoms is exactly the paper's algorithm and
+smaller batches bound memory at the same flop count.  Only the lower triangle is accumulated; the
+upper one is filled at the end unless ``lower_only``.
+"""
+import numpy as np
+
+from .backends import get_backend
+from .matching import phases, species_factors, ylm_conj, fill_coefficients
+from .report import BuildReport, flops
+
+__all__ = ["build_hs", "METHODS"]
+
+METHODS = ("refined", "original")
+_C16 = 16
+
+
+def _array_module(arrays):
+    if arrays == "host":
+        return np
+    if arrays == "device":
+        try:
+            import cupy
+        except ImportError:
+            raise ValueError("arrays='device' needs cupy, which is not installed") from None
+        return cupy
+    raise ValueError(f"arrays must be 'host' or 'device', got {arrays!r}")
+
+
+def _sync(xp):
+    if xp is np:
+        return None
+    return lambda: xp.cuda.get_current_stream().synchronize()
+
+
+def _batch_size(cell, method, batch_atoms, max_temp_bytes):
+    n_a = cell.n_atoms
+    if batch_atoms is not None:
+        if not isinstance(batch_atoms, (int, np.integer)) or isinstance(batch_atoms, bool) or batch_atoms < 1:
+            raise ValueError(f"batch_atoms must be a positive integer, got {batch_atoms!r}")
+        return min(int(batch_atoms), n_a)
+    if max_temp_bytes is not None:
+        n_buffers = 3 if method == "refined" else 4
+        per_atom = n_buffers * _C16 * cell.n_l * cell.n_g
+        nb = int(max_temp_bytes // per_atom)
+        if nb < 1:
+            raise ValueError(f"max_temp_bytes={max_temp_bytes!r} is below one atom's buffers "
+                             f"({per_atom} bytes for {method})")
+        return min(nb, n_a)
+    return n_a
+
+
+def hermitian_fill(c, xp=np, block=2048):
+    """Copy the conjugate of the strict lower triangle into the upper one, in place; real diagonal."""
+    n = c.shape[0]
+    for i0 in range(0, n, block):
+        i1 = min(n, i0 + block)
+        d = c[i0:i1, i0:i1]
+        c[i0:i1, i0:i1] = xp.tril(d) + xp.tril(d, -1).conj().T
+        c[i0:i1, i1:] = c[i1:, i0:i1].conj().T
+    idx = xp.arange(n)
+    c[idx, idx] = c[idx, idx].real
+    return c
+
+
+def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_atoms=None,
+             max_temp_bytes=None, lower_only=False, blas="hybridblas", arrays="host",
+             return_report=False, progress=None):
+    """H and S (N_G × N_G, complex, Hermitian) of ``cell`` at its k-point.
+
+    method:         "refined" (Algorithm 3: zherk, zherk, zher2k, zherkx; one temporary buffer X)
+                    or "original" (Algorithm 1: backups of A and B, Cholesky of T^AA, zgemm).
+    context:        a hybridblas.Context passed to every large product (None: hybridblas's default).
+    interstitial:   add the plane-wave parts (needed for eigenvalues); the MT parts only otherwise.
+    batch_atoms / max_temp_bytes: bound the A, B, X buffers by processing atoms in batches.
+    lower_only:     leave the upper triangle unfilled (it holds junk for "original").
+    blas:           "hybridblas" or "cublasxt" (hybridblas.peers.cublasxt_*; see backends.py).
+    arrays:         "host" (numpy) or "device" (cupy: A, B, X, H, S on the current GPU).
+    return_report:  also return a BuildReport (per-stage seconds, flops, peak temporary bytes).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    xp = _array_module(arrays)
+    backend = get_backend(blas, context)
+    nb = _batch_size(cell, method, batch_atoms, max_temp_bytes)
+    n_g, n_l, n_a = cell.n_g, cell.n_l, cell.n_atoms
+    rep = BuildReport(method=method, system=cell.name, n_atoms=n_a, n_g=n_g, n_l=n_l, batch_atoms=nb,
+                      backend=backend.name)
+    sync = _sync(xp)
+
+    # k-independent data (computed on first use, then cached on the crystal)
+    classes, tmats, radial = cell.classes, cell.tmats, cell.radial
+    rep.setup = cell.setup_seconds()
+    cls_of = cell.atom_class_index()
+    species = sorted(radial)
+    sp_of = np.array([species.index(sp.symbol) for sp in cell.structure.species])
+
+    with rep.stage("matching (k-only)"):
+        basis = cell.basis
+        ylm_c = ylm_conj(basis, cell.lmax)
+        fac = [species_factors(basis, radial[s], cell.lmax, cell.omega, ylm_c) for s in species]
+        fa = [xp.asarray(f[0]) for f in fac]
+        fb = [xp.asarray(f[1]) for f in fac]
+        del fac, ylm_c
+    dev_t = [dict(taa_t=xp.asarray(t.taa.T), tba_t=xp.asarray(t.tab.conj()), half_tbb_t=xp.asarray(0.5 * t.tbb.T),
+                  u=xp.asarray(t.udot_norm_lm)) for t in tmats]
+
+    h = xp.zeros((n_g, n_g), complex, order="F")
+    s = xp.zeros((n_g, n_g), complex, order="F")
+    rep.hs_bytes = 2 * _C16 * n_g * n_g
+    width = nb * n_l
+    a_buf = xp.empty((n_g, width), complex)
+    b_buf = xp.empty((n_g, width), complex)
+    x_buf = xp.empty((n_g, width), complex)
+    extra = {}
+    if method == "original":
+        extra = {"A backup": xp.empty((n_g, width), complex), "B backup": xp.empty((n_g, width), complex)}
+    rep.note_buffers(A=a_buf.nbytes, B=b_buf.nbytes, **({"X": x_buf.nbytes} if method == "refined" else {}),
+                     **{k: v.nbytes for k, v in extra.items()})
+    if method == "original":
+        x_buf = None            # Algorithm 1 has no X; its work buffers are the backups
+    chol = _cholesky_factors(tmats, xp) if method == "original" else None
+
+    batches = [list(range(i, min(n_a, i + nb))) for i in range(0, n_a, nb)]
+    for ib, atoms in enumerate(batches):
+        w = len(atoms) * n_l
+        a, b = a_buf[:, :w], b_buf[:, :w]
+        with rep.stage("matching A, B", sync=sync):
+            ph = phases(basis, cell.structure.positions[atoms], xp)
+            fill_coefficients(a, fa, ph, sp_of[atoms], n_l)
+            fill_coefficients(b, fb, ph, sp_of[atoms], n_l)
+        beta = 0.0 if ib == 0 else 1.0
+        args = (rep, backend, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w, sync, xp)
+        if method == "refined":
+            _refined_batch(*args, x_buf[:, :w])
+        else:
+            _original_batch(*args, extra["A backup"][:, :w], extra["B backup"][:, :w], chol)
+        if progress:
+            progress(ib + 1, len(batches))
+    del a_buf, b_buf, x_buf, extra
+    if interstitial:
+        from .interstitial import add_interstitial
+        with rep.stage("interstitial", sync=sync):
+            hermitian_fill(h, xp)
+            hermitian_fill(s, xp)
+            add_interstitial(h, s, cell, xp)
+    if not lower_only:
+        with rep.stage("hermitian fill", sync=sync):
+            hermitian_fill(h, xp)
+            hermitian_fill(s, xp)
+    return (h, s, rep) if return_report else (h, s)
+
+
+def _small(rep, name, n_g, n_l, n_atoms, sync):
+    return rep.stage(name, flops("zgemm", n_l, n_l, m=n_g) * n_atoms, sync=sync)
+
+
+def _refined_batch(rep, be, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w, sync, xp, x):
+    """Algorithm 3 on one batch: S += AᴴA + (UB)ᴴ(UB); H += XᴴB + BᴴX (X = T^BA A + ½T^BB B); H += Aᴴ(T^AA A)."""
+    with rep.stage("zherk S=AᴴA", flops("zherk", n_g, w), blas=True, sync=sync):
+        be.herk(1.0, a.T, beta, s)
+    with rep.stage("scale X=UB", 2.0 * n_g * w, sync=sync):
+        for j, at in enumerate(atoms):
+            sl = slice(j * n_l, (j + 1) * n_l)
+            xp.multiply(b[:, sl], dev_t[cls_of[at]]["u"][None, :], out=x[:, sl])
+    with rep.stage("zherk S+=XᴴX", flops("zherk", n_g, w), blas=True, sync=sync):
+        be.herk(1.0, x.T, 1.0, s)
+    with _small(rep, "T·A, T·B (zgemm)", n_g, n_l, 2 * len(atoms), sync):
+        for j, at in enumerate(atoms):
+            sl, t = slice(j * n_l, (j + 1) * n_l), dev_t[cls_of[at]]
+            x[:, sl] = a[:, sl] @ t["tba_t"] + b[:, sl] @ t["half_tbb_t"]
+    with rep.stage("zher2k H=XᴴB+BᴴX", flops("zher2k", n_g, w), blas=True, sync=sync):
+        be.her2k(1.0, x.T, b.T, beta, h)
+    with _small(rep, "T^AA·A (zgemm)", n_g, n_l, len(atoms), sync):
+        for j, at in enumerate(atoms):
+            sl = slice(j * n_l, (j + 1) * n_l)
+            x[:, sl] = a[:, sl] @ dev_t[cls_of[at]]["taa_t"]
+    with rep.stage("zherkx H+=AᴴX", flops("zherkx", n_g, w), blas=True, sync=sync):
+        be.herkx(1.0, a.T, x.T, 1.0, h)
+
+
+def _cholesky_factors(tmats, xp):
+    """conj(C) per class with T^AA = C Cᴴ (C lower), or None where T^AA is not positive definite."""
+    out = []
+    for t in tmats:
+        try:
+            c = np.linalg.cholesky(t.taa)
+        except np.linalg.LinAlgError:
+            out.append(None)
+            continue
+        out.append(xp.asarray(c.conj()))
+    return out
+
+
+def _original_batch(rep, be, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w, sync, xp, a_hat, b_hat, chol):
+    """Algorithm 1 on one batch: backups, Z = T^BA A + ½T^BB B stacked over A, her2k, restore, S, Cholesky split."""
+    with rep.stage("backup Â=A, B̂=B", sync=sync):
+        a_hat[...] = a
+        b_hat[...] = b
+    with _small(rep, "T·A, T·B (zgemm)", n_g, n_l, 2 * len(atoms), sync):
+        for j, at in enumerate(atoms):
+            sl, t = slice(j * n_l, (j + 1) * n_l), dev_t[cls_of[at]]
+            a[:, sl] = a[:, sl] @ t["tba_t"] + b[:, sl] @ t["half_tbb_t"]
+    with rep.stage("zher2k H=ZᴴB+BᴴZ", flops("zher2k", n_g, w), blas=True, sync=sync):
+        be.her2k(1.0, a.T, b.T, beta, h)
+    a, b = a_hat, b_hat                      # restore (the backups are the original A and B)
+    with rep.stage("zherk S=AᴴA", flops("zherk", n_g, w), blas=True, sync=sync):
+        be.herk(1.0, a.T, beta, s)
+    with rep.stage("scale B=UB", 2.0 * n_g * w, sync=sync):
+        for j, at in enumerate(atoms):
+            sl = slice(j * n_l, (j + 1) * n_l)
+            b[:, sl] *= dev_t[cls_of[at]]["u"][None, :]
+    with rep.stage("zherk S+=BᴴB", flops("zherk", n_g, w), blas=True, sync=sync):
+        be.herk(1.0, b.T, 1.0, s)
+    hpd = [at for at in atoms if chol[cls_of[at]] is not None]
+    other = [at for at in atoms if chol[cls_of[at]] is None]
+    pos = {at: j for j, at in enumerate(atoms)}
+    with rep.stage("T^AA·A (ztrmm/zhemm)", (flops("ztrmm", n_l, n_l, m=n_g) * len(hpd)
+                                            + flops("zhemm", n_l, n_l, m=n_g) * len(other)), sync=sync):
+        # B_T = [Cᴴ A_a] for positive definite T^AA, then B_B = [T^AA A_a]; both overwrite B (no longer needed)
+        for i, at in enumerate(hpd + other):
+            src = slice(pos[at] * n_l, (pos[at] + 1) * n_l)
+            op = chol[cls_of[at]] if i < len(hpd) else dev_t[cls_of[at]]["taa_t"]
+            b[:, i * n_l:(i + 1) * n_l] = a[:, src] @ op
+        for i, at in enumerate(other):       # compress the A_a of the non-HPD atoms (i <= position: safe)
+            src = pos[at]
+            if src != i:
+                a[:, i * n_l:(i + 1) * n_l] = a[:, src * n_l:(src + 1) * n_l]
+    n_t, n_b = len(hpd) * n_l, len(other) * n_l
+    if n_t:
+        with rep.stage("zherk H+=B_TᴴB_T", flops("zherk", n_g, n_t), blas=True, sync=sync):
+            be.herk(1.0, b[:, :n_t].T, 1.0, h)
+    if n_b:
+        with rep.stage("zgemm H+=AᴴB_B", flops("zgemm", n_g, n_b, m=n_g), blas=True, sync=sync):
+            be.gemm(1.0, a[:, :n_b].T, b[:, n_t:n_t + n_b].T, 1.0, h, transa="C", transb="N")

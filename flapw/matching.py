@@ -1,0 +1,64 @@
+"""Matching coefficients A^a_lm(G), B^a_lm(G) of the LAPW basis at one k-point.
+
+    A^a_lm(G) = (4π/√Ω) i^l e^{iK·τ_a} Y*_lm(K̂) [u̇(R)|K| j_l'(|K|R) - u̇'(R) j_l(|K|R)] / W
+    B^a_lm(G) = (4π/√Ω) i^l e^{iK·τ_a} Y*_lm(K̂) [u'(R) j_l(|K|R) - u(R)|K| j_l'(|K|R)] / W,  K = k+G
+
+so that Σ_lm (A u_l + B u̇_l) Y_lm matches e^{iK·r}/√Ω in value and slope on the sphere (Rayleigh
+expansion).  The i^l sits here, in A and B (as in SIRIUS), so the T matrices stay the plain Gaunt sums.
+
+Everything except the phase e^{iK·τ_a} depends only on species (and k): ``SpeciesFactors`` holds it
+once per species as an (N_G, N_L) array; an atom's block is that array times its phase column.
+Blocks are stored transposed, A_a^T (N_G × N_L), side by side in one C-ordered (N_G, n·N_L) buffer,
+i.e. a column-major (n·N_L) × N_G matrix: exactly the operand of zherk/zher2k/zherkx with trans='C'.
+"""
+import numpy as np
+from scipy.special import spherical_jn, sph_harm_y
+
+from .potential import lm_index
+
+__all__ = ["species_factors", "fill_coefficients", "ylm_conj"]
+
+
+def ylm_conj(basis, lmax):
+    """Y*_lm(K̂) as an (N_G, N_L) array."""
+    theta, phi = basis.angles()
+    out = np.empty((basis.n_g, (lmax + 1) ** 2), complex)
+    for l in range(lmax + 1):
+        for m in range(-l, l + 1):
+            out[:, l * l + l + m] = np.conj(sph_harm_y(l, m, theta, phi))
+    return out
+
+
+def radial_matching(basis, radial, lmax):
+    """a_l(|K|), b_l(|K|) of shape (N_G, lmax+1): the bracketed factors divided by W."""
+    big_r = radial.mesh.r[-1]
+    kk = basis.norm[:, None]
+    ls = np.arange(lmax + 1)[None, :]
+    j = spherical_jn(ls, kk * big_r)
+    dj = kk * spherical_jn(ls, kk * big_r, derivative=True)
+    w = radial.wronskian[None, :]
+    a = (radial.udot[None, :] * dj - radial.dudot[None, :] * j) / w
+    b = (radial.du[None, :] * j - radial.u[None, :] * dj) / w
+    return a, b
+
+
+def species_factors(basis, radial, lmax, omega, ylm_c=None):
+    """(fa, fb), each (N_G, N_L): (4π/√Ω) i^l Y*_lm(K̂) a_l(|K|) and the same with b_l."""
+    ylm_c = ylm_conj(basis, lmax) if ylm_c is None else ylm_c
+    ls = lm_index(lmax)
+    a, b = radial_matching(basis, radial, lmax)
+    pref = (4 * np.pi / np.sqrt(omega)) * (1j ** ls)[None, :] * ylm_c
+    return pref * a[:, ls], pref * b[:, ls]
+
+
+def phases(basis, positions_frac, xp=np):
+    """e^{iK·τ_a} as an (N_G, n_atoms) array: K·τ = 2π (n + k)·f for fractional τ = f."""
+    arg = 2 * np.pi * ((basis.miller + basis.k) @ np.asarray(positions_frac).T)
+    return xp.exp(1j * xp.asarray(arg))
+
+
+def fill_coefficients(out, factors, phase, species_of, n_l):
+    """out[:, j·N_L:(j+1)·N_L] = factors[species_of[j]] * phase[:, j] for each atom j of a batch."""
+    for j, s in enumerate(species_of):
+        out[:, j * n_l:(j + 1) * n_l] = factors[s] * phase[:, j:j + 1]
+    return out

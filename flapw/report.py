@@ -1,0 +1,121 @@
+"""Per-stage accounting of a build: seconds, LAWN 41 flops, bytes; a printable table and JSON."""
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+__all__ = ["BuildReport", "flops"]
+
+
+def flops(kind, n, k, m=None):
+    """LAWN 41 counts for complex double (one complex multiply-add = 8 flops), as hybridblas counts them.
+
+    herk/herkx(gemmt): 4 k n(n+1); her2k: 8 k n(n+1); gemm: 8 m n k; small T·A products: 8 m n k.
+    """
+    if kind in ("zherk", "zherkx"):
+        return 4.0 * k * n * (n + 1)
+    if kind == "zher2k":
+        return 8.0 * k * n * (n + 1)
+    if kind in ("zgemm", "zhemm", "ztrmm"):
+        return 8.0 * (n if m is None else m) * n * k if kind != "ztrmm" else 4.0 * m * n * k
+    raise ValueError(f"unknown flop kind {kind!r}")
+
+
+@dataclass
+class Stage:
+    name: str
+    seconds: float = 0.0
+    flops: float = 0.0
+    blas: bool = False      # a large product that went to the BLAS backend
+    calls: int = 0
+
+
+@dataclass
+class BuildReport:
+    method: str = "refined"
+    system: str = ""
+    n_atoms: int = 0
+    n_g: int = 0
+    n_l: int = 0
+    batch_atoms: int = 0
+    backend: str = ""
+    stages: dict = field(default_factory=dict)
+    peak_temp_bytes: int = 0          # A, B and work buffers alive at once (H and S excluded)
+    buffers: dict = field(default_factory=dict)
+    hs_bytes: int = 0
+    setup: dict = field(default_factory=dict)   # k-independent seconds (radial functions, T matrices)
+
+    @contextmanager
+    def stage(self, name, flop_count=0.0, blas=False, sync=None):
+        st = self.stages.setdefault(name, Stage(name, blas=blas))
+        t0 = time.perf_counter()
+        try:
+            yield st
+        finally:
+            if sync is not None:
+                sync()
+            st.seconds += time.perf_counter() - t0
+            st.flops += flop_count
+            st.calls += 1
+
+    def note_buffers(self, **nbytes):
+        self.buffers.update(nbytes)
+        self.peak_temp_bytes = max(self.peak_temp_bytes, sum(self.buffers.values()))
+
+    @property
+    def total_seconds(self):
+        return sum(s.seconds for s in self.stages.values())
+
+    @property
+    def total_flops(self):
+        return sum(s.flops for s in self.stages.values())
+
+    @property
+    def blas_seconds(self):
+        return sum(s.seconds for s in self.stages.values() if s.blas)
+
+    @property
+    def blas_flops(self):
+        return sum(s.flops for s in self.stages.values() if s.blas)
+
+    def as_dict(self):
+        def rate(f, t):
+            return f / t / 1e12 if t > 0 else 0.0
+        return {
+            "method": self.method, "system": self.system, "N_A": self.n_atoms, "N_G": self.n_g,
+            "N_L": self.n_l, "batch_atoms": self.batch_atoms, "backend": self.backend,
+            "stages": [{"name": s.name, "seconds": s.seconds, "flops": s.flops, "calls": s.calls,
+                        "blas": s.blas, "tflops": rate(s.flops, s.seconds)} for s in self.stages.values()],
+            "total_seconds": self.total_seconds, "total_flops": self.total_flops,
+            "total_tflops": rate(self.total_flops, self.total_seconds),
+            "blas_seconds": self.blas_seconds, "blas_flops": self.blas_flops,
+            "blas_tflops": rate(self.blas_flops, self.blas_seconds),
+            "effective_zgemm_tflops": rate(self.total_flops, self.total_seconds),
+            "peak_temp_bytes": self.peak_temp_bytes, "hs_bytes": self.hs_bytes, "setup_seconds": self.setup,
+        }
+
+    def table(self):
+        d = self.as_dict()
+        lines = [f"{self.method} HSDLA build: {self.system}  N_A={self.n_atoms} N_L={self.n_l} "
+                 f"N_G={self.n_g}  batch={self.batch_atoms} atoms  BLAS={self.backend}",
+                 f"{'stage':<24}{'seconds':>10}{'GFLOP':>12}{'TFLOP/s':>10}"]
+        for name, secs in self.setup.items():
+            lines.append(f"{'(once) ' + name:<24}{secs:>10.3f}{'':>12}{'':>10}")
+        for s in d["stages"]:
+            tag = " *" if s["blas"] else ""
+            lines.append(f"{s['name'] + tag:<24}{s['seconds']:>10.3f}{s['flops'] / 1e9:>12.1f}"
+                         f"{s['tflops']:>10.3f}")
+        lines.append(f"{'total (per k)':<24}{d['total_seconds']:>10.3f}{d['total_flops'] / 1e9:>12.1f}"
+                     f"{d['total_tflops']:>10.3f}")
+        lines.append(f"BLAS part (*): {d['blas_seconds']:.3f} s, {d['blas_tflops']:.3f} TFLOP/s; "
+                     f"effective zgemm performance: {d['effective_zgemm_tflops'] * 1e3:.1f} GFLOP/s")
+        lines.append(f"peak temporary bytes: {_fmt_bytes(self.peak_temp_bytes)} "
+                     f"({', '.join(f'{k} {_fmt_bytes(v)}' for k, v in self.buffers.items())}); "
+                     f"H and S: {_fmt_bytes(self.hs_bytes)}")
+        return "\n".join(lines)
+
+
+def _fmt_bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024.0

@@ -1,0 +1,154 @@
+"""System: a crystal, its G+k basis at one k-point, and the k-independent data (radial functions, T).
+
+A preset is cheap: nothing heavy is computed until a build asks for it.  ``with_k`` returns the same
+crystal at another k-point sharing the k-independent caches, so radial functions and T matrices are
+computed once for all k-points (SIRIUS's split between the k-independent Hamiltonian and the k-set).
+"""
+import time
+
+import numpy as np
+
+from .basis import GkBasis
+from .potential import PotentialModel, atom_classes, build_t_matrices, radial_for_species
+from .structures import PRESETS, make_structure
+
+__all__ = ["System", "DEFAULT_K"]
+
+DEFAULT_K = (0.1234, 0.2345, 0.3456)     # generic k (supercell reciprocal units); Table 1's N_G are even
+
+
+class _Shared:
+    """k-independent data, filled on first use and shared by every k-point of a crystal."""
+
+    def __init__(self):
+        self.classes = None
+        self.radial = None
+        self.tmats = None
+        self.seconds = {}
+
+
+class System:
+    def __init__(self, structure, kmax, k=DEFAULT_K, potential="model", v0=0.0, e_l=None,
+                 ns_strength=0.1, _shared=None):
+        if not isinstance(kmax, (int, float)) or not np.isfinite(kmax) or kmax <= 0:
+            raise ValueError(f"kmax must be a positive number (1/bohr), got {kmax!r}")
+        self.structure = structure
+        self.kmax = float(kmax)
+        self.k = tuple(float(x) for x in k)
+        if len(self.k) != 3:
+            raise ValueError(f"k must have three fractional coordinates, got {k!r}")
+        self.model = PotentialModel(potential, float(v0), float(ns_strength))
+        self.e_l = self._parse_e_l(e_l, structure.lmax)
+        self._basis = None
+        self._shared = _shared if _shared is not None else _Shared()
+
+    @staticmethod
+    def _parse_e_l(e_l, lmax):
+        """E_l per species symbol: None -> 0 Ha for every l; a number; a list per l; or {symbol: ...}."""
+        def one(v):
+            arr = np.broadcast_to(np.asarray(0.0 if v is None else v, float), (lmax + 1,)).copy()
+            if not np.all(np.isfinite(arr)):
+                raise ValueError(f"e_l must be finite energies (Ha), got {v!r}")
+            return arr
+        if isinstance(e_l, dict):
+            return {s: one(v) for s, v in e_l.items()}
+        try:
+            return {"*": one(e_l)}
+        except ValueError as exc:
+            raise ValueError(f"e_l must be a number, {lmax + 1} numbers or a dict by species, got {e_l!r}") from exc
+
+    @classmethod
+    def preset(cls, name, kmax=3.0, k=DEFAULT_K, *, potential="model", v0=0.0, e_l=None,
+               supercell=None, lmax=None, ns_strength=0.1):
+        """NaCl (64 atoms), NaCl-512, AuAg (108 atoms), TiO2 (384 atoms); ``supercell`` shrinks them for tests."""
+        if name not in PRESETS:
+            raise ValueError(f"system must be one of {sorted(PRESETS)}, got {name!r}")
+        return cls(make_structure(name, supercell, lmax), kmax, k, potential, v0, e_l, ns_strength)
+
+    def with_k(self, k):
+        """The same crystal and potential at another k-point; radial functions and T are shared."""
+        other = System.__new__(System)
+        other.__dict__.update(self.__dict__)
+        other.k = tuple(float(x) for x in k)
+        other._basis = None
+        return other
+
+    # ---------------------------------------------------------------- sizes
+    @property
+    def name(self):
+        return self.structure.name
+
+    @property
+    def n_atoms(self):
+        return self.structure.n_atoms
+
+    @property
+    def n_l(self):
+        return (self.structure.lmax + 1) ** 2
+
+    @property
+    def lmax(self):
+        return self.structure.lmax
+
+    @property
+    def omega(self):
+        return self.structure.omega
+
+    @property
+    def basis(self):
+        if self._basis is None:
+            self._basis = GkBasis(self.structure.lattice, self.k, self.kmax)
+        return self._basis
+
+    @property
+    def n_g(self):
+        return self.basis.n_g
+
+    # ---------------------------------------------------------------- k-independent data
+    def e_l_for(self, symbol):
+        return self.e_l.get(symbol, self.e_l.get("*", np.zeros(self.lmax + 1)))
+
+    @property
+    def classes(self):
+        sh = self._shared
+        if sh.classes is None:
+            t0 = time.perf_counter()
+            sh.classes = atom_classes(self.structure, self.model)
+            sh.seconds["crystal field"] = time.perf_counter() - t0
+        return sh.classes
+
+    @property
+    def radial(self):
+        """{species symbol: RadialSolution}."""
+        sh = self._shared
+        if sh.radial is None:
+            t0 = time.perf_counter()
+            species = {sp.symbol: sp for sp in self.structure.species}
+            sh.radial = {s: radial_for_species(sp, self.model, self.lmax, self.e_l_for(s))
+                         for s, sp in species.items()}
+            sh.seconds["radial functions"] = time.perf_counter() - t0
+        return sh.radial
+
+    @property
+    def tmats(self):
+        """T matrices per atom class (list parallel to ``classes``)."""
+        sh = self._shared
+        if sh.tmats is None:
+            classes, radial = self.classes, self.radial
+            t0 = time.perf_counter()
+            sh.tmats = [build_t_matrices(c, radial[c.species.symbol], self.lmax) for c in classes]
+            sh.seconds["T matrices"] = time.perf_counter() - t0
+        return sh.tmats
+
+    def atom_class_index(self):
+        out = np.empty(self.n_atoms, int)
+        for i, c in enumerate(self.classes):
+            out[c.atoms] = i
+        return out
+
+    def setup_seconds(self):
+        return dict(self._shared.seconds)
+
+    def __repr__(self):
+        return (f"System({self.name!r}, N_A={self.n_atoms}, N_L={self.n_l}, kmax={self.kmax}, "
+                f"k={self.k}, potential={self.model.kind!r})")
