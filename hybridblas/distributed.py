@@ -1,0 +1,147 @@
+"""Beyond one node: MPI through mpi4py (NCCL through CuPy for GPU collectives). Optional: nothing here
+is imported by ``import hybridblas``, and every function works with ``comm=None`` (one process).
+
+The pattern is MFDn's: vectors are distributed by rows, a Gram matrix is a local hybridblas split-K
+product over the local rows followed by one Allreduce.
+"""
+import numpy as np
+
+__all__ = ["world", "local_rank", "block_range", "allreduce", "allgather_rows", "gram",
+           "node_context", "rank_print"]
+
+
+def world():
+    """mpi4py's COMM_WORLD when running under MPI with more than one rank, else None."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    comm = MPI.COMM_WORLD
+    return comm if comm.Get_size() > 1 else None
+
+
+def local_rank(comm):
+    """(rank, size) among the ranks that share this node."""
+    if comm is None:
+        return 0, 1
+    from mpi4py import MPI
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def block_range(n, size, rank):
+    """Rows [lo, hi) of rank ``rank`` in a balanced 1-D block distribution of n rows."""
+    base, extra = divmod(n, size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
+def _is_cupy(x):
+    return type(x).__module__.split(".")[0] == "cupy"
+
+
+def allreduce(x, comm):
+    """Sum x over the ranks, in place; returns x. Host arrays through MPI, cupy arrays through NCCL
+    when CuPy has it (else through host memory)."""
+    if comm is None:
+        return x
+    from mpi4py import MPI
+    if _is_cupy(x):
+        nccl = _nccl_comm(comm, x)
+        if nccl is not None:
+            import cupy
+            from cupy.cuda import nccl as _n
+            count = x.size * (2 if x.dtype.kind == "c" else 1)
+            real = {4: _n.NCCL_FLOAT32, 8: _n.NCCL_FLOAT64}[x.dtype.itemsize // (2 if x.dtype.kind == "c" else 1)]
+            nccl.allReduce(x.data.ptr, x.data.ptr, count, real, _n.NCCL_SUM,
+                           cupy.cuda.get_current_stream().ptr)
+            cupy.cuda.get_current_stream().synchronize()
+            return x
+        host = x.get()
+        comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+        x.set(host)
+        return x
+    if not (x.flags.c_contiguous or x.flags.f_contiguous):
+        raise ValueError("allreduce needs a contiguous array (C or Fortran order)")
+    comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+    return x
+
+
+_NCCL = {}
+
+
+def _nccl_comm(comm, x):
+    """One NCCL communicator per MPI communicator and device, built from an id broadcast over MPI."""
+    try:
+        import cupy
+        from cupy.cuda import nccl
+    except ImportError:
+        return None
+    if not nccl.available:
+        return None
+    key = (id(comm), cupy.cuda.runtime.getDevice())
+    if key not in _NCCL:
+        uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
+        uid = comm.bcast(uid, root=0)
+        _NCCL[key] = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
+    return _NCCL[key]
+
+
+def allgather_rows(local, comm):
+    """Stack every rank's row block (same column count) into the full array on every rank."""
+    if comm is None:
+        return local
+    on_gpu = _is_cupy(local)
+    host = local.get() if on_gpu else np.ascontiguousarray(local)
+    counts = comm.allgather(host.shape[0])
+    cols = int(np.prod(host.shape[1:]))
+    out = np.empty((sum(counts),) + host.shape[1:], dtype=host.dtype)
+    sizes = [c * cols for c in counts]
+    offsets = [int(o) for o in np.concatenate([[0], np.cumsum(sizes)[:-1]])]
+    comm.Allgatherv(host, [out, (sizes, offsets)])
+    if on_gpu:
+        import cupy
+        return cupy.asarray(out)
+    return out
+
+
+def gram(s_local, comm, *, other=None, context=None):
+    """Lower triangle of Sᵀ·S (or Sᵀ·other) for S distributed by rows: local split-K product + Allreduce.
+
+    Complex data gets Sᴴ·S. The result is full-size on every rank (Fortran order).
+    """
+    import hybridblas as hb
+    complex_ = s_local.dtype.kind == "c"
+    if other is None:
+        c = (hb.herk if complex_ else hb.syrk)(1.0, s_local, trans="C" if complex_ else "T", context=context)
+    else:
+        c = hb.gemmt(1.0, s_local, other, transa="C" if complex_ else "T", context=context)
+    return allreduce(c, comm)
+
+
+def node_context(comm, devices="all", **kwargs):
+    """A hybridblas Context for this rank: its share of the node's GPUs (local rank -> device) and cores."""
+    import hybridblas as hb
+    from .blas_threads import available_cores
+    from .context import cuda_device_count
+    lrank, lsize = local_rank(comm)
+    n_gpu = cuda_device_count() if devices in ("all", "gpu") else 0
+    specs = []
+    if devices in ("all", "cpu"):
+        specs.append("cpu")
+    if n_gpu:
+        mine = [g for g in range(n_gpu) if g % lsize == lrank] or [lrank % n_gpu]
+        specs += [f"cuda:{g}" for g in mine]
+    if not specs:
+        specs = ["cpu"]
+    kwargs.setdefault("cpu_threads", max(1, available_cores() // lsize))
+    return hb.Context(devices=specs, **kwargs)
+
+
+def rank_print(comm, *args, **kwargs):
+    """print on rank 0 only."""
+    if comm is None or comm.Get_rank() == 0:
+        print(*args, **kwargs)

@@ -1,0 +1,38 @@
+"""MPI jobs (mpiexec, oversubscribed on CI's 2 cores): distributed results equal the serial ones."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+JOBS = Path(__file__).parent / "mpi_jobs"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _mpiexec():
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    return shutil.which("mpiexec")
+
+
+def run_mpi(script, ranks, *args, timeout=240):
+    exe = _mpiexec()
+    if exe is None:
+        pytest.skip("mpi4py or mpiexec not installed (pip install '.[mpi]')")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    cmd = [exe, "-n", str(ranks), sys.executable, str(JOBS / script), *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_distributed_gram(ranks):
+    out = run_mpi("gram_job.py", ranks)
+    assert f"gram OK on {ranks} ranks" in out
