@@ -46,10 +46,13 @@ class Context:
     rates:      {device name: flop/s} overriding the profile, e.g. {"cpu": 1.0, "cuda:0": 60.0}.
     profile:    a loaded profile, None to load the node's own (hybridblas.load_profile()), False for none.
     sync:       run every task in the caller's thread (the same plan; for debugging and tests).
+    memory_limit: bytes a call may use on each GPU (default: what is free); smaller forces out-of-core.
+    cpu_min_share: beside GPUs, the CPU works only if its rate share reaches this (0 keeps it always).
     """
 
     def __init__(self, devices="all", strategy="auto", block_size=None, *, cpu_threads=None,
-                 rates=None, profile=None, sync=False, tail_fraction=0.15, memory_limit=None):
+                 rates=None, profile=None, sync=False, tail_fraction=0.15, memory_limit=None,
+                 cpu_min_share=0.05):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool)
@@ -72,7 +75,13 @@ class Context:
         self._profile = profile
         self.sync = bool(sync)
         self.tail_fraction = tail_fraction
+        if memory_limit is not None and (not isinstance(memory_limit, int) or isinstance(memory_limit, bool)
+                                         or memory_limit <= 0):
+            raise ValueError(f"memory_limit must be a positive number of bytes or None, got {memory_limit!r}")
         self.memory_limit = memory_limit
+        if not 0.0 <= cpu_min_share < 1.0:
+            raise ValueError(f"cpu_min_share must be in [0, 1), got {cpu_min_share!r}")
+        self.cpu_min_share = cpu_min_share
 
     @staticmethod
     def _resolve_devices(devices):

@@ -18,6 +18,8 @@ _STOP = None
 def execute(problem, ctx):
     devices = ctx.devices_for(problem)
     rates = [ctx.rate(d, problem) for d in devices]
+    devices, rates = _without_idle_cpus(devices, rates, getattr(ctx, "cpu_min_share", 0.0))
+    problem.extra.setdefault("memory_limit", getattr(ctx, "memory_limit", None))
     strategy = ctx.resolve_strategy(devices)
     with blas_threads.limit(ctx.blas_threads(devices)):
         if strategy == "static":
@@ -32,6 +34,18 @@ def execute(problem, ctx):
 
 
 # ---------------------------------------------------------------- planning
+
+def _without_idle_cpus(devices, rates, min_share):
+    """Drop the CPU workers when beside accelerators their share of the rate is below ``min_share``:
+    their tiles would arrive last, and their cores are better spent staging host data for the GPUs."""
+    cpu = [i for i, d in enumerate(devices) if d.kind == "cpu"]
+    if not cpu or len(cpu) == len(devices):
+        return devices, rates
+    if sum(rates[i] for i in cpu) >= min_share * sum(rates):
+        return devices, rates
+    keep = [i for i in range(len(devices)) if i not in cpu]
+    return [devices[i] for i in keep], [rates[i] for i in keep]
+
 
 def static_assignment(problem, devices, rates, ctx):
     """Tasks per device: contiguous bands (or k ranges) whose flops follow the devices' rates."""

@@ -1,0 +1,180 @@
+"""ctypes bindings to the libcublas that CuPy itself loaded: gemm, herk, her2k, herkx, syrk, syr2k, syrkx.
+
+CuPy wraps gemm and syrk but not herk/her2k/herkx, so every kernel goes through one small ctypes layer on
+CuPy's per-thread, per-device handle. Each call sets the handle's stream first, uses host pointer mode and
+restores the mode it found, and turns a non-zero cublasStatus_t into an error naming the routine.
+ctypes releases the GIL around each call, so feeder threads of other GPUs keep running.
+"""
+import ctypes
+import os
+import threading
+
+import numpy as np
+
+from .problem import C as _OPC, T as _OPT, leading_dim
+
+_PREFIX = {np.dtype(np.float32): "S", np.dtype(np.float64): "D",
+           np.dtype(np.complex64): "C", np.dtype(np.complex128): "Z"}
+_REAL = {np.dtype(np.complex64): np.dtype(np.float32), np.dtype(np.complex128): np.dtype(np.float64)}
+STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE", 8: "ARCH_MISMATCH",
+          11: "MAPPING_ERROR", 13: "EXECUTION_FAILED", 14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED",
+          16: "LICENSE_ERROR"}
+FILL_LOWER, FILL_UPPER = 0, 1
+POINTER_MODE_HOST = 0
+
+_lib = None
+_lock = threading.Lock()
+
+
+class CublasError(RuntimeError):
+    pass
+
+
+def check(status, name):
+    if status != 0:
+        raise CublasError(f"{name} failed with cublasStatus {status} ({STATUS.get(status, 'unknown')})")
+
+
+def library_path():
+    """Path of the libcublas CuPy has loaded (read from /proc/self/maps), or None."""
+    import cupy
+    from cupy_backends.cuda.libs import cublas as _cupy_cublas  # noqa: F401  (loads libcublas)
+    cupy.cuda.device.get_cublas_handle()
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                path = line.split()[-1] if line.strip() else ""
+                if os.path.basename(path).startswith("libcublas.so"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def lib():
+    """The loaded libcublas (the same one CuPy uses, so CuPy's handles are valid in it)."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            path = library_path()
+            candidates = [path] if path else []
+            candidates += ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
+            errors = []
+            for name in candidates:
+                try:
+                    _lib = ctypes.CDLL(name)
+                    break
+                except OSError as exc:
+                    errors.append(f"{name}: {exc}")
+            if _lib is None:
+                raise OSError("cannot load libcublas: " + "; ".join(errors))
+            for fn in ("cublasSetStream_v2", "cublasGetPointerMode_v2", "cublasSetPointerMode_v2"):
+                getattr(_lib, fn).restype = ctypes.c_int
+    return _lib
+
+
+def _op(op, hermitian_kind):
+    """Problem op bits -> cublasOperation_t (N=0, T=1, C=2)."""
+    if not op & _OPT:
+        return 0
+    return 2 if (op == _OPC) else 1
+
+
+class _Scalars:
+    __slots__ = ("keep",)
+
+    def __init__(self):
+        self.keep = []
+
+    def __call__(self, value, dtype):
+        buf = np.array([value], dtype=dtype)
+        self.keep.append(buf)
+        return ctypes.c_void_p(buf.ctypes.data)
+
+
+def _ptr(x):
+    return ctypes.c_void_p(x.data.ptr)
+
+
+def call(name, handle, stream_ptr, *args):
+    """One cuBLAS call on ``handle`` and stream, host pointer mode, status checked, mode restored."""
+    L = lib()
+    fn = getattr(L, name)
+    fn.restype = ctypes.c_int
+    h = ctypes.c_void_p(handle)
+    check(L.cublasSetStream_v2(h, ctypes.c_void_p(stream_ptr)), "cublasSetStream_v2")
+    mode = ctypes.c_int(0)
+    check(L.cublasGetPointerMode_v2(h, ctypes.byref(mode)), "cublasGetPointerMode_v2")
+    if mode.value != POINTER_MODE_HOST:
+        check(L.cublasSetPointerMode_v2(h, POINTER_MODE_HOST), "cublasSetPointerMode_v2")
+    try:
+        check(fn(h, *args), name)
+    finally:
+        if mode.value != POINTER_MODE_HOST:
+            L.cublasSetPointerMode_v2(h, mode.value)
+
+
+def _i(v):
+    return ctypes.c_int(int(v))
+
+
+def gemm(handle, stream_ptr, c, alpha, x, y, beta):
+    """c <- alpha op(x) op(y) + beta c with x, y Operands on cupy bases, c a column-major cupy view."""
+    m, n = c.shape
+    if m == 0 or n == 0:
+        return
+    dt = c.dtype
+    s = _Scalars()
+    call(f"cublas{_PREFIX[dt]}gemm_v2", handle, stream_ptr,
+         _i(_op(x.op, False)), _i(_op(y.op, False)), _i(m), _i(n), _i(x.cols),
+         s(alpha, dt), _ptr(x.base), _i(leading_dim(x.base)), _ptr(y.base), _i(leading_dim(y.base)),
+         s(beta, dt), _ptr(c), _i(leading_dim(c)))
+
+
+def rank_k(handle, stream_ptr, kind, c, lower, alpha, factors, beta):
+    """Native herk/syrk/her2k/syr2k on a diagonal block; the factors share one op (N, or C/T)."""
+    n = c.shape[0]
+    if n == 0:
+        return
+    dt = c.dtype
+    first = factors[0]
+    real = _REAL.get(dt, dt)
+    s = _Scalars()
+    trans = 0 if not (first.op & _OPT) else (2 if kind.startswith("her") else 1)
+    alpha_t = real if kind == "herk" else dt
+    beta_t = real if kind in ("herk", "her2k") else dt
+    args = [_i(FILL_LOWER if lower else FILL_UPPER), _i(trans), _i(n), _i(first.cols), s(alpha, alpha_t)]
+    for f in factors:
+        args += [_ptr(f.base), _i(leading_dim(f.base))]
+    args += [s(beta, beta_t), _ptr(c), _i(leading_dim(c))]
+    call(f"cublas{_PREFIX[dt]}{kind}_v2", handle, stream_ptr, *args)
+
+
+def rank_kx(handle, stream_ptr, kind, c, lower, trans, alpha, a, b, beta):
+    """herkx/syrkx: C[tri] <- alpha op(a) op(b)^H (or ^T) + beta C[tri]; a, b cupy column-major arrays."""
+    n = c.shape[0]
+    if n == 0:
+        return
+    dt = c.dtype
+    s = _Scalars()
+    k = a.shape[0] if trans != 0 else a.shape[1]
+    beta_t = _REAL.get(dt, dt) if kind == "herkx" else dt
+    call(f"cublas{_PREFIX[dt]}{kind}", handle, stream_ptr,
+         _i(FILL_LOWER if lower else FILL_UPPER), _i(trans), _i(n), _i(k), s(alpha, dt),
+         _ptr(a), _i(leading_dim(a)), _ptr(b), _i(leading_dim(b)), s(beta, beta_t), _ptr(c), _i(leading_dim(c)))
+
+
+class Backend:
+    """The kernels.compute_block backend for one GPU: cuBLAS on a given handle and stream."""
+
+    def __init__(self, handle, stream):
+        import cupy
+        self.xp = cupy
+        self.handle = handle
+        self.stream = stream
+
+    def gemm(self, c, alpha, x, y, beta):
+        gemm(self.handle, self.stream.ptr, c, alpha, x, y, beta)
+
+    def rank_k(self, kind, c, lower, alpha, factors, beta):
+        rank_k(self.handle, self.stream.ptr, kind, c, lower, alpha, factors, beta)

@@ -1,0 +1,210 @@
+"""Host <-> GPU traffic for pageable numpy arrays: a pinned staging ring and parallel host copies.
+
+cudaMemcpy from pageable memory is slow and synchronous. Each GPU feeder keeps a ring of page-locked
+slots: the host copies piece p+1 into a free slot (several threads; numpy releases the GIL while copying)
+while the copy engine moves piece p, and the GPU computes on earlier tiles. Downloads run the other way,
+and a diagonal tile is copied out by its triangle only (the other triangle of the caller's C is never
+written).
+"""
+import collections
+import concurrent.futures
+import os
+import threading
+
+import numpy as np
+
+PAR_MIN_BYTES = 8 << 20     # below this one thread copies
+TRI_BLOCK = 256             # column block of triangle copies
+
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def copy_threads():
+    return max(2, min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 4))
+
+
+def copy_pool():
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(copy_threads(), thread_name_prefix="hybridblas-copy")
+    return _pool
+
+
+def _run_all(jobs):
+    """Run (fn, args) jobs on the copy pool (inline when there is one), re-raising the first error."""
+    if len(jobs) == 1:
+        fn, args = jobs[0]
+        fn(*args)
+        return
+    futures = [copy_pool().submit(fn, *args) for fn, args in jobs]
+    for f in futures:
+        f.result()
+
+
+def par_copy(dst, src):
+    """dst[...] = src for 2-D column-major arrays, split by columns across the copy pool."""
+    cols = dst.shape[1]
+    if dst.nbytes < PAR_MIN_BYTES or cols < 2:
+        np.copyto(dst, src)
+        return
+    parts = min(cols, copy_threads())
+    edges = [cols * p // parts for p in range(parts + 1)]
+    _run_all([(np.copyto, (dst[:, a:b], src[:, a:b])) for a, b in zip(edges, edges[1:]) if b > a])
+
+
+_masks = {}
+
+
+def _tri_mask(size, lower):
+    key = (size, lower)
+    m = _masks.get(key)
+    if m is None:
+        m = _masks[key] = (np.tril if lower else np.triu)(np.ones((size, size), dtype=bool))
+    return m
+
+
+def _copy_cols_triangle(dst, src, r0, c0, a, b, lower):
+    """Columns [a, b) of the piece at (r0, c0) of a diagonal tile: copy entries inside the triangle."""
+    rows = dst.shape[0]
+    g0, g1 = c0 + a, c0 + b                 # tile-column range of this block
+    lo, hi = g0 - r0, g1 - r0               # rows of the piece that are on the diagonal block
+    if lower:
+        full = slice(max(hi, 0), rows)
+        part = (max(lo, 0), min(hi, rows))
+    else:
+        full = slice(0, min(max(lo, 0), rows))
+        part = (max(lo, 0), min(hi, rows))
+    if full.stop > full.start:
+        np.copyto(dst[full, a:b], src[full, a:b])
+    p0, p1 = part
+    if p1 > p0:
+        size = b - a
+        mask = _tri_mask(size, lower)[p0 - lo:p1 - lo, :]
+        np.copyto(dst[p0:p1, a:b], src[p0:p1, a:b], where=mask)
+
+
+def copy_triangle_piece(dst, src, r0, c0, lower):
+    """dst <- src where the tile entry (r0 + i, c0 + j) lies in the triangle (diagonal included)."""
+    cols = dst.shape[1]
+    jobs = [(_copy_cols_triangle, (dst, src, r0, c0, a, min(a + TRI_BLOCK, cols), lower))
+            for a in range(0, cols, TRI_BLOCK)]
+    # group the small jobs so each pool task moves a few MB
+    per = max(1, -(-len(jobs) // copy_threads()))
+    groups = [jobs[i:i + per] for i in range(0, len(jobs), per)]
+    _run_all([(_run_seq, (g,)) for g in groups])
+
+
+def _run_seq(jobs):
+    for fn, args in jobs:
+        fn(*args)
+
+
+class PinnedRing:
+    """A few page-locked slots reused round-robin; a slot is free once its last copy has completed."""
+
+    def __init__(self, slot_bytes, slots):
+        import cupy
+        self.slot_bytes = int(slot_bytes)
+        self.mem = [cupy.cuda.alloc_pinned_memory(self.slot_bytes) for _ in range(slots)]
+        self.busy = [None] * slots
+        self.next = 0
+
+    def acquire(self):
+        i = self.next
+        self.next = (i + 1) % len(self.mem)
+        ev = self.busy[i]
+        if ev is not None:
+            ev.synchronize()
+            self.busy[i] = None
+        return i
+
+    def view(self, i, shape, dtype):
+        count = int(shape[0]) * int(shape[1])
+        return np.frombuffer(self.mem[i], dtype=dtype, count=count).reshape(shape, order="F")
+
+    def release(self, i, event):
+        self.busy[i] = event
+
+
+def _pieces(rows, cols, item, slot_bytes):
+    rr = max(1, min(rows, slot_bytes // item))
+    cc = max(1, slot_bytes // (rr * item))
+    for c0 in range(0, cols, cc):
+        for r0 in range(0, rows, rr):
+            yield r0, min(rows, r0 + rr), c0, min(cols, c0 + cc)
+
+
+def _dev_ld(arr):
+    from .problem import leading_dim
+    return leading_dim(arr)
+
+
+def upload(dst, src, ring, stream):
+    """Device column-major view dst <- host column-major view src, through the pinned ring on stream.
+
+    Returns after the last piece is queued; the caller records an event on ``stream`` to know it landed.
+    """
+    import cupy
+    rt = cupy.cuda.runtime
+    rows, cols = src.shape
+    if rows == 0 or cols == 0:
+        return
+    item = src.dtype.itemsize
+    ld = _dev_ld(dst) * item
+    for r0, r1, c0, c1 in _pieces(rows, cols, item, ring.slot_bytes):
+        i = ring.acquire()
+        buf = ring.view(i, (r1 - r0, c1 - c0), src.dtype)
+        par_copy(buf, src[r0:r1, c0:c1])
+        ptr = dst.data.ptr + c0 * ld + r0 * item
+        rt.memcpy2DAsync(ptr, ld, buf.ctypes.data, (r1 - r0) * item, (r1 - r0) * item, c1 - c0,
+                         rt.memcpyHostToDevice, stream.ptr)
+        ev = cupy.cuda.Event(disable_timing=True)
+        ev.record(stream)
+        ring.release(i, ev)
+
+
+def download(dst, src, ring, stream, triangle=None):
+    """Host column-major view dst <- device view src through the ring, pieces pipelined on ``stream``.
+
+    ``triangle`` = 'lower' / 'upper' copies only that triangle of a square diagonal tile. Blocks until done.
+    """
+    import cupy
+    rt = cupy.cuda.runtime
+    rows, cols = src.shape
+    if rows == 0 or cols == 0:
+        return
+    item = src.dtype.itemsize
+    ld = _dev_ld(src) * item
+    slots = len(ring.mem)
+    queued = collections.deque()
+    for piece in _pieces(rows, cols, item, ring.slot_bytes):
+        if len(queued) >= slots:
+            _drain_one(queued, dst, ring, triangle)
+        r0, r1, c0, c1 = piece
+        if triangle is not None and _outside(r0, r1, c0, c1, triangle == "lower"):
+            continue
+        i = ring.acquire()
+        buf = ring.view(i, (r1 - r0, c1 - c0), src.dtype)
+        rt.memcpy2DAsync(buf.ctypes.data, (r1 - r0) * item, src.data.ptr + c0 * ld + r0 * item, ld,
+                         (r1 - r0) * item, c1 - c0, rt.memcpyDeviceToHost, stream.ptr)
+        ev = cupy.cuda.Event(disable_timing=True)
+        ev.record(stream)
+        queued.append((i, buf, piece, ev))
+    while queued:
+        _drain_one(queued, dst, ring, triangle)
+
+
+def _outside(r0, r1, c0, c1, lower):
+    return (r1 - 1 < c0) if lower else (r0 > c1 - 1)
+
+
+def _drain_one(queued, dst, ring, triangle):
+    i, buf, (r0, r1, c0, c1), ev = queued.popleft()
+    ev.synchronize()
+    if triangle is None:
+        par_copy(dst[r0:r1, c0:c1], buf)
+    else:
+        copy_triangle_piece(dst[r0:r1, c0:c1], buf, r0, c0, triangle == "lower")
+    ring.release(i, None)

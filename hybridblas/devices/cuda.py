@@ -1,0 +1,571 @@
+"""One CUDA GPU as a hybridblas device: CuPy arrays, cuBLAS through ctypes, three streams, a panel cache.
+
+Per call and per GPU (``_CUDARun``, living in the GPU's worker thread):
+- operands may be numpy (host) or cupy on any GPU; C is written where it lives;
+- a task (a band or a tile of C) is cut into tiles on a grid aligned to multiples of the block, so GPUs
+  of one call name panels alike and can copy them from each other;
+- ``s_in`` brings panels (host through the pinned ring, other GPUs peer-to-peer), ``s_comp`` runs cuBLAS,
+  ``s_out`` writes C blocks back; events order them, so uploads of tile t+1 and the write-back of tile
+  t-1 overlap the kernels of tile t (a window of tiles in flight);
+- the block edge and k chunk follow the memory this GPU may use (``memory_limit`` or free memory); when
+  cupy's pool still runs dry, the run drops its cache, shrinks its blocks and retries, and as a last
+  resort computes a host-resident tile with the host BLAS: never a crash, never a wrong answer.
+"""
+import collections
+import threading
+
+import numpy as np
+
+from .. import cublas, cuda_transfer, host_blas
+from ..cuda_panels import Panel, PanelCache, join_share, leave_share
+from ..kernels import _rect
+from ..plan import _task, with_k
+from ..problem import Operand, T
+from .base import Device, DeviceRun, register
+
+MAX_BLOCK = 4096
+MIN_BLOCK = 64
+GEMMT_LEAF = 512           # gemmt diagonal blocks up to this edge: one scratch gemm + masked copy
+WINDOW = 2                 # tiles launched and not yet written back
+STAGING_SLOT = 64 << 20
+STAGING_SLOTS = 4
+RESERVE = 256 << 20        # left free for cuBLAS workspaces and CuPy temporaries
+
+
+class _Shrink(Exception):
+    pass
+
+
+def _cupy():
+    import cupy
+    return cupy
+
+
+def device_of(x):
+    """GPU id of a cupy array, None for a numpy array."""
+    return None if isinstance(x, np.ndarray) else x.device.id
+
+
+class CUDADevice(Device):
+    """GPU ``index``. ``memory_limit`` caps the bytes a call may use on it; ``block`` fixes the tile edge."""
+    kind = "cuda"
+    max_in_flight = 2
+
+    def __init__(self, index=0, *, memory_limit=None, block=None):
+        if memory_limit is not None and (not isinstance(memory_limit, int) or memory_limit <= 0):
+            raise ValueError(f"memory_limit must be a positive number of bytes, got {memory_limit!r}")
+        if block is not None and (not isinstance(block, int) or block < 1):
+            raise ValueError(f"block must be a positive integer, got {block!r}")
+        self.index = int(index)
+        self.memory_limit = memory_limit
+        self.block = block
+        self._ring = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self):
+        return f"cuda:{self.index}"
+
+    def accepts(self, problem):
+        return True
+
+    def open(self, problem):
+        return _CUDARun(self, problem)
+
+    def preferred_block(self, problem):
+        if self.block:
+            return self.block
+        cp = _cupy()
+        with cp.cuda.Device(self.index):
+            budget = _budget(self, problem)
+        return _block_plan(problem, budget, None)[0]
+
+    def ring(self):
+        """The pinned staging ring of this GPU, made once and kept (pinning memory is slow)."""
+        with self._lock:
+            if self._ring is None:
+                self._ring = cuda_transfer.PinnedRing(STAGING_SLOT, STAGING_SLOTS)
+            return self._ring
+
+
+def _budget(device, problem):
+    """Bytes this call may hold on the current GPU."""
+    cp = _cupy()
+    limit = device.memory_limit or problem.extra.get("memory_limit")
+    if limit:
+        return int(limit)
+    free, _total = cp.cuda.runtime.memGetInfo()
+    pool = cp.get_default_memory_pool()
+    avail = free + pool.free_bytes()
+    cap = pool.get_limit()
+    if cap:
+        avail = min(avail, cap - pool.used_bytes())
+    return max(int(avail * 0.9) - RESERVE, 1 << 20)
+
+
+def _block_plan(problem, budget, fixed):
+    """(block edge nb, k chunk kc) whose working set (two panels per factor, tiles in flight) fits."""
+    item = problem.dtype.itemsize
+    nf = len(problem.factors)
+    size = max(problem.m, problem.n, 1)
+    k = max(problem.k, 1)
+    if fixed:
+        nb = fixed
+    else:   # about six tiles per row for big C, never below 1024 unless C is smaller
+        nb = min(MAX_BLOCK, max(1024, -(-size // 6 // 256) * 256), size)
+    kc = k
+    while (2 * nf * nb * kc * 2 + (WINDOW + 2) * nb * nb) * item > budget:
+        if kc > max(nb, 256):
+            kc = -(-kc // 2)
+        elif nb > MIN_BLOCK:
+            nb = -(-nb // 2)
+        elif kc > 16:
+            kc = -(-kc // 2)
+        else:
+            break
+    return nb, kc
+
+
+def _grid(lo, hi, nb):
+    """Edges of [lo, hi) cut at the multiples of nb (the same grid for every device of a call)."""
+    edges = [lo] + [x for x in range((lo // nb + 1) * nb, hi, nb)] + [hi]
+    return list(zip(edges, edges[1:]))
+
+
+def subtiles(problem, task, nb):
+    """Tiles of ``task`` on the nb grid, row panel by row panel (so each row panel is reused in a row)."""
+    out = []
+    for i0, i1 in _grid(task.i0, task.i1, nb):
+        for j0, j1 in _grid(task.j0, task.j1, nb):
+            diag = task.diag and i0 == j0
+            if task.diag and not diag and (i0 < j0 if problem.lower else i0 > j0):
+                continue
+            out.append(_task(problem, i0, i1, j0, j1, task.k0, task.k1, diag=diag, split=task.split))
+    return out
+
+
+class _PanelFactor:
+    """A factor as compute_block sees it (op, global indices) whose blocks resolve to cached panels."""
+
+    def __init__(self, run, f, op):
+        self.run, self.f, self.op = run, f, op
+
+    @property
+    def trans(self):
+        return bool(self.op & T)
+
+    def with_op(self, op):
+        return _PanelFactor(self.run, self.f, op)
+
+    def block(self, r0, r1, c0, c1):
+        a, b = ((c0, c1), (r0, r1)) if self.trans else ((r0, r1), (c0, c1))
+        return Operand(self.run.panel_view(self.f, a, b), self.op)
+
+
+class _Tile:
+    __slots__ = ("task", "out", "local", "done_event", "finish", "done")
+
+    def __init__(self, task):
+        self.task = task
+        self.out = None
+        self.local = None
+        self.done_event = None
+        self.finish = None
+        self.done = False
+
+
+class _CUDARun(DeviceRun):
+    def __init__(self, device, problem):
+        cp = _cupy()
+        self.cp = cp
+        self.device = device
+        self.problem = problem
+        self.dev = cp.cuda.Device(device.index)
+        with self.dev:
+            self.s_comp = cp.cuda.Stream(non_blocking=True)
+            self.s_in = cp.cuda.Stream(non_blocking=True)
+            self.s_out = cp.cuda.Stream(non_blocking=True)
+            self.handle = cp.cuda.device.get_cublas_handle()
+            self.backend = cublas.Backend(self.handle, self.s_comp)
+            self.pool = cp.get_default_memory_pool()
+            self.host = problem.xp is np
+            self.c_dev = device_of(problem.c)
+            self.f_dev = [device_of(f.base) for f in problem.factors]
+            self._enable_peers()
+            self.budget = _budget(device, problem)
+            fixed = device.block or problem.extra.get("device_block")
+            self.nb, self.kc = _block_plan(problem, self.budget, fixed)
+            self.share = join_share(id(problem)) if self.host else None
+            self.call_id = id(problem)
+            self.cache = PanelCache(self._cache_capacity(), self.s_in, self.share, device.index)
+            self.ring = device.ring() if self.host else None
+            self.pending = collections.deque()
+            self.partial = None
+            self.scratch = None
+            self.masks = {}
+            self.kaxis = [self._kaxis(f, op.op) for f, op in enumerate(problem.factors)]
+            self.fallbacks = 0
+
+    # ------------------------------------------------------------------ setup
+    def _enable_peers(self):
+        rt = self.cp.cuda.runtime
+        others = {d for d in self.f_dev + [self.c_dev] if d is not None and d != self.device.index}
+        if self.host:
+            others |= set(range(rt.getDeviceCount())) - {self.device.index}
+        for d in others:
+            try:
+                if rt.deviceCanAccessPeer(self.device.index, d):
+                    rt.deviceEnablePeerAccess(d)
+            except rt.CUDARuntimeError:
+                pass   # already enabled (or not possible: copies then go through the host)
+
+    def _cache_capacity(self):
+        item = self.problem.dtype.itemsize
+        return max(self.budget - (WINDOW + 2) * self.nb * self.nb * item - GEMMT_LEAF ** 2 * item, 0)
+
+    def _kaxis(self, f, op):
+        right = self.problem.kind in ("gemm", "gemmt") and f == 1
+        trans = bool(op & T)
+        return (0 if not trans else 1) if right else (1 if not trans else 0)
+
+    # ------------------------------------------------------------------ DeviceRun
+    def launch(self, task):
+        with self.dev:
+            return self._launch(task)
+
+    def wait(self, handle):
+        with self.dev:
+            while any(not t.done for t in handle):
+                self._finish(self.pending.popleft())
+
+    def close(self):
+        with self.dev:
+            try:
+                while self.pending:
+                    self._finish(self.pending.popleft())
+                self.s_comp.synchronize()
+                self.s_in.synchronize()
+                self.s_out.synchronize()
+                return self._partial_result()
+            finally:
+                if self.share is not None:
+                    for ev in leave_share(self.call_id, self.device.index):
+                        ev.synchronize()
+                self.cache.panels.clear()
+                self.scratch = None
+
+    # ------------------------------------------------------------------ tiles
+    def _launch(self, task):
+        tiles = collections.deque(subtiles(self.problem, task, self.nb))
+        launched = []
+        while tiles:
+            t = tiles.popleft()
+            try:
+                launched.append(self._launch_tile_retry(t))
+            except _Shrink:
+                if self.nb > MIN_BLOCK or self.kc > 16:
+                    self.nb = max(MIN_BLOCK, self.nb // 2)
+                    self.kc = max(16, self.kc // 2)
+                    tiles.extendleft(reversed(subtiles(self.problem, t, self.nb)))
+                    continue
+                launched.append(self._host_fallback(t))
+            while len(self.pending) > WINDOW:
+                self._finish(self.pending.popleft())
+        return launched
+
+    def _launch_tile_retry(self, t):
+        OOM = self.cp.cuda.memory.OutOfMemoryError
+        for attempt in range(2):
+            try:
+                return self._launch_tile(t)
+            except OOM:
+                # drain what is in flight, drop cached panels and the pool's free blocks, try again once
+                while self.pending:
+                    self._finish(self.pending.popleft())
+                self.s_comp.synchronize()
+                self.cache.clear()
+                self.s_in.synchronize()
+                self.scratch = None
+                self.pool.free_all_blocks()
+        raise _Shrink()
+
+    def _host_fallback(self, t):
+        """Last resort for host operands when even the smallest tile does not fit on the GPU."""
+        p = self.problem
+        if not self.host:
+            raise MemoryError(f"{self.device.name}: GPU memory exhausted even for {MIN_BLOCK}-wide tiles "
+                              f"of device-resident operands")
+        from .cpu import _HostBackend
+        from ..kernels import compute_block
+        self.fallbacks += 1
+        rec = _Tile(t)
+        if t.split:
+            if self.partial is None:
+                self.partial = np.zeros((p.m, p.n), dtype=p.dtype, order="F")
+            out, beta = self.partial[t.i0:t.i1, t.j0:t.j1], 1.0
+            if not isinstance(self.partial, np.ndarray):
+                raise MemoryError(f"{self.device.name}: out of memory during a split-K reduction")
+        else:
+            out, beta = p.c[t.i0:t.i1, t.j0:t.j1], p.beta
+        compute_block(_HostBackend, p, t, out, beta)
+        rec.done = True
+        return rec
+
+    def _kchunks(self, t):
+        edges = list(range(t.k0, t.k1, self.kc)) + [t.k1]
+        return list(zip(edges, edges[1:])) or [(t.k0, t.k1)]
+
+    def _launch_tile(self, t):
+        cp, p = self.cp, self.problem
+        rec = _Tile(t)
+        chunks = self._kchunks(t)
+        rows, cols = t.i1 - t.i0, t.j1 - t.j0
+        here = self.c_dev == self.device.index
+        local = t.split or not here or len(chunks) > 1
+        beta = 0.0 if t.split else p.beta
+        with self.s_in:
+            buf = cp.empty((rows, cols), dtype=p.dtype, order="F") if local else None
+        target = None if self.host else p.c[t.i0:t.i1, t.j0:t.j1]
+        if local and not t.split and (beta != 0 or (t.diag and not self.host)):
+            self._fetch_c(buf, t, target)
+        out = buf if local else target
+        for n_chunk, (k0, k1) in enumerate(chunks):
+            keep, panels = set(), []
+            for key in self._needs(t, k0, k1):
+                panel = self._ensure(key, keep)
+                keep.add(panel.key)
+                panels.append(panel)
+                if panel.ready is not None:
+                    self.s_comp.wait_event(panel.ready)
+            tk = with_k(t, p, k0, k1)
+            with self.s_comp:
+                self._compute(tk, out, beta if n_chunk == 0 else 1.0)
+            used = self._record(self.s_comp)
+            for panel in panels:
+                panel.last_use = used
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(self.s_comp)
+        rec.local = buf
+        if t.split:
+            with self.s_comp:
+                self._add_partial(t, buf)
+            done = cp.cuda.Event(disable_timing=True)
+            done.record(self.s_comp)
+            rec.done_event = done
+        elif local and not self.host:
+            self.s_out.wait_event(done)
+            self._copy_device(target, buf, self.s_out)
+            ev = cp.cuda.Event(disable_timing=True)
+            ev.record(self.s_out)
+            rec.done_event = ev
+        elif local:
+            rec.done_event = done
+            rec.finish = "host"
+        else:
+            rec.done_event = done
+        self.pending.append(rec)
+        return rec
+
+    def _finish(self, rec):
+        if rec.done:
+            return
+        t, p = rec.task, self.problem
+        if rec.finish == "host":
+            self.s_out.wait_event(rec.done_event)
+            tri = ("lower" if p.lower else "upper") if t.diag else None
+            cuda_transfer.download(p.c[t.i0:t.i1, t.j0:t.j1], rec.local, self.ring, self.s_out, tri)
+        elif rec.done_event is not None:
+            rec.done_event.synchronize()
+        rec.local = None
+        rec.done = True
+
+    # ------------------------------------------------------------------ C blocks
+    def _fetch_c(self, buf, t, target):
+        if self.host:
+            cuda_transfer.upload(buf, self.problem.c[t.i0:t.i1, t.j0:t.j1], self.ring, self.s_in)
+        else:
+            self._copy_device(buf, target, self.s_in)
+        ev = self.cp.cuda.Event(disable_timing=True)
+        ev.record(self.s_in)
+        self.s_comp.wait_event(ev)
+
+    def _copy_device(self, dst, src, stream):
+        """2-D copy between column-major device views, any GPUs (peer over NVLink where enabled)."""
+        rt = self.cp.cuda.runtime
+        item = dst.dtype.itemsize
+        rows, cols = dst.shape
+        if rows == 0 or cols == 0:
+            return
+        from ..problem import leading_dim
+        rt.memcpy2DAsync(dst.data.ptr, leading_dim(dst) * item, src.data.ptr, leading_dim(src) * item,
+                         rows * item, cols, rt.memcpyDefault, stream.ptr)
+
+    def _add_partial(self, t, buf):
+        p = self.problem
+        if self.partial is None:
+            self.partial = self.cp.zeros((p.m, p.n), dtype=p.dtype, order="F")
+        view = self.partial[t.i0:t.i1, t.j0:t.j1]
+        view += buf
+
+    def _partial_result(self):
+        if self.partial is None or isinstance(self.partial, np.ndarray):
+            return self.partial
+        self.s_comp.synchronize()
+        if self.host:
+            return self.partial.get()
+        if self.c_dev == self.device.index:
+            return self.partial
+        with self.cp.cuda.Device(self.c_dev):
+            out = self.cp.empty_like(self.partial, order="F")
+        self._copy_device(out, self.partial, self.s_comp)
+        self.s_comp.synchronize()
+        return out
+
+    # ------------------------------------------------------------------ panels
+    def _needs(self, t, k0, k1):
+        kind = self.problem.kind
+        if kind in ("gemm", "gemmt"):
+            return [(0, t.i0, t.i1, k0, k1), (1, t.j0, t.j1, k0, k1)]
+        keys = []
+        for f in range(len(self.problem.factors)):
+            keys.append((f, t.i0, t.i1, k0, k1))
+            if (t.j0, t.j1) != (t.i0, t.i1):
+                keys.append((f, t.j0, t.j1, k0, k1))
+        return keys
+
+    def _base_block(self, f, o0, o1, k0, k1):
+        base = self.problem.factors[f].base
+        return base[k0:k1, o0:o1] if self.kaxis[f] == 0 else base[o0:o1, k0:k1]
+
+    def _ensure(self, key, keep):
+        """The panel for ``key`` on this GPU, queued for arrival on s_in (its ``ready`` event)."""
+        cp = self.cp
+        found = self.cache.find(*key)
+        if found is not None:          # this panel, or a larger one holding it
+            return found
+        f, o0, o1, k0, k1 = key
+        src = self._base_block(f, o0, o1, k0, k1)
+        where = self.f_dev[f]
+        if where == self.device.index:            # the operand already lives here: a view, no copy
+            panel = Panel(key, src, owned=False, ready=None)
+            self.cache.add(panel)
+            return panel
+        nbytes = src.shape[0] * src.shape[1] * src.dtype.itemsize
+        if not self.cache.make_room(nbytes, keep):
+            raise cp.cuda.memory.OutOfMemoryError(nbytes, self.cache.bytes, self.cache.capacity)
+        with self.s_in:
+            arr = cp.empty(src.shape, dtype=src.dtype, order="F")
+        if where is not None:                     # cupy on another GPU: peer copy
+            self._copy_device(arr, src, self.s_in)
+            panel = Panel(key, arr, True, self._record(self.s_in))
+        else:
+            panel = self._from_host_or_peer(key, src, arr)
+        self.cache.add(panel)
+        return panel
+
+    def _record(self, stream):
+        ev = self.cp.cuda.Event(disable_timing=True)
+        ev.record(stream)
+        return ev
+
+    def _from_host_or_peer(self, key, src, arr):
+        entry, mine = self.share.claim(self.device.index, key)
+        if not mine:
+            entry["landed"].wait()
+            ev = self.share.read(entry, lambda peer: self._peer_copy(arr, peer))
+            if ev is not None:
+                return Panel(key, arr, True, self._record(self.s_in))
+            entry, mine = self.share.claim(self.device.index, key)
+        try:
+            cuda_transfer.upload(arr, src, self.ring, self.s_in)
+        except BaseException:
+            self.share.abandon(self.device.index, key)
+            raise
+        panel = Panel(key, arr, True, self._record(self.s_in))
+        if mine:
+            self.share.publish(entry, panel)
+        return panel
+
+    def _peer_copy(self, arr, peer):
+        """Queue arr <- peer panel (another GPU) on s_in after the peer's data landed; return its event."""
+        if peer.ready is not None:
+            self.s_in.wait_event(peer.ready)
+        self._copy_device(arr, peer.array, self.s_in)
+        return self._record(self.s_in)
+
+    def panel_view(self, f, a, b):
+        """Base-oriented view of factor f over base rows a=(a0, a1) and columns b=(b0, b1), from the cache."""
+        (a0, a1), (b0, b1) = a, b
+        if self.kaxis[f] == 0:
+            k0, k1, o0, o1 = a0, a1, b0, b1
+        else:
+            o0, o1, k0, k1 = a0, a1, b0, b1
+        p = self.cache.find(f, o0, o1, k0, k1)
+        if p is None:
+            raise RuntimeError(f"{self.device.name}: panel {(f, o0, o1, k0, k1)} was not staged")
+        _, po0, _, pk0, _ = p.key
+        if self.kaxis[f] == 0:
+            return p.array[k0 - pk0:k1 - pk0, o0 - po0:o1 - po0]
+        return p.array[o0 - po0:o1 - po0, k0 - pk0:k1 - pk0]
+
+    # ------------------------------------------------------------------ kernels
+    def _compute(self, t, out, beta):
+        from ..kernels import compute_block
+        p = self.problem
+        factors = [_PanelFactor(self, f, fac.op) for f, fac in enumerate(p.factors)]
+        if t.diag and p.kind == "gemmt":
+            self._gemmt_diag(p.terms(factors), t.i0, t.i1, t.k0, t.k1, out, beta)
+        else:
+            compute_block(self.backend, p, t, out, beta, factors=factors)
+
+    def _gemmt_diag(self, terms, i0, i1, k0, k1, out, beta):
+        """Triangle of a diagonal gemmt block: halve down to GEMMT_LEAF, then one gemm + masked copy."""
+        cp, p = self.cp, self.problem
+        size = i1 - i0
+        if size <= GEMMT_LEAF:
+            if self.scratch is None:
+                self.scratch = cp.empty((GEMMT_LEAF, GEMMT_LEAF), dtype=p.dtype, order="F")
+            scratch = self.scratch[:size, :size]
+            _rect(self.backend, terms, i0, i1, i0, i1, k0, k1, scratch, 0.0)
+            if beta != 0:
+                scratch += beta * out
+            cp.copyto(out, scratch, where=self._mask(size))
+            return
+        h = max(GEMMT_LEAF // 2, (size // 2) // 64 * 64)
+        self._gemmt_diag(terms, i0, i0 + h, k0, k1, out[:h, :h], beta)
+        self._gemmt_diag(terms, i0 + h, i1, k0, k1, out[h:, h:], beta)
+        if p.lower:
+            _rect(self.backend, terms, i0 + h, i1, i0, i0 + h, k0, k1, out[h:, :h], beta)
+        else:
+            _rect(self.backend, terms, i0, i0 + h, i0 + h, i1, k0, k1, out[:h, h:], beta)
+
+    def _mask(self, size):
+        full = self.masks.get(self.problem.lower)
+        if full is None:
+            cp = self.cp
+            ones = cp.ones((GEMMT_LEAF, GEMMT_LEAF), dtype=bool)
+            full = self.masks[self.problem.lower] = cp.tril(ones) if self.problem.lower else cp.triu(ones)
+        return full[:size, :size]
+
+
+def _factory(spec):
+    """'cuda' / 'gpu': every visible GPU; 'cuda:i': GPU i."""
+    cp = _cupy()
+    try:
+        count = cp.cuda.runtime.getDeviceCount() if cp.is_available() else 0
+    except Exception:
+        count = 0
+    if spec in ("cuda", "gpu"):
+        if count == 0:
+            raise ValueError(f"devices: {spec!r} but no CUDA GPU is available")
+        return [CUDADevice(i) for i in range(count)]
+    head, _, idx = spec.partition(":")
+    if head != "cuda" or not idx.isdigit():
+        raise ValueError(f"devices: unknown CUDA device {spec!r}; use 'cuda', 'gpu' or 'cuda:<i>'")
+    i = int(idx)
+    if i >= count:
+        raise ValueError(f"devices: {spec!r} but only {count} CUDA GPU(s) are visible")
+    return [CUDADevice(i)]
+
+
+register("cuda", _factory)
