@@ -1,0 +1,111 @@
+"""flapw build --system TiO2 --kmax 3.0 [--kpoints N] [--method refined|original] [--devices ...]
+           [--interstitial] [--solve NEV] [--output FILE] [--json]"""
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from .backends import BACKENDS, BackendUnavailable
+from .hsdla import METHODS, build_hs
+from .structures import PRESETS
+from .system import DEFAULT_K, System
+
+
+def _kpoints(n, first):
+    """``n`` generic k-points: the default one, then a fixed low-discrepancy sequence (reproducible)."""
+    out = [tuple(first)]
+    golden = np.array([0.7548776662, 0.5698402910, 0.4301597090])   # R3 sequence offsets
+    for i in range(1, n):
+        out.append(tuple(np.round((np.asarray(first) + i * golden) % 1.0 - 0.5, 6)))
+    return out
+
+
+def _context(devices, strategy):
+    import hybridblas as hb
+    devs = devices.split(",") if "," in devices else devices
+    return hb.Context(devices=devs, strategy=strategy)
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="flapw", description="LAPW Hamiltonian and Overlap matrices on hybridblas")
+    sub = p.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build H and S for a preset crystal and print a per-stage table")
+    b.add_argument("--system", default="NaCl", choices=sorted(PRESETS))
+    b.add_argument("--kmax", type=float, default=2.5, help="plane-wave cutoff |k+G| <= Kmax (1/bohr)")
+    b.add_argument("--kpoints", type=int, default=1, help="number of generic k-points (radial functions and T reused)")
+    b.add_argument("--k", type=float, nargs=3, default=DEFAULT_K, help="first k-point, supercell reciprocal units")
+    b.add_argument("--method", default="refined", choices=METHODS)
+    b.add_argument("--devices", default="cpu", help="hybridblas devices: cpu, all, gpu, or e.g. cpu,cuda:0")
+    b.add_argument("--strategy", default="auto", choices=("static", "dynamic", "auto"))
+    b.add_argument("--blas", default="hybridblas", choices=BACKENDS)
+    b.add_argument("--arrays", default="host", choices=("host", "device"),
+                   help="where A, B, X, H, S live (device: cupy on the current GPU)")
+    b.add_argument("--potential", default="model", choices=("model", "empty"))
+    b.add_argument("--v0", type=float, default=0.0, help="interstitial potential (Ha)")
+    b.add_argument("--supercell", type=int, nargs=3, default=None, help="override the preset's supercell")
+    b.add_argument("--batch-atoms", type=int, default=None)
+    b.add_argument("--max-temp-gib", type=float, default=None, help="bound the A/B/X buffers (GiB)")
+    b.add_argument("--interstitial", action="store_true", help="add the interstitial part")
+    b.add_argument("--solve", type=int, default=0, metavar="NEV", help="print the lowest NEV eigenvalues")
+    b.add_argument("--output", default=None, help="write H and S (and k, N_G) to this .npz file")
+    b.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    b.add_argument("--quiet", action="store_true")
+    return p
+
+
+def _build(args):
+    ctx = _context(args.devices, args.strategy) if args.blas == "hybridblas" else None
+    cell = System.preset(args.system, kmax=args.kmax, k=tuple(args.k), potential=args.potential, v0=args.v0,
+                         supercell=args.supercell)
+    log = (lambda *a: None) if args.quiet or args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    log(f"flapw: {cell.name}: N_A={cell.n_atoms} N_L={cell.n_l} Kmax={cell.kmax} "
+        f"({args.kpoints} k-point{'s' if args.kpoints > 1 else ''}, {args.method}, devices={args.devices})")
+    reports, saved = [], {}
+    max_bytes = None if args.max_temp_gib is None else int(args.max_temp_gib * 2 ** 30)
+    for ik, k in enumerate(_kpoints(args.kpoints, args.k)):
+        kc = cell.with_k(k)
+        log(f"k-point {ik + 1}/{args.kpoints}: k={k} N_G={kc.n_g}")
+        h, s, rep = build_hs(kc, method=args.method, context=ctx, interstitial=args.interstitial,
+                             batch_atoms=args.batch_atoms, max_temp_bytes=max_bytes, blas=args.blas,
+                             arrays=args.arrays, return_report=True,
+                             progress=lambda i, n: log(f"  batch {i}/{n} done") if n > 1 else None)
+        d = rep.as_dict()
+        d["k"] = list(k)
+        if args.solve:
+            from . import solve
+            hh, ss = (h.get(), s.get()) if hasattr(h, "get") else (h, s)
+            d["eigenvalues"] = solve(hh, ss, args.solve).tolist()
+        if not args.json:
+            print(rep.table())
+            if args.solve:
+                print("lowest eigenvalues (Ha):", " ".join(f"{e:.6f}" for e in d["eigenvalues"]))
+        reports.append(d)
+        if args.output:
+            saved[f"H_{ik}"] = h.get() if hasattr(h, "get") else h
+            saved[f"S_{ik}"] = s.get() if hasattr(s, "get") else s
+            saved[f"k_{ik}"] = np.asarray(k)
+        del h, s
+    if args.output:
+        np.savez(args.output, **saved)
+        log(f"wrote H and S to {args.output}")
+    if args.json:
+        json.dump({"system": cell.name, "kmax": cell.kmax, "devices": args.devices, "reports": reports},
+                  sys.stdout, indent=1)
+        print()
+    return 0
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "build":
+            return _build(args)
+    except (ValueError, BackendUnavailable) as exc:
+        print(f"flapw: error: {exc}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Refined and original HSDLA against per-entry sums, the addition theorem, batching, memory, CLI."""
+import json
+
+import numpy as np
+import pytest
+
+import flapw
+import hybridblas as hb
+from flapw.backends import BackendUnavailable
+from flapw.reference import direct_hs, overlap_legendre
+
+
+def _rel(x, ref):
+    return np.abs(x - ref).max() / np.abs(ref).max()
+
+
+CELLS = {
+    "NaCl": dict(name="NaCl", kmax=2.0, supercell=(1, 1, 1)),
+    "TiO2": dict(name="TiO2", kmax=2.2, supercell=(1, 1, 1)),
+    "AuAg": dict(name="AuAg", kmax=2.0, supercell=(1, 1, 1)),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CELLS))
+def cell_and_ref(request):
+    kw = dict(CELLS[request.param])
+    cell = flapw.System.preset(kw.pop("name"), **kw)
+    return cell, direct_hs(cell)
+
+
+def test_refined_original_direct_agree(cell_and_ref):
+    cell, (h_ref, s_ref) = cell_and_ref
+    for method in flapw.METHODS:
+        h, s = flapw.build_hs(cell, method=method)
+        assert _rel(h, h_ref) <= 1e-12, method
+        assert _rel(s, s_ref) <= 1e-12, method
+
+
+def test_overlap_addition_theorem(cell_and_ref):
+    cell, (_, s_ref) = cell_and_ref
+    assert _rel(overlap_legendre(cell), s_ref) <= 1e-12
+
+
+def test_hermitian_and_s_mt_positive_semidefinite(cell_and_ref):
+    cell, _ = cell_and_ref
+    h, s = flapw.build_hs(cell)
+    assert np.array_equal(h, h.conj().T) and np.array_equal(s, s.conj().T)
+    assert np.all(np.diag(h).imag == 0)
+    ev = np.linalg.eigvalsh(s)
+    assert ev.min() >= -1e-12 * ev.max()
+
+
+@pytest.mark.parametrize("method", flapw.METHODS)
+def test_batches_give_the_same_matrices(method):
+    cell = flapw.System.preset("TiO2", kmax=2.0, supercell=(1, 1, 1))
+    h0, s0, r0 = flapw.build_hs(cell, method=method, return_report=True)
+    h1, s1, r1 = flapw.build_hs(cell, method=method, batch_atoms=4, return_report=True)   # 4 + 2 atoms
+    assert _rel(h1, h0) <= 1e-13 and _rel(s1, s0) <= 1e-13
+    assert r1.batch_atoms == 4
+    assert r1.blas_flops == pytest.approx(r0.blas_flops, rel=0.01)
+    n_buf = 3 if method == "refined" else 4
+    assert r0.peak_temp_bytes == n_buf * 16 * cell.n_g * cell.n_atoms * cell.n_l
+    assert r1.peak_temp_bytes == n_buf * 16 * cell.n_g * 4 * cell.n_l
+
+
+def test_max_temp_bytes_bounds_the_buffers():
+    cell = flapw.System.preset("NaCl", kmax=2.0, supercell=(1, 1, 1))
+    limit = 3 * 16 * cell.n_g * cell.n_l * 3 + 100         # room for three atoms
+    _, _, rep = flapw.build_hs(cell, max_temp_bytes=limit, return_report=True)
+    assert rep.batch_atoms == 3 and rep.peak_temp_bytes <= limit
+    with pytest.raises(ValueError, match="max_temp_bytes"):
+        flapw.build_hs(cell, max_temp_bytes=10)
+
+
+def test_original_cholesky_and_fallback_branches():
+    """E_l > 0 on Na makes its T^AA positive definite (Cholesky, zherk); Cl keeps the zgemm fallback."""
+    cell = flapw.System.preset("NaCl", kmax=2.0, supercell=(1, 1, 1), e_l={"Na": 1.0, "Cl": 0.0})
+    h_ref, s_ref = direct_hs(cell)
+    h, s, rep = flapw.build_hs(cell, method="original", return_report=True)
+    names = set(rep.stages)
+    assert "zherk H+=B_TᴴB_T" in names and "zgemm H+=AᴴB_B" in names
+    assert _rel(h, h_ref) <= 1e-12 and _rel(s, s_ref) <= 1e-12
+    h2, _ = flapw.build_hs(cell, method="refined")
+    assert _rel(h2, h_ref) <= 1e-12
+
+
+def test_flops_and_memory_original_vs_refined():
+    cell = flapw.System.preset("NaCl", kmax=2.0, supercell=(1, 1, 1))
+    _, _, ref = flapw.build_hs(cell, method="refined", return_report=True)
+    _, _, orig = flapw.build_hs(cell, method="original", return_report=True)
+    k, n = cell.n_atoms * cell.n_l, cell.n_g
+    assert ref.blas_flops == pytest.approx(20 * k * n * (n + 1))           # zherk + zherk + zher2k + zherkx
+    assert orig.blas_flops > ref.blas_flops                                # full zgemm for non-HPD T^AA
+    assert orig.peak_temp_bytes == 4 * ref.peak_temp_bytes // 3
+
+
+def test_context_reaches_every_blas_call(monkeypatch):
+    cell = flapw.System.preset("NaCl", kmax=1.8, supercell=(1, 1, 1))
+    ctx = hb.Context(devices="cpu", strategy="dynamic", block_size=48)
+    seen = []
+    for name in ("herk", "her2k", "herkx", "gemm"):
+        real = getattr(hb, name)
+
+        def spy(*a, _real=real, _name=name, **kw):
+            seen.append((_name, kw.get("context")))
+            return _real(*a, **kw)
+        monkeypatch.setattr(hb, name, spy)
+    h, s = flapw.build_hs(cell, context=ctx)
+    assert {n for n, _ in seen} == {"herk", "her2k", "herkx"}
+    assert all(c is ctx for _, c in seen)
+    h_ref, s_ref = direct_hs(cell)
+    assert _rel(h, h_ref) <= 1e-12 and _rel(s, s_ref) <= 1e-12
+
+
+def test_lower_only_and_interstitial_hermitian():
+    cell = flapw.System.preset("NaCl", kmax=1.8, supercell=(1, 1, 1))
+    h, s = flapw.build_hs(cell, lower_only=True)
+    assert np.all(np.triu(h, 1) == 0) and np.all(np.triu(s, 1) == 0)
+    h, s = flapw.build_hs(cell, interstitial=True)
+    assert np.array_equal(h, h.conj().T) and np.linalg.eigvalsh(s).min() > 0
+
+
+def test_bad_arguments():
+    cell = flapw.System.preset("NaCl", kmax=1.5, supercell=(1, 1, 1))
+    with pytest.raises(ValueError, match="method must be one of"):
+        flapw.build_hs(cell, method="fast")
+    with pytest.raises(ValueError, match="batch_atoms"):
+        flapw.build_hs(cell, batch_atoms=0)
+    with pytest.raises(ValueError, match="arrays"):
+        flapw.build_hs(cell, arrays="disk")
+    with pytest.raises(ValueError, match="blas must be one of"):
+        flapw.build_hs(cell, blas="mkl")
+    with pytest.raises(TypeError, match="context"):
+        flapw.build_hs(cell, context="cpu")
+    with pytest.raises(ValueError, match="nev"):
+        flapw.solve(np.eye(3), np.eye(3), 0)
+
+
+def test_cublasxt_hook_reports_when_missing():
+    try:
+        import hybridblas.peers as peers
+        if all(hasattr(peers, f"cublasxt_{n}") for n in ("herk", "her2k", "herkx", "gemm")):
+            pytest.skip("hybridblas.peers provides cuBLASXt here")
+    except ImportError:
+        pass
+    cell = flapw.System.preset("NaCl", kmax=1.5, supercell=(1, 1, 1))
+    with pytest.raises(BackendUnavailable, match="cublasxt"):
+        flapw.build_hs(cell, blas="cublasxt")
+
+
+def test_cli_json_output_and_solve(tmp_path, capsys):
+    from flapw.cli import main
+    out = tmp_path / "hs.npz"
+    rc = main(["build", "--system", "NaCl", "--supercell", "1", "1", "1", "--kmax", "2.0", "--kpoints", "2",
+               "--interstitial", "--solve", "3", "--json", "--output", str(out)])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["reports"]) == 2 and len(doc["reports"][0]["eigenvalues"]) == 3
+    rep = doc["reports"][0]
+    assert rep["N_A"] == 8 and rep["blas_flops"] > 0 and rep["peak_temp_bytes"] > 0
+    data = np.load(out)
+    assert data["H_1"].shape[0] == doc["reports"][1]["N_G"]
+    assert np.allclose(data["S_0"], data["S_0"].conj().T)
+
+
+def test_cli_table_and_errors(capsys):
+    from flapw.cli import main
+    assert main(["build", "--system", "TiO2", "--supercell", "1", "1", "1", "--kmax", "1.8",
+                 "--method", "original", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "original HSDLA build" in text and "peak temporary bytes" in text and "TFLOP/s" in text
+    assert main(["build", "--system", "NaCl", "--kmax", "-2"]) == 2
+    assert "kmax" in capsys.readouterr().err

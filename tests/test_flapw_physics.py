@@ -1,0 +1,125 @@
+"""Radial functions, matching coefficients, T matrices, G+k basis sizes and the empty lattice."""
+import numpy as np
+import pytest
+from scipy.special import spherical_jn, sph_harm_y
+
+import flapw
+from flapw.basis import GkBasis
+from flapw.matching import phases, species_factors
+from flapw.radial import RadialMesh, solve_radial
+from flapw.structures import make_structure
+
+TABLE1 = {"AuAg": [3275, 5638, 8970, 13379], "TiO2": [7094, 12293, 19553, 29144]}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE1))
+def test_n_g_matches_table1(name):
+    st = make_structure(name)
+    for kmax, want in zip((2.5, 3.0, 3.5, 4.0), TABLE1[name]):
+        n_g = GkBasis(st.lattice, flapw.DEFAULT_K, kmax).n_g
+        assert abs(n_g - want) / want <= 0.005, (name, kmax, n_g, want)
+
+
+def test_preset_sizes_and_laziness():
+    cell = flapw.System.preset("TiO2", kmax=4.0, k=(0.1234, 0.2345, 0.3456))
+    assert (cell.n_atoms, cell.n_l) == (384, 81)
+    assert cell._shared.radial is None and cell._shared.tmats is None     # nothing heavy yet
+    assert abs(cell.n_g - 29144) <= 0.005 * 29144
+    assert flapw.System.preset("AuAg", kmax=2.5).n_atoms == 108
+    assert sum(s.symbol == "Ag" for s in flapw.System.preset("AuAg").structure.species) == 10
+    assert flapw.System.preset("NaCl").n_atoms == 64
+    assert flapw.System.preset("NaCl-512").n_atoms == 512
+    assert flapw.System.preset("NaCl").n_l == 49
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="system must be one of"):
+        flapw.System.preset("GaAs")
+    with pytest.raises(ValueError, match="kmax"):
+        flapw.System.preset("NaCl", kmax=-1.0)
+    with pytest.raises(ValueError, match="potential"):
+        flapw.System.preset("NaCl", potential="jellium")
+    with pytest.raises(ValueError, match="supercell"):
+        flapw.System.preset("NaCl", supercell=(1, 0, 1))
+
+
+def test_radial_free_electron_is_bessel():
+    mesh = RadialMesh.log(2.5)
+    sol = solve_radial(lambda r: np.full_like(r, -0.5), 10, 0.0, mesh)     # κ² = 2(E - V) = 1
+    for l in range(11):
+        j = spherical_jn(l, mesh.r)
+        j /= np.sqrt(mesh.integrate((j * mesh.r) ** 2))
+        assert np.allclose(sol.p[l] / mesh.r, j, atol=1e-6 * np.abs(j).max())
+
+
+@pytest.mark.parametrize("symbol", ["Au", "Ti", "O"])
+def test_radial_wronskian_and_orthogonality(symbol):
+    cell = flapw.System.preset({"Au": "AuAg", "Ti": "TiO2", "O": "TiO2"}[symbol], supercell=(1, 1, 1))
+    rad = cell.radial[symbol]
+    big_r = rad.mesh.r[-1]
+    assert np.allclose(big_r ** 2 * rad.wronskian, 2.0, rtol=1e-4)
+    assert np.allclose(rad.mesh.integrate(rad.p * rad.pdot), 0.0, atol=1e-12)
+    assert np.allclose(rad.mesh.integrate(rad.p ** 2), 1.0, atol=1e-12)
+    # ‖u̇‖ is converged in the mesh
+    species = next(s for s in cell.structure.species if s.symbol == symbol)
+    fine = solve_radial(cell.model.spherical(species), cell.lmax, 0.0, RadialMesh.log(big_r, n=3001))
+    assert np.allclose(fine.udot_norm, rad.udot_norm, rtol=1e-4)
+
+
+def test_matching_reproduces_plane_wave_on_sphere():
+    """Σ_lm (A u_l + B u̇_l) Y_lm equals e^{iK·r}/√Ω on the sphere (value and radial slope)."""
+    cell = flapw.System.preset("NaCl", kmax=1.2, supercell=(1, 1, 1), lmax=16)
+    basis, atom = cell.basis, 5
+    sp = cell.structure.species[atom]
+    rad = cell.radial[sp.symbol]
+    fa, fb = species_factors(basis, rad, cell.lmax, cell.omega)
+    ph = phases(basis, cell.structure.positions[[atom]])
+    a, b = fa * ph, fb * ph
+    rng = np.random.default_rng(1)
+    theta, phi = np.arccos(rng.uniform(-1, 1, 5)), rng.uniform(0, 2 * np.pi, 5)
+    ls = np.concatenate([np.full(2 * l + 1, l) for l in range(cell.lmax + 1)])
+    ms = np.concatenate([np.arange(-l, l + 1) for l in range(cell.lmax + 1)])
+    y = sph_harm_y(ls[:, None], ms[:, None], theta[None, :], phi[None, :])          # (N_L, points)
+    big_r = sp.rmt
+    rhat = np.stack([np.sin(theta) * np.cos(phi), np.sin(theta) * np.sin(phi), np.cos(theta)], 1)
+    r = cell.structure.cartesian[atom] + big_r * rhat
+    pw = np.exp(1j * r @ basis.kpg.T) / np.sqrt(cell.omega)                          # (points, N_G)
+    dpw = pw * 1j * (rhat @ basis.kpg.T)
+    val = (a * rad.u[ls] + b * rad.udot[ls]) @ y
+    slope = (a * rad.du[ls] + b * rad.dudot[ls]) @ y
+    assert np.allclose(val.T, pw, atol=1e-9)
+    assert np.allclose(slope.T, dpw, atol=1e-8)
+
+
+def test_t_matrices_hermitian_and_site_symmetry():
+    cubic = flapw.System.preset("NaCl", supercell=(1, 1, 1))
+    rutile = flapw.System.preset("TiO2", supercell=(1, 1, 1))
+    for cls in cubic.classes:
+        assert sorted(cls.field) == [4, 6]
+    for cls in rutile.classes:
+        assert 2 in cls.field
+    assert len(rutile.classes) >= 3          # two Ti orientations and the O sites differ
+    for cell in (cubic, rutile):
+        for t in cell.tmats:
+            assert np.allclose(t.taa, t.taa.conj().T, atol=1e-14)
+            assert np.allclose(t.tbb, t.tbb.conj().T, atol=1e-14)
+            assert np.abs(t.taa - np.diag(np.diag(t.taa))).max() > 1e-4     # the non-spherical terms are there
+
+
+@pytest.mark.parametrize("name,kmax", [("AuAg", 3.0), ("TiO2", 3.0), ("NaCl", 2.5)])
+def test_empty_lattice_free_electrons_from_above(name, kmax):
+    cell = flapw.System.preset(name, kmax=kmax, supercell=(1, 1, 1), potential="empty", v0=-0.5)
+    h, s = flapw.build_hs(cell, interstitial=True)
+    ev = flapw.solve(h, s, 8)
+    free = np.sort(-0.5 + cell.basis.norm ** 2 / 2)[:8]
+    err = ev - free
+    assert err.min() > -1e-9, err              # variational: never below the exact energies
+    assert err.max() < 5e-3, err               # a few mHa at E_l = 0
+
+
+def test_with_k_reuses_k_independent_data():
+    cell = flapw.System.preset("NaCl", kmax=2.0, supercell=(1, 1, 1))
+    rad, tm = cell.radial, cell.tmats
+    other = cell.with_k((0.3, -0.1, 0.2))
+    assert other.radial is rad and other.tmats is tm
+    assert other.basis is not cell.basis and other.k == (0.3, -0.1, 0.2)
