@@ -47,12 +47,13 @@ class Context:
     profile:    a loaded profile, None to load the node's own (hybridblas.load_profile()), False for none.
     sync:       run every task in the caller's thread (the same plan; for debugging and tests).
     memory_limit: bytes a call may use on each GPU (default: what is free); smaller forces out-of-core.
-    cpu_min_share: beside GPUs, the CPU works only if its rate share reaches this (0 keeps it always).
+    cpu_min_share: beside GPUs, the CPU works only if its rate share reaches this (0 keeps it always;
+                None: the calibrated profile decides when it covers the call, else 0.05).
     """
 
     def __init__(self, devices="all", strategy="auto", block_size=None, *, cpu_threads=None,
                  rates=None, profile=None, sync=False, tail_fraction=0.15, memory_limit=None,
-                 cpu_min_share=0.05):
+                 cpu_min_share=None):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool)
@@ -79,7 +80,7 @@ class Context:
                                          or memory_limit <= 0):
             raise ValueError(f"memory_limit must be a positive number of bytes or None, got {memory_limit!r}")
         self.memory_limit = memory_limit
-        if not 0.0 <= cpu_min_share < 1.0:
+        if cpu_min_share is not None and not 0.0 <= cpu_min_share < 1.0:
             raise ValueError(f"cpu_min_share must be in [0, 1), got {cpu_min_share!r}")
         self.cpu_min_share = cpu_min_share
 
@@ -172,6 +173,15 @@ class Context:
                 return hybrid / n_cpu
         r = prof.rate(device.name, problem.kind, problem.dtype, size)
         return r if prof.has_device(device.name) else r / n_cpu   # siblings share the measured cores
+
+    def min_cpu_share(self, devices):
+        """The share below which the CPU sits out beside GPUs; a covering profile has decided already."""
+        if self.cpu_min_share is not None:
+            return self.cpu_min_share
+        prof = self.profile
+        if prof is not None and all(prof.covers(d.name) for d in devices):
+            return 0.0
+        return 0.05
 
     def block_size_for(self, problem, devices):
         """Tile edge for the dynamic strategy: the context's own, else the profile's best, else None."""

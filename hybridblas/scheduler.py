@@ -18,7 +18,7 @@ _STOP = None
 def execute(problem, ctx):
     devices = ctx.devices_for(problem)
     rates = [ctx.rate(d, problem) for d in devices]
-    devices, rates = _without_idle_cpus(devices, rates, getattr(ctx, "cpu_min_share", 0.0))
+    devices, rates = _without_idle_cpus(devices, rates, ctx.min_cpu_share(devices))
     problem.extra.setdefault("memory_limit", getattr(ctx, "memory_limit", None))
     strategy = ctx.resolve_strategy(devices)
     with blas_threads.limit(ctx.blas_threads(devices)):
@@ -92,7 +92,7 @@ def dynamic_tasks(problem, devices, ctx):
     if plan.wants_split_k(problem, len(devices)):
         pieces = -(-problem.k // ctx.block_size) if ctx.block_size else 4 * len(devices)
         return plan.k_chunks(problem, max(1, pieces))
-    nb = ctx.block_size or min(d.preferred_block(problem) for d in devices)
+    nb = ctx.block_size_for(problem, devices) or min(d.preferred_block(problem) for d in devices)
     return plan.dynamic_order(problem, plan.tiles(problem, nb), ctx.tail_fraction)
 
 
