@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from .. import cublas, cuda_transfer, host_blas
+from .. import cublas, cuda_transfer
 from ..cuda_panels import Panel, PanelCache, join_share, leave_share
 from ..kernels import _rect
 from ..plan import _task, with_k
@@ -24,7 +24,7 @@ from ..problem import Operand, T
 from .base import Device, DeviceRun, register
 
 MAX_BLOCK = 4096
-MIN_BLOCK = 64
+MIN_BLOCK = 32
 GEMMT_LEAF = 512           # gemmt diagonal blocks up to this edge: one scratch gemm + masked copy
 WINDOW = 2                 # tiles launched and not yet written back
 STAGING_SLOT = 64 << 20
@@ -115,12 +115,10 @@ def _block_plan(problem, budget, fixed):
         nb = min(MAX_BLOCK, max(1024, -(-size // 6 // 256) * 256), size)
     kc = k
     while (2 * nf * nb * kc * 2 + (WINDOW + 2) * nb * nb) * item > budget:
-        if kc > max(nb, 256):
-            kc = -(-kc // 2)
+        if kc > max(2 * nb, 1024) or (nb <= MIN_BLOCK and kc > 16):
+            kc = -(-kc // 2)      # long panels first: a big block keeps the kernels efficient
         elif nb > MIN_BLOCK:
-            nb = -(-nb // 2)
-        elif kc > 16:
-            kc = -(-kc // 2)
+            nb = max(MIN_BLOCK, -(-nb // 2))
         else:
             break
     return nb, kc
@@ -202,7 +200,7 @@ class _CUDARun(DeviceRun):
             self.pending = collections.deque()
             self.partial = None
             self.scratch = None
-            self.masks = {}
+            self.masks = None
             self.kaxis = [self._kaxis(f, op.op) for f, op in enumerate(problem.factors)]
             self.fallbacks = 0
 
@@ -221,7 +219,8 @@ class _CUDARun(DeviceRun):
 
     def _cache_capacity(self):
         item = self.problem.dtype.itemsize
-        return max(self.budget - (WINDOW + 2) * self.nb * self.nb * item - GEMMT_LEAF ** 2 * item, 0)
+        scratch = min(GEMMT_LEAF, self.nb) ** 2 * item if self.problem.kind == "gemmt" else 0
+        return max(self.budget - (WINDOW + 2) * self.nb * self.nb * item - scratch, 0)
 
     def _kaxis(self, f, op):
         right = self.problem.kind in ("gemm", "gemmt") and f == 1
@@ -514,22 +513,31 @@ class _CUDARun(DeviceRun):
         p = self.problem
         factors = [_PanelFactor(self, f, fac.op) for f, fac in enumerate(p.factors)]
         if t.diag and p.kind == "gemmt":
+            self._gemmt_buffers(t.i1 - t.i0)    # allocate before the first write into C
             self._gemmt_diag(p.terms(factors), t.i0, t.i1, t.k0, t.k1, out, beta)
         else:
             compute_block(self.backend, p, t, out, beta, factors=factors)
+
+    def _gemmt_buffers(self, size):
+        cp, p = self.cp, self.problem
+        edge = min(GEMMT_LEAF, max(size, 1))
+        if self.scratch is None or self.scratch[0].shape[0] < edge:
+            self.scratch = [cp.empty((edge, edge), dtype=p.dtype, order="F") for _ in range(2)]
+            ones = cp.ones((edge, edge), dtype=bool)
+            self.masks = cp.tril(ones) if p.lower else cp.triu(ones)
 
     def _gemmt_diag(self, terms, i0, i1, k0, k1, out, beta):
         """Triangle of a diagonal gemmt block: halve down to GEMMT_LEAF, then one gemm + masked copy."""
         cp, p = self.cp, self.problem
         size = i1 - i0
         if size <= GEMMT_LEAF:
-            if self.scratch is None:
-                self.scratch = cp.empty((GEMMT_LEAF, GEMMT_LEAF), dtype=p.dtype, order="F")
-            scratch = self.scratch[:size, :size]
+            scratch = self.scratch[0][:size, :size]
             _rect(self.backend, terms, i0, i1, i0, i1, k0, k1, scratch, 0.0)
             if beta != 0:
-                scratch += beta * out
-            cp.copyto(out, scratch, where=self._mask(size))
+                old = self.scratch[1][:size, :size]
+                cp.multiply(out, beta, out=old)
+                scratch += old
+            cp.copyto(out, scratch, where=self.masks[:size, :size])
             return
         h = max(GEMMT_LEAF // 2, (size // 2) // 64 * 64)
         self._gemmt_diag(terms, i0, i0 + h, k0, k1, out[:h, :h], beta)
@@ -538,14 +546,6 @@ class _CUDARun(DeviceRun):
             _rect(self.backend, terms, i0 + h, i1, i0, i0 + h, k0, k1, out[h:, :h], beta)
         else:
             _rect(self.backend, terms, i0, i0 + h, i0 + h, i1, k0, k1, out[:h, h:], beta)
-
-    def _mask(self, size):
-        full = self.masks.get(self.problem.lower)
-        if full is None:
-            cp = self.cp
-            ones = cp.ones((GEMMT_LEAF, GEMMT_LEAF), dtype=bool)
-            full = self.masks[self.problem.lower] = cp.tril(ones) if self.problem.lower else cp.triu(ones)
-        return full[:size, :size]
 
 
 def _factory(spec):

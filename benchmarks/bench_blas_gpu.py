@@ -1,0 +1,274 @@
+"""GPU benchmark, side by side in one process on the same arrays: zherk, zher2k, zgemmt (FLAPW's herkx
+H += A^H X) in complex128, n = k, host-resident (numpy) and device-resident (cupy) operands.
+
+  (1) cuBLAS on device-resident data, each GPU alone: the ceiling (Σ over the GPUs used)
+  (2) cuBLASXt on the host arrays, all GPUs (ctypes, size_t dimensions)
+  (3) hybridblas static, (4) hybridblas dynamic: host arrays, and cupy arrays on GPU 0
+
+    python3 benchmarks/bench_blas_gpu.py --sizes 4096 8192 16384 24576 32768 --out results/gpu
+
+writes results/gpu/bench_blas_gpu.json (every timing, TFLOP/s, ratios) and bench_blas_gpu.png (TFLOP/s
+against n, one panel per routine, like Fig. 4 of the FLAPW paper). Flops are LAWN 41 counts:
+zherk 4 n^2 k, zher2k 8 n^2 k, zgemmt (triangle) 4 n^2 k. Each result is checked on sampled entries.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import hybridblas as hb  # noqa: E402
+from hybridblas import peers  # noqa: E402
+
+ROUTINES = ("zherk", "zher2k", "zgemmt")
+FLOPS = {"zherk": 4, "zher2k": 8, "zgemmt": 4}
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def make_host(cp, shape, seed):
+    """Random complex128 Fortran array made on GPU 0 and copied to pageable host memory."""
+    with cp.cuda.Device(0):
+        rs = cp.random.RandomState(seed)
+        out = np.empty(shape, dtype=np.complex128, order="F")
+        cols = max(1, (1 << 28) // (16 * shape[0]))
+        for j in range(0, shape[1], cols):
+            j1 = min(shape[1], j + cols)
+            blk = rs.standard_normal((shape[0], j1 - j)) + 1j * rs.standard_normal((shape[0], j1 - j))
+            out[:, j:j1] = blk.get()
+        return out
+
+
+def operands(routine, a, b):
+    """(args for hybridblas, kwargs) and the math each computes; a, b are n x k (zherk/zher2k) or k x n."""
+    if routine == "zherk":
+        return (1.0, a), dict(trans="N", lower=True)
+    if routine == "zher2k":
+        return (1.0 + 0.5j, a, b), dict(trans="N", lower=True)
+    return (1.0, a, b), dict(transa="C", transb="N", lower=True)
+
+
+def call_hybrid(routine, args, kw, c, ctx):
+    fn = {"zherk": hb.herk, "zher2k": hb.her2k, "zgemmt": hb.gemmt}[routine]
+    return fn(*args, 0.0, c, context=ctx, **kw)
+
+
+def call_device(routine, args, c):
+    if routine == "zherk":
+        return peers.cublas_device_herk(args[0], args[1], 0.0, c, trans="N", lower=True)
+    if routine == "zher2k":
+        return peers.cublas_device_her2k(args[0], args[1], args[2], 0.0, c, trans="N", lower=True)
+    return peers.cublas_device_herkx(args[0], args[1], args[2], 0.0, c, trans="C", lower=True)
+
+
+def call_xt(routine, args, c, devices, block_dim):
+    if routine == "zherk":
+        return peers.cublasxt_herk(args[0], args[1], 0.0, c, trans="N", lower=True, devices=devices,
+                                   block_dim=block_dim)
+    if routine == "zher2k":
+        return peers.cublasxt_her2k(args[0], args[1], args[2], 0.0, c, trans="N", lower=True,
+                                    devices=devices, block_dim=block_dim)
+    return peers.cublasxt_herkx(args[0], args[1], args[2], 0.0, c, trans="C", lower=True, devices=devices,
+                                block_dim=block_dim)
+
+
+def sample_error(routine, args, c, rng, count=48):
+    """Max relative error of sampled lower-triangle entries against direct dot products on the host."""
+    def host(x):
+        return x if isinstance(x, np.ndarray) else x.get()
+    n = c.shape[0]
+    i = rng.integers(0, n, count)
+    j = rng.integers(0, n, count)
+    i, j = np.maximum(i, j), np.minimum(i, j)
+    i[0], j[0] = n - 1, 0
+    got = np.array([complex(c[x, y]) for x, y in zip(i, j)])
+    if routine == "zherk":
+        A = args[1]
+        rows = {r: host(A[r]) for r in set(i) | set(j)}
+        want = np.array([args[0] * np.vdot(rows[y], rows[x]) for x, y in zip(i, j)])
+    elif routine == "zher2k":
+        al, A, B = args
+        ra = {r: host(A[r]) for r in set(i) | set(j)}
+        rb = {r: host(B[r]) for r in set(i) | set(j)}
+        want = np.array([al * np.vdot(rb[y], ra[x]) + np.conj(al) * np.vdot(ra[y], rb[x]) for x, y in zip(i, j)])
+    else:
+        al, A, X = args
+        ca = {r: host(A[:, r]) for r in set(i)}
+        cx = {r: host(X[:, r]) for r in set(j)}
+        want = np.array([al * np.vdot(ca[x], cx[y]) for x, y in zip(i, j)])
+    scale = np.abs(want).max() or 1.0
+    return float(np.abs(got - want).max() / scale)
+
+
+def timed(fn, sync, reps):
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192, 16384, 24576, 32768])
+    ap.add_argument("--routines", nargs="+", default=list(ROUTINES), choices=ROUTINES)
+    ap.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--modes", nargs="+", default=["host", "device"], choices=["host", "device"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "xt", "static", "dynamic"])
+    ap.add_argument("--xt-block", type=int, default=None, help="cublasXtSetBlockDim (default: cuBLASXt's)")
+    ap.add_argument("--out", default="results/gpu")
+    ap.add_argument("--json", action="store_true", help="print the JSON document to stdout too")
+    opts = ap.parse_args(argv)
+
+    import cupy as cp
+    n_gpu = opts.gpus or cp.cuda.runtime.getDeviceCount()
+    gpus = list(range(n_gpu))
+    names = [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in gpus]
+    os.makedirs(opts.out, exist_ok=True)
+    rng = np.random.default_rng(7)
+    from hybridblas.devices.cuda import CUDADevice
+    ctx = {s: hb.Context(devices=[CUDADevice(g) for g in gpus], strategy=s) for s in ("static", "dynamic")}
+    doc = {"benchmark": "bench_blas_gpu", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "host": platform.node(),
+           "gpus": names, "cpu_cores": len(os.sched_getaffinity(0)), "cupy": cp.__version__,
+           "cublas_library": __import__("hybridblas.cublas").cublas.library_path(), "results": []}
+    log(f"# {len(gpus)} GPU(s): {names}; sizes {opts.sizes}; routines {opts.routines}")
+
+    def sync_all():
+        for g in gpus:
+            cp.cuda.Device(g).synchronize()
+
+    def free_pools():
+        for g in gpus:
+            with cp.cuda.Device(g):
+                cp.get_default_memory_pool().free_all_blocks()
+
+    warmed = set()
+    for n in opts.sizes:
+        k = n
+        for routine in opts.routines:
+            flops = FLOPS[routine] * n * n * k
+            shape = (n, k) if routine != "zgemmt" else (k, n)
+            t0 = time.perf_counter()
+            a = make_host(cp, shape, 1)
+            b = make_host(cp, shape, 2) if routine != "zherk" else None
+            c = np.empty((n, n), dtype=np.complex128, order="F")
+            log(f"## {routine} n=k={n}: {flops / 1e12:.1f} Tflop, host data made in {time.perf_counter() - t0:.1f} s")
+            rows = []
+
+            def record(impl, mode, times, err, used):
+                best = min(times)
+                row = dict(routine=routine, n=n, k=k, impl=impl, mode=mode, gpus=used, seconds=times,
+                           best_s=best, tflops=flops / best / 1e12, rel_error=err)
+                rows.append(row)
+                log(f"  {impl:<9} {mode:<7} gpus={used} best {best:8.3f} s  {row['tflops']:6.1f} TF/s  "
+                    f"err {err:.1e}")
+
+            host_args = operands(routine, a, b)[0]
+            kw = operands(routine, a, b)[1]
+            reps = opts.repeats
+            # (1) the ceiling: cuBLAS on device data, each GPU alone
+            if "ceiling" not in opts.skip:
+                for g in gpus:
+                    with cp.cuda.Device(g):
+                        dargs = tuple(x if np.isscalar(x) else cp.asarray(x, order="F") for x in host_args)
+                        cd = cp.empty((n, n), dtype=np.complex128, order="F")
+                        call_device(routine, dargs, cd)
+                        times = timed(lambda: call_device(routine, dargs, cd), sync_all, reps)
+                        err = sample_error(routine, dargs, cd, rng)
+                        record("cublas", "device", times, err, [g])
+                        del dargs, cd
+                    free_pools()
+            # (2) cuBLASXt on the host arrays
+            if "xt" not in opts.skip and "host" in opts.modes:
+                if ("xt", routine) not in warmed:
+                    small = tuple(x if np.isscalar(x) else np.asfortranarray(x[:1024, :1024]) for x in host_args)
+                    call_xt(routine, small, np.empty((1024, 1024), np.complex128, order="F"), gpus, opts.xt_block)
+                    warmed.add(("xt", routine))
+                times = timed(lambda: call_xt(routine, host_args, c, gpus, opts.xt_block), sync_all, reps)
+                record("cublasxt", "host", times, sample_error(routine, host_args, c, rng), gpus)
+                free_pools()
+            # (3), (4) hybridblas, host-resident then device-resident
+            for mode in opts.modes:
+                if mode == "device":
+                    with cp.cuda.Device(0):
+                        args = tuple(x if np.isscalar(x) else cp.asarray(x, order="F") for x in host_args)
+                        out = cp.empty((n, n), dtype=np.complex128, order="F")
+                else:
+                    args, out = host_args, c
+                for strategy in ("static", "dynamic"):
+                    if strategy in opts.skip:
+                        continue
+                    if (strategy, mode, routine) not in warmed:
+                        small = tuple(x if np.isscalar(x) else x[:2048, :2048] for x in args)
+                        call_hybrid(routine, small, kw, None, ctx[strategy])
+                        warmed.add((strategy, mode, routine))
+                    times = timed(lambda: call_hybrid(routine, args, kw, out, ctx[strategy]), sync_all, reps)
+                    record(f"hb-{strategy}", mode, times, sample_error(routine, args, out, rng), gpus)
+                del args, out
+                free_pools()
+            ceiling = sum(r["tflops"] for r in rows if r["impl"] == "cublas")
+            xt = next((r["tflops"] for r in rows if r["impl"] == "cublasxt"), None)
+            for r in rows:
+                r["ratio_to_ceiling"] = r["tflops"] / ceiling if ceiling and r["impl"] != "cublas" else None
+                r["ratio_to_cublasxt"] = r["tflops"] / xt if xt and r["impl"].startswith("hb") else None
+            doc["results"] += rows
+            log(f"  Σ ceiling {ceiling:.1f} TF/s" + (f", cuBLASXt {xt:.1f}" if xt else "") + "".join(
+                f"; {r['impl']}/{r['mode']} {r['ratio_to_ceiling']:.2f}x ceiling"
+                + (f", {r['ratio_to_cublasxt']:.2f}x XT" if r["ratio_to_cublasxt"] else "")
+                for r in rows if r["impl"].startswith("hb") and r["ratio_to_ceiling"]))
+            del a, b, c
+            with open(os.path.join(opts.out, "bench_blas_gpu.json"), "w") as fh:
+                json.dump(doc, fh, indent=1)
+    plot(doc, os.path.join(opts.out, "bench_blas_gpu.png"))
+    if opts.json:
+        print(json.dumps(doc))
+    return doc
+
+
+def plot(doc, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("(matplotlib not installed: no plot)")
+        return
+    res = doc["results"]
+    routines = [r for r in ROUTINES if any(x["routine"] == r for x in res)]
+    fig, axes = plt.subplots(1, len(routines), figsize=(5 * len(routines), 4), squeeze=False)
+    for ax, routine in zip(axes[0], routines):
+        rows = [x for x in res if x["routine"] == routine]
+        sizes = sorted({x["n"] for x in rows})
+        ceil = [sum(x["tflops"] for x in rows if x["n"] == n and x["impl"] == "cublas") for n in sizes]
+        ax.plot(sizes, ceil, "k--", label="Σ cuBLAS, device data (ceiling)")
+        for impl, mode, style in (("cublasxt", "host", "s-"), ("hb-static", "host", "o-"),
+                                  ("hb-dynamic", "host", "^-"), ("hb-static", "device", "o:"),
+                                  ("hb-dynamic", "device", "^:")):
+            pts = [(x["n"], x["tflops"]) for x in rows if x["impl"] == impl and x["mode"] == mode]
+            if pts:
+                ax.plot(*zip(*sorted(pts)), style, label=f"{impl.replace('hb-', 'hybridblas ')} ({mode})")
+        ax.set_title(f"{routine}, {len(doc['gpus'])}x {doc['gpus'][0]}")
+        ax.set_xlabel("n = k")
+        ax.set_ylabel("TFLOP/s")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    log(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    main()
