@@ -6,6 +6,8 @@ no ``context``): the paper's comparison of the same build with every BLAS call s
 """
 import importlib
 
+import numpy as np
+
 __all__ = ["get_backend", "BackendUnavailable", "BACKENDS"]
 
 BACKENDS = ("hybridblas", "cublasxt")
@@ -39,7 +41,7 @@ class HybridBackend:
 class PeerBackend:
     """Functions named ``{prefix}_{routine}`` in hybridblas.peers, called without ``context``."""
 
-    def __init__(self, prefix):
+    def __init__(self, prefix, devices=None):
         try:
             peers = importlib.import_module("hybridblas.peers")
         except ImportError as exc:
@@ -51,23 +53,34 @@ class PeerBackend:
         self.name = prefix
         self.context = None
         self._f = {n: getattr(peers, f"{prefix}_{n}") for n in names}
+        self._kw = {} if devices is None else {"devices": tuple(devices)}
+        self.devices = devices
+
+    @staticmethod
+    def _f_order(x):
+        """cuBLASXt takes Fortran-ordered host arrays; strided views (rare: original's split B) are copied."""
+        return x if x.flags.f_contiguous else np.asfortranarray(x)
 
     def herk(self, alpha, a, beta, c, trans="C"):
-        return self._f["herk"](alpha, a, beta, c, trans=trans, lower=True)
+        return self._f["herk"](alpha, self._f_order(a), beta, c, trans=trans, lower=True, **self._kw)
 
     def her2k(self, alpha, a, b, beta, c, trans="C"):
-        return self._f["her2k"](alpha, a, b, beta, c, trans=trans, lower=True)
+        f = self._f_order
+        return self._f["her2k"](alpha, f(a), f(b), beta, c, trans=trans, lower=True, **self._kw)
 
     def herkx(self, alpha, a, b, beta, c, trans="C"):
-        return self._f["herkx"](alpha, a, b, beta, c, trans=trans, lower=True)
+        f = self._f_order
+        return self._f["herkx"](alpha, f(a), f(b), beta, c, trans=trans, lower=True, **self._kw)
 
     def gemm(self, alpha, a, b, beta, c, transa="N", transb="N"):
-        return self._f["gemm"](alpha, a, b, beta, c, transa=transa, transb=transb)
+        f = self._f_order
+        return self._f["gemm"](alpha, f(a), f(b), beta, c, transa=transa, transb=transb, **self._kw)
 
 
-def get_backend(blas="hybridblas", context=None):
+def get_backend(blas="hybridblas", context=None, gpus=None):
+    """``gpus``: GPU ids for cuBLASXt (None: the peer's default, GPU 0)."""
     if blas == "hybridblas":
         return HybridBackend(context)
     if blas == "cublasxt":
-        return PeerBackend("cublasxt")
+        return PeerBackend("cublasxt", gpus)
     raise ValueError(f"blas must be one of {BACKENDS}, got {blas!r}")

@@ -54,8 +54,26 @@ def _parser():
     return p
 
 
+def gpu_ids(devices):
+    """GPU ids named by a --devices value ("all"/"gpu": every GPU; "cuda:0,cuda:1": those)."""
+    if devices in ("all", "gpu", "cuda"):
+        from hybridblas.context import cuda_device_count
+        return list(range(cuda_device_count()))
+    return [int(d.split(":")[1]) for d in devices.split(",") if d.startswith("cuda:")]
+
+
+def make_backend(blas, devices, strategy):
+    from .backends import get_backend
+    if blas == "hybridblas":
+        return get_backend(blas, _context(devices, strategy))
+    gpus = gpu_ids(devices)
+    if not gpus:
+        raise ValueError(f"--blas {blas} needs GPUs; --devices {devices!r} names none")
+    return get_backend(blas, gpus=gpus)
+
+
 def _build(args):
-    ctx = _context(args.devices, args.strategy) if args.blas == "hybridblas" else None
+    backend = make_backend(args.blas, args.devices, args.strategy)
     cell = System.preset(args.system, kmax=args.kmax, k=tuple(args.k), potential=args.potential, v0=args.v0,
                          supercell=args.supercell)
     log = (lambda *a: None) if args.quiet or args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
@@ -66,8 +84,8 @@ def _build(args):
     for ik, k in enumerate(_kpoints(args.kpoints, args.k)):
         kc = cell.with_k(k)
         log(f"k-point {ik + 1}/{args.kpoints}: k={k} N_G={kc.n_g}")
-        h, s, rep = build_hs(kc, method=args.method, context=ctx, interstitial=args.interstitial,
-                             batch_atoms=args.batch_atoms, max_temp_bytes=max_bytes, blas=args.blas,
+        h, s, rep = build_hs(kc, method=args.method, interstitial=args.interstitial,
+                             batch_atoms=args.batch_atoms, max_temp_bytes=max_bytes, blas=backend,
                              arrays=args.arrays, return_report=True,
                              progress=lambda i, n: log(f"  batch {i}/{n} done") if n > 1 else None)
         d = rep.as_dict()

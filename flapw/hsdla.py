@@ -77,14 +77,15 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     interstitial:   add the plane-wave parts (needed for eigenvalues); the MT parts only otherwise.
     batch_atoms / max_temp_bytes: bound the A, B, X buffers by processing atoms in batches.
     lower_only:     leave the upper triangle unfilled (it holds junk for "original").
-    blas:           "hybridblas" or "cublasxt" (hybridblas.peers.cublasxt_*; see backends.py).
+    blas:           "hybridblas", "cublasxt" (hybridblas.peers.cublasxt_* on GPU 0; see backends.py), or a
+                    backend object from flapw.backends.get_backend (e.g. cuBLASXt on chosen GPUs).
     arrays:         "host" (numpy) or "device" (cupy: A, B, X, H, S on the current GPU).
     return_report:  also return a BuildReport (per-stage seconds, flops, peak temporary bytes).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     xp = _array_module(arrays)
-    backend = get_backend(blas, context)
+    backend = get_backend(blas, context) if isinstance(blas, str) else blas
     nb = _batch_size(cell, method, batch_atoms, max_temp_bytes)
     n_g, n_l, n_a = cell.n_g, cell.n_l, cell.n_atoms
     rep = BuildReport(method=method, system=cell.name, n_atoms=n_a, n_g=n_g, n_l=n_l, batch_atoms=nb,
@@ -112,12 +113,13 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     s = xp.zeros((n_g, n_g), complex, order="F")
     rep.hs_bytes = 2 * _C16 * n_g * n_g
     width = nb * n_l
-    a_buf = xp.empty((n_g, width), complex)
-    b_buf = xp.empty((n_g, width), complex)
-    x_buf = xp.empty((n_g, width), complex)
+    # flat buffers: a batch of any width is a contiguous (n_g, w) view, i.e. a column-major (w, n_g) matrix
+    a_buf = xp.empty(n_g * width, complex)
+    b_buf = xp.empty(n_g * width, complex)
+    x_buf = xp.empty(n_g * width, complex)
     extra = {}
     if method == "original":
-        extra = {"A backup": xp.empty((n_g, width), complex), "B backup": xp.empty((n_g, width), complex)}
+        extra = {"A backup": xp.empty(n_g * width, complex), "B backup": xp.empty(n_g * width, complex)}
     rep.note_buffers(A=a_buf.nbytes, B=b_buf.nbytes, **({"X": x_buf.nbytes} if method == "refined" else {}),
                      **{k: v.nbytes for k, v in extra.items()})
     if method == "original":
@@ -127,7 +129,8 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     batches = [list(range(i, min(n_a, i + nb))) for i in range(0, n_a, nb)]
     for ib, atoms in enumerate(batches):
         w = len(atoms) * n_l
-        a, b = a_buf[:, :w], b_buf[:, :w]
+        view = lambda buf: buf[:n_g * w].reshape(n_g, w)     # noqa: E731
+        a, b = view(a_buf), view(b_buf)
         with rep.stage("matching A, B", sync=sync):
             ph = phases(basis, cell.structure.positions[atoms], xp)
             fill_coefficients(a, fa, ph, sp_of[atoms], n_l)
@@ -135,9 +138,9 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
         beta = 0.0 if ib == 0 else 1.0
         args = (rep, backend, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w, sync, xp)
         if method == "refined":
-            _refined_batch(*args, x_buf[:, :w])
+            _refined_batch(*args, view(x_buf))
         else:
-            _original_batch(*args, extra["A backup"][:, :w], extra["B backup"][:, :w], chol)
+            _original_batch(*args, view(extra["A backup"]), view(extra["B backup"]), chol)
         if progress:
             progress(ib + 1, len(batches))
     del a_buf, b_buf, x_buf, extra

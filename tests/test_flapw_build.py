@@ -136,15 +136,30 @@ def test_bad_arguments():
         flapw.solve(np.eye(3), np.eye(3), 0)
 
 
-def test_cublasxt_hook_reports_when_missing():
-    try:
-        import hybridblas.peers as peers
-        if all(hasattr(peers, f"cublasxt_{n}") for n in ("herk", "her2k", "herkx", "gemm")):
-            pytest.skip("hybridblas.peers provides cuBLASXt here")
-    except ImportError:
-        pass
-    cell = flapw.System.preset("NaCl", kmax=1.5, supercell=(1, 1, 1))
-    with pytest.raises(BackendUnavailable, match="cublasxt"):
+def test_cublasxt_hook_calls_the_peers(monkeypatch):
+    """blas='cublasxt' sends every large product to hybridblas.peers.cublasxt_* (faked here on the CPU)."""
+    import hybridblas.peers as peers
+    from flapw.backends import get_backend
+    calls = []
+
+    def fake(name):
+        def run(*args, devices=(0,), **kw):
+            arrays = [x for x in args if isinstance(x, np.ndarray)]
+            assert all(x.flags.f_contiguous for x in arrays), name     # cuBLASXt needs Fortran order
+            calls.append((name, devices))
+            return getattr(hb, name)(*args, **kw)
+        return run
+    for name in ("herk", "her2k", "herkx", "gemm"):
+        monkeypatch.setattr(peers, f"cublasxt_{name}", fake(name), raising=False)
+    cell = flapw.System.preset("NaCl", kmax=1.8, supercell=(1, 1, 1), e_l={"Na": 1.0})
+    h_ref, s_ref = direct_hs(cell)
+    for method in flapw.METHODS:
+        h, s = flapw.build_hs(cell, method=method, blas=get_backend("cublasxt", gpus=[0, 1]), batch_atoms=3)
+        assert _rel(h, h_ref) <= 1e-12 and _rel(s, s_ref) <= 1e-12
+    assert {n for n, _ in calls} == {"herk", "her2k", "herkx", "gemm"}
+    assert all(d == (0, 1) for _, d in calls)
+    monkeypatch.delattr(peers, "cublasxt_herkx")
+    with pytest.raises(BackendUnavailable, match="cublasxt_herkx"):
         flapw.build_hs(cell, blas="cublasxt")
 
 
