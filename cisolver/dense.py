@@ -1,0 +1,111 @@
+"""Dense steps of LOBPCG: tall-skinny Gram products through hybridblas (split-K syrk / gemmt) and
+Cholesky-QR (CholQR2: syrk, potrf, trsm).  The small k x k work is done on the host in float64."""
+import warnings
+
+import numpy as np
+import scipy.linalg as sla
+
+import hybridblas as hb
+
+from .arrays import is_device, module_of, to_host
+
+
+class NotPositiveDefinite(np.linalg.LinAlgError):
+    """S^T S (or W^T W) is not numerically positive definite."""
+
+
+_HB_ACCEPTS_DEVICE = None   # learnt on first use: does hybridblas take cupy operands yet?
+
+
+def _hb_or_device(kind, a, b, context):
+    """Lower triangle of a^T a (syrk) or a^T b (gemmt) via hybridblas; for cupy operands fall back to
+    cuBLAS matmul while hybridblas has no GPU device (the fallback is announced once)."""
+    global _HB_ACCEPTS_DEVICE
+    if is_device(a) and _HB_ACCEPTS_DEVICE is not True:
+        if _HB_ACCEPTS_DEVICE is None:
+            try:
+                out = hb.syrk(1.0, a, trans="T", context=context) if kind == "syrk" else \
+                    hb.gemmt(1.0, a, b, transa="T", context=context)
+                _HB_ACCEPTS_DEVICE = True
+                return out
+            except (TypeError, ValueError, NotImplementedError) as exc:
+                _HB_ACCEPTS_DEVICE = False
+                warnings.warn(f"cisolver: hybridblas does not take GPU arrays yet ({exc}); Gram products "
+                              f"use cupy matmul (cuBLAS) instead", RuntimeWarning, stacklevel=3)
+        return a.T @ (a if kind == "syrk" else b)
+    if kind == "syrk":
+        return hb.syrk(1.0, a, trans="T", context=context)
+    return hb.gemmt(1.0, a, b, transa="T", context=context)
+
+
+def gram(a, b=None, context=None):
+    """Symmetric a^T a (b None) or the symmetrised a^T b, as a float64 host array.
+
+    Only the lower triangle is computed (the library writes one triangle); the upper is mirrored.
+    For a^T b this assumes a^T b is symmetric, true for S^T (H S) with symmetric H.
+    """
+    c = _hb_or_device("syrk" if b is None else "gemmt", a, b, context)
+    c = to_host(c).astype(np.float64)
+    low = np.tril(c)
+    return low + np.tril(low, -1).T
+
+
+def cholesky_upper(g, what="S^T S"):
+    """Upper Cholesky factor R (g = R^T R); raises NotPositiveDefinite on failure."""
+    try:
+        r = sla.cholesky(g, lower=False, check_finite=True)
+    except (np.linalg.LinAlgError, ValueError) as exc:
+        raise NotPositiveDefinite(f"Cholesky of {what} failed: {exc}") from None
+    d = np.abs(np.diag(r))
+    if d.size and d.min() <= np.finfo(np.float64).eps ** 0.5 * 1e-2 * d.max():
+        raise NotPositiveDefinite(f"{what} is numerically singular (diag(R) ratio {d.min() / d.max():.2e})")
+    return r
+
+
+def right_trsm(w, r):
+    """w <- w R^{-1} in place (R upper triangular, small, host float64); w is n x k, any order."""
+    xp = module_of(w)
+    if xp is np:
+        rr = r.astype(w.dtype)
+        blas = sla.get_blas_funcs("trsm", (w,))
+        if w.flags.f_contiguous:
+            w[...] = blas(1.0, rr, w, side=1, lower=0, trans_a=0, overwrite_b=1)
+        else:   # C-ordered w is w^T in Fortran order: solve R^T y = w^T from the left
+            wt = w.T
+            wt[...] = blas(1.0, rr, wt, side=0, lower=0, trans_a=1, overwrite_b=1)
+        return w
+    from cupyx.scipy.linalg import solve_triangular
+    rr = xp.asarray(r, dtype=w.dtype)
+    w[...] = solve_triangular(rr, w.T, trans="T", lower=False).T
+    return w
+
+
+def cholqr2(w, hw=None, context=None):
+    """Orthonormalise the columns of w in place by Cholesky-QR twice; hw (= H w) gets the same R^{-1}.
+
+    Returns the combined upper factor R (w_in = w_out R).
+    """
+    r_total = np.eye(w.shape[1])
+    for _ in range(2):
+        r = cholesky_upper(gram(w, context=context), "W^T W")
+        right_trsm(w, r)
+        if hw is not None:
+            right_trsm(hw, r)
+        r_total = r @ r_total
+    return r_total
+
+
+def rayleigh_ritz(s, hs, n_keep, context=None):
+    """Smallest n_keep eigenpairs of (S^T H S, S^T S): Cholesky of S^T S, then a standard eigh.
+
+    Returns (theta, C, all_theta); raises NotPositiveDefinite when S^T S is ill-conditioned.
+    """
+    g = gram(s, hs, context=context)
+    o = gram(s, context=context)
+    r = cholesky_upper(o)
+    # A = R^{-T} G R^{-1}; eigenvectors C = R^{-1} Y
+    a = sla.solve_triangular(r, sla.solve_triangular(r, g, trans="T").T, trans="T").T
+    a = 0.5 * (a + a.T)
+    vals, vecs = np.linalg.eigh(a)
+    c = sla.solve_triangular(r, vecs[:, :n_keep])
+    return vals[:n_keep], c, vals
