@@ -1,0 +1,151 @@
+"""FLAPW H/S build campaign: end-to-end and BLAS-part TFLOP/s per system, Kmax, device set and BLAS backend.
+
+    PYTHONPATH=. python3 benchmarks/bench_flapw.py --devices cpu --systems NaCl --kmax 2.5 3.0 --out results/
+    PYTHONPATH=. python3 benchmarks/bench_flapw.py --devices cuda:0 all --blas hybridblas cublasxt \
+        --systems TiO2 --kmax 2.5 3.0 3.5 4.0 --out results/ --cublas-peak
+
+Each (device set, BLAS backend) is a column: "hybridblas" runs every large product through
+hybridblas.Context(devices=...); "cublasxt" sends the same calls to hybridblas.peers.cublasxt_* on the
+GPUs of that device set (skipped, with a note, when cuBLASXt or a GPU is missing). --cublas-peak measures
+one device-resident cuBLAS zherk per GPU (hybridblas.peers.cublas_device_herk) so results can be read as a
+fraction of Σ device-resident cuBLAS rates. One JSON per run plus summary.json and a plot go to --out.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import flapw  # noqa: E402
+from flapw.backends import BackendUnavailable  # noqa: E402
+from flapw.cli import make_backend, gpu_ids  # noqa: E402
+
+
+def cublas_peak(gpus, n=8192, k=8192, repeat=3):
+    """Device-resident cuBLAS zherk rate (flop/s) per GPU, on cupy arrays already on that GPU."""
+    import cupy
+    from hybridblas.peers import cublas_device_herk
+    rates = {}
+    for g in gpus:
+        with cupy.cuda.Device(g):
+            a = cupy.asfortranarray(cupy.random.standard_normal((n, k)) + 1j * cupy.random.standard_normal((n, k)))
+            c = cupy.zeros((n, n), complex, order="F")
+            cublas_device_herk(1.0, a, 0.0, c)
+            cupy.cuda.Device(g).synchronize()
+            best = float("inf")
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                cublas_device_herk(1.0, a, 0.0, c)
+                cupy.cuda.Device(g).synchronize()
+                best = min(best, time.perf_counter() - t0)
+            rates[f"cuda:{g}"] = 4.0 * k * n * (n + 1) / best
+            del a, c
+    return rates
+
+
+def run_one(system, kmax, method, devices, blas, args):
+    cell = flapw.System.preset(system, kmax=kmax, supercell=args.supercell)
+    backend = make_backend(blas, devices, args.strategy)
+    max_bytes = None if args.max_temp_gib is None else int(args.max_temp_gib * 2 ** 30)
+    _ = cell.tmats                                           # k-independent set-up, reported separately
+    best = None
+    for _ in range(args.repeat):
+        h, s, rep = flapw.build_hs(cell, method=method, blas=backend, arrays=args.arrays,
+                                   max_temp_bytes=max_bytes, return_report=True)
+        del h, s
+        d = rep.as_dict()
+        if best is None or d["total_seconds"] < best["total_seconds"]:
+            best = d
+    best.update(system=system, kmax=kmax, devices=devices, blas=blas, arrays=args.arrays)
+    return best
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install '.[plot]')", file=sys.stderr)
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, key, title in ((axes[0], "total_tflops", "end-to-end"), (axes[1], "blas_tflops", "BLAS part")):
+        series = {}
+        for r in results:
+            label = f"{r['system']} {r['method']} {r['devices']} {r['blas']}"
+            series.setdefault(label, []).append((r["kmax"], r[key]))
+        for label, pts in sorted(series.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
+        ax.set_xlabel("Kmax (1/bohr)")
+        ax.set_title(f"FLAPW H/S build, {title}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("TFLOP/s (LAWN 41)")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--devices", nargs="+", default=["cpu"], help="device sets, e.g. cpu cuda:0 all")
+    p.add_argument("--blas", nargs="+", default=["hybridblas"], choices=("hybridblas", "cublasxt"))
+    p.add_argument("--systems", nargs="+", default=["NaCl"], choices=sorted(flapw.PRESETS))
+    p.add_argument("--kmax", nargs="+", type=float, default=[2.5])
+    p.add_argument("--methods", nargs="+", default=["refined"], choices=flapw.METHODS)
+    p.add_argument("--supercell", type=int, nargs=3, default=None, help="override the presets' supercells")
+    p.add_argument("--strategy", default="auto", choices=("static", "dynamic", "auto"))
+    p.add_argument("--arrays", default="host", choices=("host", "device"))
+    p.add_argument("--max-temp-gib", type=float, default=None)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--cublas-peak", action="store_true", help="measure device-resident cuBLAS zherk per GPU")
+    p.add_argument("--out", default="bench-flapw-results")
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "argv": sys.argv,
+            "skipped": []}
+    if args.cublas_peak:
+        gpus = gpu_ids("all")
+        meta["cublas_device_zherk_flops"] = cublas_peak(gpus) if gpus else {}
+    results = []
+    for devices in args.devices:
+        for blas in args.blas:
+            for system in args.systems:
+                for kmax in args.kmax:
+                    for method in args.methods:
+                        tag = f"{system}_k{kmax}_{method}_{devices.replace(',', '+').replace(':', '')}_{blas}"
+                        try:
+                            r = run_one(system, kmax, method, devices, blas, args)
+                        except (BackendUnavailable, ValueError) as exc:
+                            note = f"{tag}: skipped ({exc})"
+                            print(note, file=sys.stderr)
+                            meta["skipped"].append(note)
+                            continue
+                        if meta.get("cublas_device_zherk_flops"):
+                            used = gpu_ids(devices) if devices != "cpu" else []
+                            peak = sum(v for k, v in meta["cublas_device_zherk_flops"].items()
+                                       if int(k.split(":")[1]) in used)
+                            r["fraction_of_cublas_sum"] = (r["total_flops"] / r["total_seconds"] / peak) if peak else None
+                        results.append(r)
+                        with open(os.path.join(args.out, tag + ".json"), "w") as f:
+                            json.dump(r, f, indent=1)
+                        print(f"{tag}: N_G={r['N_G']} {r['total_seconds']:.2f} s end-to-end "
+                              f"{r['total_tflops']:.3f} TFLOP/s, BLAS part {r['blas_tflops']:.3f} TFLOP/s, "
+                              f"peak temp {r['peak_temp_bytes'] / 2**30:.2f} GiB", flush=True)
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1)
+    if results:
+        path = plot(results, os.path.join(args.out, "flapw_tflops.png"))
+        if path:
+            print(f"plot: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
