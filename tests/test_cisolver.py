@@ -1,0 +1,168 @@
+"""cisolver: shell-model Hamiltonians against the README reference spectra, LOBPCG against eigsh/eigh."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from cisolver import dense, lobpcg
+from cisolver.operators import SymmetricOperator
+from cisolver.preconditioner import TilePreconditioner, configuration_labels
+from cisolver.shellmodel import angmom, hamiltonian, snt
+
+DATA = Path(os.environ.get("CISOLVER_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA} (set CISOLVER_DATA)")
+
+REF = {  # README reference spectra (KSHELL + dense check), MeV, and J
+    "20Ne": ("usdb.snt", 2, 2, 640, [-40.472331, -38.725641, -36.297059, -33.774153, -32.929372], [0, 2, 4, 0, 2]),
+    "12C": ("ckpot.snt", 4, 4, 51, [-71.044671, -66.397028, -58.595516, -57.577954, -57.541429], [0, 2, 1, 0, 4]),
+}
+
+
+def _problem(name, z, n, m=None):
+    return hamiltonian.ShellModelProblem(snt.read_snt(DATA / name), z, n, m)
+
+
+def _full(h_upper):
+    return (h_upper + h_upper.T - sp.diags(h_upper.diagonal())).tocsr()
+
+
+@needs_data
+@pytest.mark.parametrize("nucleus", sorted(REF))
+def test_reference_spectrum_dense(nucleus):
+    name, z, n, dim, energies, js = REF[nucleus]
+    prob = _problem(name, z, n)
+    h, info = prob.build()
+    assert info.dimension == dim
+    hd = h.toarray()
+    assert np.abs(hd - hd.T).max() < 1e-12
+    w, v = np.linalg.eigh(hd)
+    np.testing.assert_allclose(w[:5], energies, atol=2e-5, rtol=0)
+    assert list(angmom.j_from_j2(angmom.expectation_j2(prob, v[:, :5]))) == js
+
+
+@needs_data
+def test_20ne_lobpcg_matches_reference_and_upper_storage():
+    name, z, n, dim, energies, js = REF["20Ne"]
+    prob = _problem(name, z, n)
+    hu, _ = prob.build(storage="upper")
+    hf, _ = prob.build(storage="full")
+    assert abs(_full(hu) - hf).max() < 1e-14
+    res = lobpcg(SymmetricOperator(hu, storage="upper"), 5, tol=1e-9, seed=3)
+    assert res.converged
+    np.testing.assert_allclose(res.eigenvalues, energies, atol=2e-5, rtol=0)
+    assert list(angmom.j_from_j2(angmom.expectation_j2(prob, res.eigenvectors))) == js
+
+
+@needs_data
+def test_odd_mass_twice_m_and_bad_input():
+    prob = _problem("usdb.snt", 2, 3)             # 21Ne, 2M = 1 by default
+    assert prob.basis.twice_m == 1
+    w, v = np.linalg.eigh(prob.build()[0].toarray())
+    assert angmom.j_from_j2(angmom.expectation_j2(prob, v[:, :1]))[0] == 1.5
+    with pytest.raises(ValueError, match="twice_m"):
+        _problem("usdb.snt", 2, 3, 0)
+    with pytest.raises(ValueError, match="n_protons"):
+        _problem("usdb.snt", 13, 2)
+
+
+def test_bad_snt_file(tmp_path):
+    f = tmp_path / "bad.snt"
+    f.write_text("! comment\n 1 1 8 8\n 1 0 2 3 -1\n")
+    with pytest.raises(snt.InteractionFileError, match="orbit 2"):
+        snt.read_snt(f)
+
+
+def _random_symmetric(n, rng, density=0.02):
+    a = sp.random(n, n, density=density, random_state=rng, format="csr")
+    a = a + a.T + sp.diags(rng.uniform(-5, 5, n))
+    return a.tocsr()
+
+
+@pytest.mark.parametrize("storage", ["full", "upper"])
+def test_lobpcg_agrees_with_eigsh_and_eigh(storage, rng):
+    a = _random_symmetric(600, rng)
+    h = sp.triu(a).tocsr() if storage == "upper" else a
+    res = lobpcg(SymmetricOperator(h, storage=storage), 5, tol=1e-10, maxiter=500, seed=1)
+    assert res.converged
+    w, v = np.linalg.eigh(a.toarray())
+    ws = np.sort(spla.eigsh(a, k=5, which="SA", tol=1e-12)[0])
+    np.testing.assert_allclose(res.eigenvalues, w[:5], rtol=1e-8, atol=0)
+    np.testing.assert_allclose(res.eigenvalues, ws, rtol=1e-8, atol=0)
+    overlap = np.abs(v[:, :5].T @ res.eigenvectors)        # phase-invariant eigenvector check
+    np.testing.assert_allclose(overlap, np.eye(5), atol=1e-5)
+
+
+def test_lobpcg_float32_and_reproducible(rng):
+    a = _random_symmetric(500, rng)
+    r1 = lobpcg(a, 4, tol=1e-5, dtype=np.float32, seed=7)
+    r2 = lobpcg(a, 4, tol=1e-5, dtype=np.float32, seed=7)
+    assert r1.eigenvectors.dtype == np.float32
+    np.testing.assert_array_equal(r1.eigenvalues, r2.eigenvalues)
+    np.testing.assert_allclose(r1.eigenvalues, np.linalg.eigh(a.toarray())[0][:4], rtol=1e-5)
+
+
+def test_lobpcg_bad_arguments(rng):
+    a = _random_symmetric(100, rng)
+    with pytest.raises(ValueError, match="nev"):
+        lobpcg(a, 0)
+    with pytest.raises(ValueError, match="block_size"):
+        lobpcg(a, 5, block_size=3)
+    with pytest.raises(ValueError, match="tol"):
+        lobpcg(a, 2, tol=-1)
+    with pytest.raises(TypeError, match="dtype"):
+        lobpcg(a, 2, dtype=np.int32)
+
+
+def test_cholqr2_and_rank_deficiency(rng):
+    w = rng.standard_normal((3000, 6))
+    w0 = w.copy()
+    r = dense.cholqr2(w)
+    np.testing.assert_allclose(w.T @ w, np.eye(6), atol=1e-13)
+    np.testing.assert_allclose(w @ r, w0, atol=1e-12)
+    bad = np.repeat(rng.standard_normal((100, 1)), 3, axis=1)
+    with pytest.raises(dense.NotPositiveDefinite):
+        dense.cholqr2(bad)
+
+
+@needs_data
+def test_tile_preconditioner_solves_its_tiles_exactly():
+    prob = _problem("usdb.snt", 2, 2)
+    h, _ = prob.build(storage="upper")
+    labels = configuration_labels(prob)
+    pc = TilePreconditioner(h, labels, upper=True, dense_max=10_000)
+    hf = _full(h).toarray()
+    mask = labels[:, None] == labels[None, :]
+    k = np.where(mask, hf, 0.0)                           # block-diagonal K
+    rng = np.random.default_rng(0)
+    r = rng.standard_normal((h.shape[0], 2))
+    theta = np.array([-50.0, -45.0])                      # below the spectrum: K - θ is SPD
+    w = pc.apply(r, theta)
+    for i in range(2):
+        np.testing.assert_allclose((k - theta[i] * np.eye(len(k))) @ w[:, i], r[:, i], atol=1e-8)
+
+
+@needs_data
+def test_cli_json(capsys):
+    from cisolver.cli import main
+    os.environ.setdefault("CISOLVER_DATA", str(DATA))
+    assert main(["spectrum", "--interaction", str(DATA / "ckpot.snt"), "--protons", "4", "--neutrons", "4",
+                 "--nev", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["dimension"] == 51 and out["j"] == [0, 2, 1, 0, 4]
+    np.testing.assert_allclose(out["energies"], REF["12C"][4], atol=2e-5)
+    assert main(["spectrum", "--interaction", "nope.snt", "--protons", "1", "--neutrons", "1"]) == 2
+
+
+@pytest.mark.slow
+@needs_data
+def test_24mg_lobpcg_vs_eigsh():
+    prob = _problem("usdb.snt", 4, 4)
+    h, info = prob.build(storage="upper")
+    assert info.dimension == 28503
+    res = lobpcg(SymmetricOperator(h, storage="upper"), 5, tol=1e-8)
+    ws = np.sort(spla.eigsh(_full(h), k=5, which="SA", tol=1e-12)[0])
+    np.testing.assert_allclose(res.eigenvalues, ws, rtol=1e-8)
