@@ -69,15 +69,53 @@ def call_device(routine, args, c):
     return peers.cublas_device_herkx(args[0], args[1], args[2], 0.0, c, trans="C", lower=True)
 
 
-def call_xt(routine, args, c, devices, block_dim):
+def call_xt(routine, args, c, devices, block_dim, pinning):
+    kw = dict(lower=True, devices=devices, block_dim=block_dim, pinning=pinning)
     if routine == "zherk":
-        return peers.cublasxt_herk(args[0], args[1], 0.0, c, trans="N", lower=True, devices=devices,
-                                   block_dim=block_dim)
+        return peers.cublasxt_herk(args[0], args[1], 0.0, c, trans="N", **kw)
     if routine == "zher2k":
-        return peers.cublasxt_her2k(args[0], args[1], args[2], 0.0, c, trans="N", lower=True,
-                                    devices=devices, block_dim=block_dim)
-    return peers.cublasxt_herkx(args[0], args[1], args[2], 0.0, c, trans="C", lower=True, devices=devices,
-                                block_dim=block_dim)
+        return peers.cublasxt_her2k(args[0], args[1], args[2], 0.0, c, trans="N", **kw)
+    return peers.cublasxt_herkx(args[0], args[1], args[2], 0.0, c, trans="C", **kw)
+
+
+def transfer_probe(cp, gib=1.0):
+    """Host -> GPU 0 ways for pageable numpy data: direct, hybridblas's pinned ring, cudaHostRegister."""
+    from hybridblas import cuda_transfer
+    from hybridblas.devices.cuda import CUDADevice
+    rt = cp.cuda.runtime
+    n = int(gib * 2 ** 30) // 16
+    cols = 4096
+    x = np.asfortranarray(np.full((n // cols, cols), 1 + 1j))
+    out = {"gib": gib}
+    with cp.cuda.Device(0):
+        d = cp.empty(x.shape, dtype=x.dtype, order="F")
+        s = cp.cuda.Stream(non_blocking=True)
+        ring = CUDADevice(0).ring()
+        for rep in range(2):
+            t0 = time.perf_counter()
+            d.set(x)
+            cp.cuda.Device(0).synchronize()
+            out["pageable_h2d_GBps"] = x.nbytes / (time.perf_counter() - t0) / 1e9
+            t0 = time.perf_counter()
+            cuda_transfer.upload(d, x, ring, s)
+            s.synchronize()
+            out["staged_h2d_GBps"] = x.nbytes / (time.perf_counter() - t0) / 1e9
+            y = np.empty_like(x, order="F")
+            t0 = time.perf_counter()
+            cuda_transfer.download(y, d, ring, s)
+            out["staged_d2h_GBps"] = x.nbytes / (time.perf_counter() - t0) / 1e9
+        t0 = time.perf_counter()
+        rt.hostRegister(x.ctypes.data, x.nbytes, 0)
+        t1 = time.perf_counter()
+        rt.memcpyAsync(d.data.ptr, x.ctypes.data, x.nbytes, rt.memcpyHostToDevice, s.ptr)
+        s.synchronize()
+        t2 = time.perf_counter()
+        rt.hostUnregister(x.ctypes.data)
+        t3 = time.perf_counter()
+        out.update(register_GBps=x.nbytes / (t1 - t0) / 1e9, registered_h2d_GBps=x.nbytes / (t2 - t1) / 1e9,
+                   unregister_GBps=x.nbytes / (t3 - t2) / 1e9)
+    assert np.array_equal(y, x)
+    return out
 
 
 def sample_error(routine, args, c, rng, count=48):
@@ -128,6 +166,10 @@ def main(argv=None):
     ap.add_argument("--modes", nargs="+", default=["host", "device"], choices=["host", "device"])
     ap.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "xt", "static", "dynamic"])
     ap.add_argument("--xt-block", type=int, default=None, help="cublasXtSetBlockDim (default: cuBLASXt's)")
+    ap.add_argument("--xt-pageable", action="store_true",
+                    help="leave cuBLASXt's pinning mode off (it then reads pageable memory: far slower)")
+    ap.add_argument("--xt-max-seconds", type=float, default=30.0,
+                    help="skip cuBLASXt at sizes where its rate so far predicts a longer call")
     ap.add_argument("--out", default="results/gpu")
     ap.add_argument("--json", action="store_true", help="print the JSON document to stdout too")
     opts = ap.parse_args(argv)
@@ -145,6 +187,9 @@ def main(argv=None):
            "gpus": names, "cpu_cores": len(os.sched_getaffinity(0)), "cupy": cp.__version__,
            "cublas_library": __import__("hybridblas.cublas").cublas.library_path(), "results": []}
     log(f"# {len(gpus)} GPU(s): {names}; sizes {opts.sizes}; routines {opts.routines}")
+    doc["transfers"] = transfer_probe(cp)
+    log("# transfers (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in doc["transfers"].items()))
+    xt_rate = {}
 
     def sync_all():
         for g in gpus:
@@ -192,13 +237,21 @@ def main(argv=None):
                         del dargs, cd
                     free_pools()
             # (2) cuBLASXt on the host arrays
-            if "xt" not in opts.skip and "host" in opts.modes:
+            pin = not opts.xt_pageable
+            predicted = flops / xt_rate.get(routine, float("inf"))
+            if "xt" not in opts.skip and "host" in opts.modes and predicted > opts.xt_max_seconds:
+                log(f"  cublasxt  skipped: {predicted:.0f} s predicted from the last size (> --xt-max-seconds)")
+            elif "xt" not in opts.skip and "host" in opts.modes:
                 if ("xt", routine) not in warmed:
                     small = tuple(x if np.isscalar(x) else np.asfortranarray(x[:1024, :1024]) for x in host_args)
-                    call_xt(routine, small, np.empty((1024, 1024), np.complex128, order="F"), gpus, opts.xt_block)
+                    call_xt(routine, small, np.empty((1024, 1024), np.complex128, order="F"), gpus,
+                            opts.xt_block, pin)
                     warmed.add(("xt", routine))
-                times = timed(lambda: call_xt(routine, host_args, c, gpus, opts.xt_block), sync_all, reps)
+                xreps = 1 if predicted * reps > opts.xt_max_seconds else reps
+                times = timed(lambda: call_xt(routine, host_args, c, gpus, opts.xt_block, pin), sync_all, xreps)
                 record("cublasxt", "host", times, sample_error(routine, host_args, c, rng), gpus)
+                rows[-1]["xt_pinning"] = pin
+                xt_rate[routine] = flops / min(times)
                 free_pools()
             # (3), (4) hybridblas, host-resident then device-resident
             for mode in opts.modes:
@@ -217,6 +270,14 @@ def main(argv=None):
                         warmed.add((strategy, mode, routine))
                     times = timed(lambda: call_hybrid(routine, args, kw, out, ctx[strategy]), sync_all, reps)
                     record(f"hb-{strategy}", mode, times, sample_error(routine, args, out, rng), gpus)
+                    from hybridblas.devices.cuda import last_stats
+                    rows[-1]["per_gpu"] = {k2: dict(v) for k2, v in last_stats.items()}
+                    for dev, st in sorted(last_stats.items()):
+                        log(f"      {dev}: kernels {st.get('kernel_s', 0):.3f} s of {st.get('wall_s', 0):.3f} s, "
+                            f"host staging in {st.get('host_upload_s', 0):.3f} s / out {st.get('host_download_s', 0):.3f} s, "
+                            f"from host {st.get('bytes_from_host', 0) / 1e9:.1f} GB, from peer "
+                            f"{st.get('bytes_from_peer', 0) / 1e9:.1f} GB, to host {st.get('bytes_to_host', 0) / 1e9:.1f} GB, "
+                            f"nb={st.get('nb')} kc={st.get('kc')}")
                 del args, out
                 free_pools()
             ceiling = sum(r["tflops"] for r in rows if r["impl"] == "cublas")

@@ -100,9 +100,14 @@ def dynamic_tasks(problem, devices, ctx):
 
 def _run_inline(problem, device, tasks):
     run = device.open(problem)
+    inflight = collections.deque()     # a GPU queues the next task while the last one still runs
     try:
         for t in tasks:
-            run.wait(run.launch(t))
+            if len(inflight) >= device.max_in_flight:
+                run.wait(inflight.popleft())
+            inflight.append(run.launch(t))
+        while inflight:
+            run.wait(inflight.popleft())
     finally:
         partial = run.close()
     return partial

@@ -13,6 +13,7 @@ Per call and per GPU (``_CUDARun``, living in the GPU's worker thread):
 """
 import collections
 import threading
+import time
 
 import numpy as np
 
@@ -29,7 +30,12 @@ GEMMT_LEAF = 512           # gemmt diagonal blocks up to this edge: one scratch 
 WINDOW = 2                 # tiles launched and not yet written back
 STAGING_SLOT = 64 << 20
 STAGING_SLOTS = 4
-RESERVE = 256 << 20        # left free for cuBLAS workspaces and CuPy temporaries
+RESERVE = 256 << 20
+STREAM_K = 4096            # panels moved from elsewhere are cut along k: the first kernel starts sooner        # left free for cuBLAS workspaces and CuPy temporaries
+
+
+# Per GPU, what the last call did: bytes moved, host seconds spent staging, kernel seconds (for the notes).
+last_stats = {}
 
 
 class _Shrink(Exception):
@@ -193,6 +199,8 @@ class _CUDARun(DeviceRun):
             self.budget = _budget(device, problem)
             fixed = device.block or problem.extra.get("device_block")
             self.nb, self.kc = _block_plan(problem, self.budget, fixed)
+            if self.host or any(d != device.index for d in self.f_dev):
+                self.kc = min(self.kc, max(self.nb, STREAM_K))
             self.share = join_share(id(problem)) if self.host else None
             self.call_id = id(problem)
             self.cache = PanelCache(self._cache_capacity(), self.s_in, self.share, device.index)
@@ -203,6 +211,9 @@ class _CUDARun(DeviceRun):
             self.masks = None
             self.kaxis = [self._kaxis(f, op.op) for f, op in enumerate(problem.factors)]
             self.fallbacks = 0
+            self.stats = collections.Counter()
+            self.kernel_events = []
+            self.t_open = time.perf_counter()
 
     # ------------------------------------------------------------------ setup
     def _enable_peers(self):
@@ -245,6 +256,7 @@ class _CUDARun(DeviceRun):
                 self.s_comp.synchronize()
                 self.s_in.synchronize()
                 self.s_out.synchronize()
+                self._record_stats()
                 return self._partial_result()
             finally:
                 if self.share is not None:
@@ -252,6 +264,13 @@ class _CUDARun(DeviceRun):
                         ev.synchronize()
                 self.cache.panels.clear()
                 self.scratch = None
+
+    def _record_stats(self):
+        kernel = sum(self.cp.cuda.get_elapsed_time(a, b) for a, b in self.kernel_events) / 1e3
+        st = dict(self.stats)
+        st.update(kernel_s=kernel, wall_s=time.perf_counter() - self.t_open, nb=self.nb, kc=self.kc,
+                  fallbacks=self.fallbacks, budget=self.budget)
+        last_stats[self.device.name] = st
 
     # ------------------------------------------------------------------ tiles
     def _launch(self, task):
@@ -337,8 +356,13 @@ class _CUDARun(DeviceRun):
                 if panel.ready is not None:
                     self.s_comp.wait_event(panel.ready)
             tk = with_k(t, p, k0, k1)
+            start = cp.cuda.Event()
+            start.record(self.s_comp)
             with self.s_comp:
                 self._compute(tk, out, beta if n_chunk == 0 else 1.0)
+            end = cp.cuda.Event()
+            end.record(self.s_comp)
+            self.kernel_events.append((start, end))
             used = self._record(self.s_comp)
             for panel in panels:
                 panel.last_use = used
@@ -372,7 +396,10 @@ class _CUDARun(DeviceRun):
         if rec.finish == "host":
             self.s_out.wait_event(rec.done_event)
             tri = ("lower" if p.lower else "upper") if t.diag else None
+            t0 = time.perf_counter()
             cuda_transfer.download(p.c[t.i0:t.i1, t.j0:t.j1], rec.local, self.ring, self.s_out, tri)
+            self.stats["host_download_s"] += time.perf_counter() - t0
+            self.stats["bytes_to_host"] += rec.local.nbytes
         elif rec.done_event is not None:
             rec.done_event.synchronize()
         rec.local = None
@@ -473,10 +500,14 @@ class _CUDARun(DeviceRun):
             entry["landed"].wait()
             ev = self.share.read(entry, lambda peer: self._peer_copy(arr, peer))
             if ev is not None:
+                self.stats["bytes_from_peer"] += arr.nbytes
                 return Panel(key, arr, True, self._record(self.s_in))
             entry, mine = self.share.claim(self.device.index, key)
         try:
+            t0 = time.perf_counter()
             cuda_transfer.upload(arr, src, self.ring, self.s_in)
+            self.stats["host_upload_s"] += time.perf_counter() - t0
+            self.stats["bytes_from_host"] += arr.nbytes
         except BaseException:
             self.share.abandon(self.device.index, key)
             raise
