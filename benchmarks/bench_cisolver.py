@@ -1,0 +1,141 @@
+"""Side-by-side LOBPCG campaign on shell-model Hamiltonians (same matrix, same start block).
+
+    PYTHONPATH=. python3 benchmarks/bench_cisolver.py --devices cpu --out results/ [--cases 24Mg,44Ti]
+    PYTHONPATH=. python3 benchmarks/bench_cisolver.py --devices all --out results/
+
+Peers: scipy.sparse.linalg.lobpcg and eigsh (CPU), cupyx.scipy.sparse.linalg.lobpcg (GPU, if cupy).
+Ours: cisolver.lobpcg on the CPU, on one GPU and on two GPUs (when present). Writes one JSON per case.
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from cisolver import lobpcg
+from cisolver.data import resolve_interaction
+from cisolver.operators import SymmetricOperator
+from cisolver.shellmodel import hamiltonian, snt
+
+CASES = {  # name: (interaction, Zv, Nv)
+    "24Mg": ("usdb", 4, 4), "28Si": ("usdb", 6, 6), "44Ti": ("gxpf1a", 2, 2), "46Ti": ("gxpf1a", 2, 4),
+    "47V": ("gxpf1a", 3, 4), "48Cr": ("gxpf1a", 4, 4),
+}
+
+
+def _gpu_count():
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() if cupy.is_available() else 0
+    except Exception:
+        return 0
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def run_case(name, nev, tol, devices, dtype, maxiter, threads, log):
+    inter_name, z, n = CASES[name]
+    prob = hamiltonian.ShellModelProblem(snt.read_snt(resolve_interaction(inter_name)), z, n)
+    (hu, info), t_build = _timed(lambda: prob.build(storage="upper", dtype=dtype, n_threads=threads))
+    log(f"{name}: dim {info.dimension}, nnz(upper) {info.nnz_stored}, build {t_build:.1f}s")
+    b = nev + 3
+    x0 = np.random.default_rng(2024).standard_normal((info.dimension, b)).astype(dtype)
+    rec = {"case": name, "interaction": inter_name, "protons": z, "neutrons": n, "dimension": info.dimension,
+           "nnz_upper": info.nnz_stored, "build_seconds": t_build, "build_detail": info.seconds,
+           "nev": nev, "block_size": b, "tol": tol, "dtype": str(np.dtype(dtype)), "runs": []}
+
+    def ours(label, devs, storage, h):
+        op = SymmetricOperator(h, storage=storage, devices=devs)
+        res, t = _timed(lambda: lobpcg(op, nev, block_size=b, x0=x0, tol=tol, maxiter=maxiter, dtype=dtype))
+        it = max(res.iterations, 1)
+        rec["runs"].append({"solver": label, "seconds": t, "iterations": res.iterations,
+                            "converged": res.converged, "energies": res.eigenvalues.tolist(),
+                            "residuals": res.residual_norms.tolist(),
+                            "per_iteration": {k: v / it for k, v in res.seconds.items()}})
+        log(f"  {label}: {t:.2f}s, {res.iterations} it, {res.eigenvalues[:3]}")
+
+    ours("cisolver-cpu-upper", "cpu", "upper", hu)
+    hf = (hu + hu.T - sp.diags(hu.diagonal())).tocsr()
+    ours("cisolver-cpu-full", "cpu", "full", hf)
+
+    # scipy lobpcg: same matrix, same start block, relative tolerance set to match ours roughly
+    try:
+        (w, _), t = _timed(lambda: spla.lobpcg(hf, x0.copy(), tol=tol * 100, largest=False,
+                                                maxiter=maxiter, verbosityLevel=0))
+        rec["runs"].append({"solver": "scipy-lobpcg", "seconds": t, "energies": np.sort(w)[:nev].tolist()})
+        log(f"  scipy lobpcg: {t:.2f}s")
+    except Exception as exc:     # a peer failing is a result, not a crash
+        rec["runs"].append({"solver": "scipy-lobpcg", "error": repr(exc)})
+    (w, _), t = _timed(lambda: spla.eigsh(hf, k=nev, which="SA", v0=x0[:, 0].astype(np.float64), tol=1e-10))
+    rec["runs"].append({"solver": "scipy-eigsh", "seconds": t, "energies": np.sort(w).tolist()})
+    log(f"  scipy eigsh: {t:.2f}s")
+
+    if devices != "cpu":
+        import cupy
+        import cupyx.scipy.sparse as csp
+        import cupyx.scipy.sparse.linalg as csla
+        ngpu = len(devices)
+        ours("cisolver-gpu1", devices[:1], "full", hf)
+        if ngpu >= 2:
+            ours("cisolver-gpu2", devices[:2], "full", hf)
+            ours("cisolver-gpu2-upper", devices[:2], "upper", hu)
+        with cupy.cuda.Device(devices[0]):
+            hg = csp.csr_matrix(hf)
+            xg = cupy.asarray(x0)
+            try:
+                (w, _), t = _timed(lambda: csla.lobpcg(hg, xg.copy(), tol=tol * 100, largest=False,
+                                                        maxiter=maxiter))
+                cupy.cuda.Device().synchronize()
+                rec["runs"].append({"solver": "cupyx-lobpcg", "seconds": t,
+                                    "energies": np.sort(cupy.asnumpy(w))[:nev].tolist()})
+                log(f"  cupyx lobpcg: {t:.2f}s")
+            except Exception as exc:
+                rec["runs"].append({"solver": "cupyx-lobpcg", "error": repr(exc)})
+    return rec
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--devices", default="cpu", help="cpu or all (GPU runs need cupy)")
+    ap.add_argument("--out", required=True, help="folder for the JSON results")
+    ap.add_argument("--cases", default="24Mg,44Ti,46Ti", help=f"comma list from {sorted(CASES)}")
+    ap.add_argument("--nev", type=int, default=5)
+    ap.add_argument("--tol", type=float, default=1e-7)
+    ap.add_argument("--maxiter", type=int, default=500)
+    ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    ap.add_argument("--threads", type=int, default=None, help="threads for the Hamiltonian build")
+    args = ap.parse_args(argv)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    bad = [c for c in cases if c not in CASES]
+    if bad:
+        ap.error(f"unknown case(s) {bad}; choose from {sorted(CASES)}")
+    devices = "cpu"
+    if args.devices != "cpu":
+        n = _gpu_count()
+        devices = list(range(n)) if n else "cpu"
+        if devices == "cpu":
+            print("bench_cisolver: no CUDA GPU found; running the CPU part only", file=sys.stderr)
+    os.makedirs(args.out, exist_ok=True)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "numpy": np.__version__, "devices": devices,
+            "command": " ".join(sys.argv)}
+    for c in cases:
+        rec = run_case(c, args.nev, args.tol, devices, np.dtype(args.dtype), args.maxiter, args.threads,
+                       lambda m: print(m, flush=True))
+        rec["meta"] = meta
+        with open(os.path.join(args.out, f"cisolver_{c}.json"), "w") as fh:
+            json.dump(rec, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
