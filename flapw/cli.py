@@ -7,6 +7,7 @@ import sys
 import numpy as np
 
 from .backends import BACKENDS, BackendUnavailable
+from . import parallel
 from .hsdla import METHODS, build_hs
 from .structures import PRESETS
 from .system import DEFAULT_K, System
@@ -14,17 +15,11 @@ from .system import DEFAULT_K, System
 
 def _kpoints(n, first):
     """``n`` generic k-points: the default one, then a fixed low-discrepancy sequence (reproducible)."""
-    out = [tuple(first)]
+    out = [tuple(float(x) for x in first)]
     golden = np.array([0.7548776662, 0.5698402910, 0.4301597090])   # R3 sequence offsets
     for i in range(1, n):
-        out.append(tuple(np.round((np.asarray(first) + i * golden) % 1.0 - 0.5, 6)))
+        out.append(tuple(float(x) for x in np.round((np.asarray(first) + i * golden) % 1.0 - 0.5, 6)))
     return out
-
-
-def _context(devices, strategy):
-    import hybridblas as hb
-    devs = devices.split(",") if "," in devices else devices
-    return hb.Context(devices=devs, strategy=strategy)
 
 
 def _parser():
@@ -62,10 +57,10 @@ def gpu_ids(devices):
     return [int(d.split(":")[1]) for d in devices.split(",") if d.startswith("cuda:")]
 
 
-def make_backend(blas, devices, strategy):
+def make_backend(blas, devices, strategy, comm=None):
     from .backends import get_backend
     if blas == "hybridblas":
-        return get_backend(blas, _context(devices, strategy))
+        return get_backend(blas, parallel.rank_context(comm, devices, strategy))
     gpus = gpu_ids(devices)
     if not gpus:
         raise ValueError(f"--blas {blas} needs GPUs; --devices {devices!r} names none")
@@ -73,15 +68,20 @@ def make_backend(blas, devices, strategy):
 
 
 def _build(args):
-    backend = make_backend(args.blas, args.devices, args.strategy)
+    comm = parallel.world()
+    rank = comm.Get_rank() if comm is not None else 0
+    backend = make_backend(args.blas, args.devices, args.strategy, comm)
     cell = System.preset(args.system, kmax=args.kmax, k=tuple(args.k), potential=args.potential, v0=args.v0,
                          supercell=args.supercell)
-    log = (lambda *a: None) if args.quiet or args.json else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    quiet = args.quiet or args.json or rank != 0
+    log = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    ranks = f", {comm.Get_size()} MPI ranks" if comm is not None else ""
     log(f"flapw: {cell.name}: N_A={cell.n_atoms} N_L={cell.n_l} Kmax={cell.kmax} "
-        f"({args.kpoints} k-point{'s' if args.kpoints > 1 else ''}, {args.method}, devices={args.devices})")
+        f"({args.kpoints} k-point{'s' if args.kpoints > 1 else ''}, {args.method}, devices={args.devices}{ranks})")
+    parallel.share_k_independent(cell, comm)
     reports, saved = [], {}
     max_bytes = None if args.max_temp_gib is None else int(args.max_temp_gib * 2 ** 30)
-    for ik, k in enumerate(_kpoints(args.kpoints, args.k)):
+    for ik, k in parallel.my_kpoints(_kpoints(args.kpoints, args.k), comm):
         kc = cell.with_k(k)
         log(f"k-point {ik + 1}/{args.kpoints}: k={k} N_G={kc.n_g}")
         h, s, rep = build_hs(kc, method=args.method, interstitial=args.interstitial,
@@ -90,11 +90,13 @@ def _build(args):
                              progress=lambda i, n: log(f"  batch {i}/{n} done") if n > 1 else None)
         d = rep.as_dict()
         d["k"] = list(k)
+        d["k_index"] = ik
+        d["rank"] = rank
         if args.solve:
             from . import solve
             hh, ss = (h.get(), s.get()) if hasattr(h, "get") else (h, s)
             d["eigenvalues"] = solve(hh, ss, args.solve).tolist()
-        if not args.json:
+        if not args.json and comm is None:
             print(rep.table())
             if args.solve:
                 print("lowest eigenvalues (Ha):", " ".join(f"{e:.6f}" for e in d["eigenvalues"]))
@@ -105,13 +107,27 @@ def _build(args):
             saved[f"k_{ik}"] = np.asarray(k)
         del h, s
     if args.output:
-        np.savez(args.output, **saved)
-        log(f"wrote H and S to {args.output}")
+        # under MPI each rank writes the k-points it built: FILE.rank<r>.npz
+        path = args.output if comm is None else f"{args.output.removesuffix('.npz')}.rank{rank}.npz"
+        np.savez(path, **saved)
+        log(f"wrote H and S to {path}")
+    reports = parallel.gather_reports(reports, comm)
+    if rank != 0:
+        return 0
+    if comm is not None and not args.json:
+        for d in reports:
+            print(f"k-point {d['k_index'] + 1} on rank {d['rank']}: " + _summary(d))
     if args.json:
-        json.dump({"system": cell.name, "kmax": cell.kmax, "devices": args.devices, "reports": reports},
+        json.dump({"system": cell.name, "kmax": cell.kmax, "devices": args.devices,
+                   "ranks": comm.Get_size() if comm is not None else 1, "reports": reports},
                   sys.stdout, indent=1)
         print()
     return 0
+
+
+def _summary(d):
+    return (f"N_G={d['N_G']}, {d['total_seconds']:.2f} s, {d['total_tflops']:.3f} TFLOP/s "
+            f"(BLAS part {d['blas_tflops']:.3f})")
 
 
 def main(argv=None):

@@ -36,3 +36,10 @@ def run_mpi(script, ranks, *args, timeout=240):
 def test_distributed_gram(ranks):
     out = run_mpi("gram_job.py", ranks)
     assert f"gram OK on {ranks} ranks" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_flapw_kpoints_over_ranks(ranks, tmp_path):
+    out = run_mpi("flapw_kpoints_job.py", ranks, tmp_path / "hs")
+    assert f"flapw k-points OK on {ranks} ranks" in out
