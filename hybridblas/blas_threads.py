@@ -29,6 +29,12 @@ def _blas_controllers():
     return _controller.select(user_api="blas")
 
 
+def current():
+    """The thread count the loaded BLAS libraries use now (the smallest, if they differ)."""
+    counts = [lc.num_threads for lc in _blas_controllers().lib_controllers]
+    return min(counts) if counts else available_cores()
+
+
 def blas_info():
     """threadpoolctl's description of the loaded BLAS libraries (for `hybridblas-tune info`)."""
     return _blas_controllers().info()

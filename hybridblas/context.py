@@ -209,11 +209,19 @@ class Context:
         return max(1, blas_threads.available_cores() - n_gpu)
 
     def blas_threads(self, devices):
-        """The one BLAS thread limit for a call: the cores shared out among the CPU workers."""
+        """The one BLAS thread limit for a call: the cores shared out among the CPU workers.
+
+        A lone CPU worker keeps the caller's BLAS setting (OPENBLAS_NUM_THREADS, threadpoolctl) unless
+        ``cpu_threads`` was given; beside GPUs it leaves one core per GPU feeder thread.
+        """
         n_cpu = sum(d.kind == "cpu" for d in devices)
         if n_cpu == 0:
             return None
-        return max(1, self._cpu_cores() // n_cpu)
+        n_gpu = len(devices) - n_cpu
+        if self.cpu_threads is None and n_cpu == 1 and n_gpu == 0:
+            return None
+        cores = self.cpu_threads or min(blas_threads.current(), self._cpu_cores())
+        return max(1, cores // n_cpu)
 
     def __repr__(self):
         return (f"Context(devices={[d.name for d in self.devices]}, strategy={self.strategy!r}, "

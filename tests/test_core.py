@@ -269,3 +269,38 @@ def test_read_only_c_rejected():
 def test_bad_context(kwargs, match):
     with pytest.raises(ValueError, match=match):
         hb.Context(**kwargs)
+
+
+class _Recording(CPUDevice):
+    """Records the BLAS thread count its tasks run under."""
+
+    def __init__(self, index=0):
+        super().__init__(index)
+        self.seen = []
+
+    def open(self, problem):
+        inner, seen = super().open(problem), self.seen
+
+        class Run(DeviceRun):
+            def launch(self, task):
+                from hybridblas import blas_threads
+                seen.append(blas_threads.current())
+                return inner.launch(task)
+
+            def wait(self, handle):
+                return inner.wait(handle)
+
+        return Run()
+
+
+def test_caller_blas_thread_setting_is_respected(rng):
+    """A lone CPU worker keeps the user's limit; several workers share the cores one limit at a time."""
+    from threadpoolctl import threadpool_limits
+    a = random_matrix(rng, (300, 40), np.float64)
+    one = _Recording()
+    with threadpool_limits(1, user_api="blas"):
+        hb.syrk(1.0, a, context=hb.Context(devices=[one]))
+    assert one.seen == [1]
+    pair = [_Recording(0), _Recording(1)]
+    hb.syrk(1.0, a, context=hb.Context(devices=pair, cpu_threads=2, strategy="static"))
+    assert all(t == 1 for d in pair for t in d.seen) and all(d.seen for d in pair)
