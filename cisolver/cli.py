@@ -31,9 +31,12 @@ def main(argv=None):
     s.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
 
+    from .distributed import world
     from .spectrum import compute_spectrum
+    comm = world()
+    rank = comm.Get_rank() if comm is not None else 0
     progress = None
-    if not args.json:
+    if not args.json and comm is None:
         def progress(done, total):
             print(f"\r  building H: {done}/{total} row blocks", end="" if done < total else "\n",
                   file=sys.stderr, flush=True)
@@ -42,16 +45,19 @@ def main(argv=None):
                                twice_m=args.twice_m, tol=args.tol, maxiter=args.maxiter,
                                devices=args.devices, dtype=args.dtype, storage=args.storage,
                                precond=args.precond, block_size=args.block_size, seed=args.seed,
-                               n_threads=args.threads, progress=progress)
+                               n_threads=args.threads, progress=progress, comm=comm)
     except (ValueError, TypeError, FileNotFoundError, InteractionFileError) as exc:
         print(f"cisolver: error: {exc}", file=sys.stderr)
         return 2
+    if rank != 0:
+        return 0 if out["converged"] else 1
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     print(f"interaction {out['interaction']}  Z_v={out['protons']} N_v={out['neutrons']}  A={out['mass']}  "
           f"2M={out['twice_m']}  TBME factor {out['tbme_factor']:.6f}")
-    print(f"M-scheme dimension {out['dimension']}   stored nonzeros {out['nnz_stored']} ({out['storage']})")
+    ranks = f"   {out['ranks']} MPI ranks" if "ranks" in out else ""
+    print(f"M-scheme dimension {out['dimension']}   stored nonzeros {out['nnz_stored']} ({out['storage']}){ranks}")
     print(f"{'#':>3} {'E (MeV)':>14} {'J':>5} {'<J^2>':>9} {'rel. residual':>14}")
     for i, (e, j, j2, r) in enumerate(zip(out["energies"], out["j"], out["j2"], out["residuals"]), 1):
         print(f"{i:>3} {e:>14.6f} {_j_label(j):>5} {j2:>9.4f} {r:>14.2e}")

@@ -38,14 +38,19 @@ def _hb_or_device(kind, a, b, context):
     return hb.gemmt(1.0, a, b, transa="T", context=context)
 
 
-def gram(a, b=None, context=None):
+def gram(a, b=None, context=None, comm=None):
     """Symmetric a^T a (b None) or the symmetrised a^T b, as a float64 host array.
+
+    With ``comm`` (rows distributed over MPI ranks) the local products are summed by one Allreduce.
 
     Only the lower triangle is computed (the library writes one triangle); the upper is mirrored.
     For a^T b this assumes a^T b is symmetric, true for S^T (H S) with symmetric H.
     """
     c = _hb_or_device("syrk" if b is None else "gemmt", a, b, context)
     c = to_host(c).astype(np.float64)
+    if comm is not None:
+        from hybridblas.distributed import allreduce
+        c = allreduce(np.ascontiguousarray(c), comm)
     low = np.tril(c)
     return low + np.tril(low, -1).T
 
@@ -80,14 +85,14 @@ def right_trsm(w, r):
     return w
 
 
-def cholqr2(w, hw=None, context=None):
+def cholqr2(w, hw=None, context=None, comm=None):
     """Orthonormalise the columns of w in place by Cholesky-QR twice; hw (= H w) gets the same R^{-1}.
 
     Returns the combined upper factor R (w_in = w_out R).
     """
     r_total = np.eye(w.shape[1])
     for _ in range(2):
-        r = cholesky_upper(gram(w, context=context), "W^T W")
+        r = cholesky_upper(gram(w, context=context, comm=comm), "W^T W")
         right_trsm(w, r)
         if hw is not None:
             right_trsm(hw, r)
@@ -95,13 +100,13 @@ def cholqr2(w, hw=None, context=None):
     return r_total
 
 
-def rayleigh_ritz(s, hs, n_keep, context=None):
+def rayleigh_ritz(s, hs, n_keep, context=None, comm=None):
     """Smallest n_keep eigenpairs of (S^T H S, S^T S): Cholesky of S^T S, then a standard eigh.
 
     Returns (theta, C, all_theta); raises NotPositiveDefinite when S^T S is ill-conditioned.
     """
-    g = gram(s, hs, context=context)
-    o = gram(s, context=context)
+    g = gram(s, hs, context=context, comm=comm)
+    o = gram(s, context=context, comm=comm)
     r = cholesky_upper(o)
     # A = R^{-T} G R^{-1}; eigenvectors C = R^{-1} Y
     a = sla.solve_triangular(r, sla.solve_triangular(r, g, trans="T").T, trans="T").T

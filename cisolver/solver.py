@@ -40,12 +40,14 @@ def _as_operator(h, dtype):
 
 
 def lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=None, seed=0,
-           dtype=None, context=None, callback=None):
+           dtype=None, context=None, callback=None, comm=None):
     """Lowest ``nev`` eigenpairs of symmetric ``h`` (scipy/cupyx sparse, a SymmetricOperator, or dense).
 
     tol: relative residual ‖H x − θ x‖ / ‖H‖_est, ‖H‖_est the largest |Ritz value| met so far.
     block_size: default nev + 3. x0: start block (n x block_size), else seeded normal random.
     precond: object with ``apply(R, theta)`` (e.g. TilePreconditioner), or None.
+    comm: an MPI communicator when ``h`` is a DistributedOperator (rows over ranks); vectors, start
+    block and the returned eigenvectors are then this rank's rows, and the results equal the serial ones.
     """
     op = _as_operator(h, dtype)
     n = op.shape[0]
@@ -69,14 +71,28 @@ def lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=N
         x = to_host(x0)
         if x.shape != (n, b):
             raise ValueError(f"x0 must have shape ({n}, {b}), got {x.shape}")
-    x = xp.asarray(np.ascontiguousarray(x, dtype=dtype))
+    lo, hi = getattr(op, "local", (0, n))
+    x = xp.asarray(np.ascontiguousarray(x[lo:hi], dtype=dtype))
+
+    def norms(block):
+        if comm is None:
+            return to_host(xp.linalg.norm(block, axis=0)).astype(np.float64)
+        from .distributed import colnorms
+        return colnorms(block, comm, xp)
+
+    def project(a, b_):
+        out = to_host(a.T @ b_)
+        if comm is not None:
+            from .distributed import allreduce
+            out = allreduce(np.ascontiguousarray(out), comm)
+        return xp.asarray(out, dtype=dtype)
 
     with timer.phase("dense"):
-        dense.cholqr2(x, context=context)
+        dense.cholqr2(x, context=context, comm=comm)
     with timer.phase("spmm"):
         hx = op.matmat(x)
     with timer.phase("dense"):
-        theta, c, allv = dense.rayleigh_ritz(x, hx, b, context=context)
+        theta, c, allv = dense.rayleigh_ritz(x, hx, b, context=context, comm=comm)
         cd = xp.asarray(c, dtype=dtype)
         x, hx = x @ cd, hx @ cd
     norm_est = max(np.abs(allv).max(), np.finfo(np.float64).tiny)
@@ -86,7 +102,7 @@ def lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=N
     for it in range(1, maxiter + 1):
         with timer.phase("dense"):
             r = hx - x * xp.asarray(theta, dtype=dtype)[None, :]
-            rel = to_host(xp.linalg.norm(r, axis=0)).astype(np.float64) / norm_est
+            rel = norms(r) / norm_est
         history.append(rel.copy())
         converged = rel <= tol
         if callback:
@@ -100,10 +116,12 @@ def lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=N
         with timer.phase("dense"):
             # W ⟂ X (twice), then orthonormal: keeps S^T S well conditioned
             for _ in range(2):
-                w -= x @ xp.asarray(to_host(x.T @ w), dtype=dtype)
+                w -= x @ project(x, w)
             try:
-                dense.cholqr2(w, context=context)
+                dense.cholqr2(w, context=context, comm=comm)
             except dense.NotPositiveDefinite:
+                if comm is not None:
+                    raise
                 w = xp.asarray(np.linalg.qr(to_host(w))[0], dtype=dtype)
         with timer.phase("spmm"):
             hw = op.matmat(w)
@@ -112,7 +130,7 @@ def lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=N
             if p is not None:
                 pa, hpa = xp.ascontiguousarray(p[:, active]), xp.ascontiguousarray(hp[:, active])
                 try:
-                    dense.cholqr2(pa, hpa, context=context)
+                    dense.cholqr2(pa, hpa, context=context, comm=comm)
                 except dense.NotPositiveDefinite:
                     pa = hpa = None
                     restarts += 1
@@ -121,7 +139,7 @@ def lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=N
                 hblocks = [hx, hw] + ([hpa] if pa is not None else [])
                 s, hs = xp.concatenate(blocks, axis=1), xp.concatenate(hblocks, axis=1)
                 try:
-                    theta, c, allv = dense.rayleigh_ritz(s, hs, b, context=context)
+                    theta, c, allv = dense.rayleigh_ritz(s, hs, b, context=context, comm=comm)
                     break
                 except dense.NotPositiveDefinite:
                     if pa is None:
@@ -142,7 +160,6 @@ def lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=N
     # honest final residuals: one explicit product (the recurrences may drift, notably in float32)
     with timer.phase("spmm"):
         hx_true = op.matmat(x[:, :nev])
-    rel = to_host(xp.linalg.norm(hx_true - x[:, :nev] * xp.asarray(theta[:nev], dtype=dtype)[None, :],
-                                 axis=0)).astype(np.float64) / norm_est
+    rel = norms(hx_true - x[:, :nev] * xp.asarray(theta[:nev], dtype=dtype)[None, :]) / norm_est
     return LobpcgResult(np.asarray(theta[:nev]), x[:, :nev], rel, it, bool(converged[:nev].all()),
                         dict(timer.seconds), history, restarts)

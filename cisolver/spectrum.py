@@ -31,10 +31,15 @@ def parse_devices(devices):
 
 def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8,
                      maxiter=300, devices="cpu", dtype="float64", storage="upper", precond="none",
-                     block_size=None, seed=0, n_threads=None, progress=None):
+                     block_size=None, seed=0, n_threads=None, progress=None, comm=None):
+    """comm: an MPI communicator; each rank then builds and holds only its rows of H and of the
+    vectors (1-D row blocks, Allgatherv SpMM, Allreduce'd Gram matrices). CPU operands only."""
     t0 = time.perf_counter()
     inter = snt.read_snt(resolve_interaction(interaction))
     problem = hamiltonian.ShellModelProblem(inter, n_protons, n_neutrons, twice_m)
+    if comm is not None:
+        return _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, seed,
+                                     n_threads, comm, t0)
     h, info = problem.build(storage=storage, dtype=dtype, n_threads=n_threads, progress=progress)
     t1 = time.perf_counter()
     devs = parse_devices(devices)
@@ -67,4 +72,31 @@ def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None,
         "converged": res.converged,
         "seconds": {"read+build": t1 - t0, "setup": t2 - t1, "solve": t3 - t2, "j2": t4 - t3,
                     "build_detail": info.seconds, "solve_detail": res.seconds},
+    }
+
+
+def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, seed, n_threads, comm, t0):
+    from hybridblas.distributed import allgather_rows
+    from .distributed import DistributedOperator, build_local
+    h_local, lo, hi = build_local(problem, comm, dtype=dtype, n_threads=n_threads)
+    t1 = time.perf_counter()
+    op = DistributedOperator(h_local, lo, hi, problem.dimension, comm, dtype=dtype)
+    res = _lobpcg.lobpcg(op, nev, block_size=block_size, tol=tol, maxiter=maxiter, seed=seed,
+                         dtype=dtype, comm=comm)
+    t2 = time.perf_counter()
+    vecs = allgather_rows(np.ascontiguousarray(res.eigenvectors), comm)
+    j2 = angmom.expectation_j2(problem, vecs)
+    t3 = time.perf_counter()
+    nnz = comm.allreduce(int(h_local.nnz))
+    return {
+        "interaction": str(inter.path), "protons": problem.n_protons, "neutrons": problem.n_neutrons,
+        "mass": problem.mass, "twice_m": problem.basis.twice_m, "tbme_factor": problem.factor,
+        "dimension": problem.dimension, "nnz_stored": nnz, "storage": "full (row blocks)",
+        "dtype": str(np.dtype(dtype)), "devices": "cpu", "ranks": comm.Get_size(),
+        "energies": [float(e) for e in res.eigenvalues],
+        "j2": [float(x) for x in j2], "j": [float(x) for x in angmom.j_from_j2(j2)],
+        "residuals": [float(x) for x in res.residual_norms], "iterations": res.iterations,
+        "converged": res.converged,
+        "seconds": {"read+build": t1 - t0, "solve": t2 - t1, "j2": t3 - t2,
+                    "solve_detail": dict(res.seconds, communication=op.comm_seconds)},
     }

@@ -43,3 +43,10 @@ def test_distributed_gram(ranks):
 def test_flapw_kpoints_over_ranks(ranks, tmp_path):
     out = run_mpi("flapw_kpoints_job.py", ranks, tmp_path / "hs")
     assert f"flapw k-points OK on {ranks} ranks" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_distributed_lobpcg(ranks):
+    out = run_mpi("lobpcg_job.py", ranks)
+    assert f"lobpcg OK on {ranks} ranks" in out

@@ -179,8 +179,12 @@ class ShellModelProblem:
         m = sp.csr_matrix((v, (r, c)), shape=(n, self.basis.dim))
         return m
 
-    def build(self, storage="full", dtype=np.float64, n_threads=None, progress=None):
-        """Sparse H in CSR. storage='full' (both triangles) or 'upper' (upper triangle incl. diagonal)."""
+    def build(self, storage="full", dtype=np.float64, n_threads=None, progress=None, blocks=None):
+        """Sparse H in CSR. storage='full' (both triangles) or 'upper' (upper triangle incl. diagonal).
+
+        blocks: a contiguous range of row blocks (distributed builds): only their rows are built,
+        as a (rows x dimension) CSR matrix.
+        """
         if storage not in ("full", "upper"):
             raise ValueError(f"storage must be 'full' or 'upper', got {storage!r}")
         dtype = np.dtype(dtype)
@@ -188,10 +192,11 @@ class ShellModelProblem:
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
         n_threads = n_threads or min(8, os.cpu_count() or 1)
         t0 = time.perf_counter()
-        nblk = len(self.basis.blocks)
+        chosen = list(range(len(self.basis.blocks))) if blocks is None else list(blocks)
+        nblk = len(chosen)
         # biggest blocks first so the pool finishes together
-        order = sorted(range(nblk), key=lambda i: -self.basis.blocks[i].size)
-        parts = [None] * nblk
+        order = sorted(chosen, key=lambda i: -self.basis.blocks[i].size)
+        parts = {}
         done = 0
         with ThreadPoolExecutor(max_workers=n_threads) as pool:
             futures = {pool.submit(self._row_block_csr, i, storage == "upper", dtype): i for i in order}
@@ -201,7 +206,7 @@ class ShellModelProblem:
                 if progress:
                     progress(done, nblk)
         t1 = time.perf_counter()
-        h = sp.vstack(parts, format="csr")
+        h = sp.vstack([parts[i] for i in chosen], format="csr")
         t2 = time.perf_counter()
         info = BuildInfo(self.dimension, int(h.nnz), storage,
                          dict(self.setup_seconds, assemble=t1 - t0, stack=t2 - t1),
