@@ -1,0 +1,71 @@
+"""The consumers on GPUs: FLAPW H/S builds and the CI eigensolver give the CPU results (run on a GPU node)."""
+import numpy as np
+import pytest
+
+import flapw
+import hybridblas as hb
+
+
+def _rel(x, ref):
+    x = x.get() if hasattr(x, "get") else x
+    return np.abs(x - ref).max() / np.abs(ref).max()
+
+
+@pytest.fixture(scope="module")
+def nacl_cpu():
+    cell = flapw.System.preset("NaCl", kmax=2.2, supercell=(1, 1, 1))
+    return cell, flapw.build_hs(cell, interstitial=True, context=hb.Context("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["refined", "original"])
+@pytest.mark.parametrize("devices,strategy", [(["cuda:0"], "static"), ("all", "static"), ("all", "dynamic")])
+def test_flapw_build_on_gpu_equals_cpu(nacl_cpu, method, devices, strategy):
+    cell, (h_cpu, s_cpu) = nacl_cpu
+    if method == "original":
+        h_cpu, s_cpu = flapw.build_hs(cell, method="original", interstitial=True, context=hb.Context("cpu"))
+    ctx = hb.Context(devices=devices, strategy=strategy, block_size=64 if strategy == "dynamic" else None)
+    h, s = flapw.build_hs(cell, method=method, interstitial=True, context=ctx)
+    assert _rel(h, h_cpu) <= 1e-12 and _rel(s, s_cpu) <= 1e-12
+
+
+@pytest.mark.gpu
+def test_flapw_device_arrays_equal_cpu(nacl_cpu):
+    cell, (h_cpu, s_cpu) = nacl_cpu
+    h, s = flapw.build_hs(cell, interstitial=True, arrays="device", context=hb.Context(devices=["cuda:0"]))
+    assert type(h).__module__.startswith("cupy")
+    assert _rel(h, h_cpu) <= 1e-12 and _rel(s, s_cpu) <= 1e-12
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("storage", ["full", "upper"])
+def test_ci_spmm_and_lobpcg_on_gpu(storage):
+    from cisolver.spectrum import compute_spectrum
+    cpu = compute_spectrum("usdb", 4, 4, nev=5, tol=1e-9, storage=storage)
+    gpu = compute_spectrum("usdb", 4, 4, nev=5, tol=1e-9, storage=storage, devices="0")
+    assert gpu["converged"]
+    np.testing.assert_allclose(gpu["energies"], cpu["energies"], rtol=1e-8, atol=0)
+    np.testing.assert_allclose(gpu["j"], cpu["j"], atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_ci_float32_on_gpu():
+    from cisolver.spectrum import compute_spectrum
+    cpu = compute_spectrum("usdb", 4, 4, nev=5, tol=1e-9)
+    gpu = compute_spectrum("usdb", 4, 4, nev=5, tol=1e-5, dtype="float32", devices="0")
+    np.testing.assert_allclose(gpu["energies"], cpu["energies"], rtol=2e-6, atol=0)
+
+
+@pytest.mark.multi_gpu
+def test_ci_two_gpus_equal_one():
+    from cisolver.spectrum import compute_spectrum
+    one = compute_spectrum("usdb", 4, 4, nev=5, tol=1e-9, devices="0")
+    two = compute_spectrum("usdb", 4, 4, nev=5, tol=1e-9, devices="0,1")
+    np.testing.assert_allclose(two["energies"], one["energies"], rtol=1e-8, atol=0)
+
+
+@pytest.mark.multi_gpu
+def test_flapw_two_gpus_equal_cpu(nacl_cpu):
+    cell, (h_cpu, s_cpu) = nacl_cpu
+    h, s = flapw.build_hs(cell, interstitial=True, context=hb.Context(devices=["cuda:0", "cuda:1"]))
+    assert _rel(h, h_cpu) <= 1e-12 and _rel(s, s_cpu) <= 1e-12
