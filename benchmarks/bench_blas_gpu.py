@@ -104,6 +104,13 @@ def transfer_probe(cp, gib=1.0):
             t0 = time.perf_counter()
             cuda_transfer.download(y, d, ring, s)
             out["staged_d2h_GBps"] = x.nbytes / (time.perf_counter() - t0) / 1e9
+        pinned = ring.view(0, (ring.slot_bytes // 16 // cols, cols), x.dtype)
+        src = x[:pinned.shape[0]]
+        for name, fn in (("host_to_pinned_1thread_GBps", np.copyto), ("host_to_pinned_pool_GBps", cuda_transfer.par_copy)):
+            t0 = time.perf_counter()
+            for _ in range(4):
+                fn(pinned, src)
+            out[name] = 4 * pinned.nbytes / (time.perf_counter() - t0) / 1e9
         t0 = time.perf_counter()
         rt.hostRegister(x.ctypes.data, x.nbytes, 0)
         t1 = time.perf_counter()

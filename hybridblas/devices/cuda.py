@@ -12,6 +12,7 @@ Per call and per GPU (``_CUDARun``, living in the GPU's worker thread):
   resort computes a host-resident tile with the host BLAS: never a crash, never a wrong answer.
 """
 import collections
+import queue
 import threading
 import time
 
@@ -27,7 +28,7 @@ from .base import Device, DeviceRun, register
 MAX_BLOCK = 4096
 MIN_BLOCK = 32
 GEMMT_LEAF = 512           # gemmt diagonal blocks up to this edge: one scratch gemm + masked copy
-WINDOW = 2                 # tiles launched and not yet written back
+WINDOW = 3                 # tiles launched and not yet written back
 STAGING_SLOT = 64 << 20
 STAGING_SLOTS = 4
 RESERVE = 256 << 20
@@ -86,12 +87,14 @@ class CUDADevice(Device):
             budget = _budget(self, problem)
         return _block_plan(problem, budget, None)[0]
 
-    def ring(self):
-        """The pinned staging ring of this GPU, made once and kept (pinning memory is slow)."""
+    def ring(self, which="in"):
+        """A pinned staging ring of this GPU ('in' for the feeder, 'out' for the writer), made once and kept."""
         with self._lock:
             if self._ring is None:
-                self._ring = cuda_transfer.PinnedRing(STAGING_SLOT, STAGING_SLOTS)
-            return self._ring
+                self._ring = {}
+            if which not in self._ring:
+                self._ring[which] = cuda_transfer.PinnedRing(STAGING_SLOT, STAGING_SLOTS)
+            return self._ring[which]
 
 
 def _budget(device, problem):
@@ -167,15 +170,16 @@ class _PanelFactor:
 
 
 class _Tile:
-    __slots__ = ("task", "out", "local", "done_event", "finish", "done")
+    __slots__ = ("task", "local", "done_event", "finish", "done", "written", "error")
 
     def __init__(self, task):
         self.task = task
-        self.out = None
         self.local = None
         self.done_event = None
         self.finish = None
         self.done = False
+        self.written = None      # set by the writer thread once a host tile is in the caller's C
+        self.error = None
 
 
 class _CUDARun(DeviceRun):
@@ -204,7 +208,14 @@ class _CUDARun(DeviceRun):
             self.share = join_share(id(problem)) if self.host else None
             self.call_id = id(problem)
             self.cache = PanelCache(self._cache_capacity(), self.s_in, self.share, device.index)
-            self.ring = device.ring() if self.host else None
+            self.ring = device.ring("in") if self.host else None
+            self.writer = None
+            if self.host:     # host write-back on its own thread: the feeder never waits for a kernel
+                self.out_ring = device.ring("out")
+                self.write_q = queue.Queue()
+                self.writer = threading.Thread(target=self._writer_loop, daemon=True,
+                                               name=f"hybridblas-{device.name}-writer")
+                self.writer.start()
             self.pending = collections.deque()
             self.partial = None
             self.scratch = None
@@ -259,6 +270,7 @@ class _CUDARun(DeviceRun):
                 self._record_stats()
                 return self._partial_result()
             finally:
+                self._stop_writer()
                 if self.share is not None:
                     for ev in leave_share(self.call_id, self.device.index):
                         ev.synchronize()
@@ -384,6 +396,8 @@ class _CUDARun(DeviceRun):
         elif local:
             rec.done_event = done
             rec.finish = "host"
+            rec.written = threading.Event()
+            self.write_q.put(rec)
         else:
             rec.done_event = done
         self.pending.append(rec)
@@ -392,18 +406,41 @@ class _CUDARun(DeviceRun):
     def _finish(self, rec):
         if rec.done:
             return
-        t, p = rec.task, self.problem
         if rec.finish == "host":
-            self.s_out.wait_event(rec.done_event)
-            tri = ("lower" if p.lower else "upper") if t.diag else None
-            t0 = time.perf_counter()
-            cuda_transfer.download(p.c[t.i0:t.i1, t.j0:t.j1], rec.local, self.ring, self.s_out, tri)
-            self.stats["host_download_s"] += time.perf_counter() - t0
-            self.stats["bytes_to_host"] += rec.local.nbytes
+            rec.written.wait()
+            if rec.error is not None:
+                err, rec.error = rec.error, None
+                raise err
         elif rec.done_event is not None:
             rec.done_event.synchronize()
         rec.local = None
         rec.done = True
+
+    # ------------------------------------------------------------------ host write-back
+    def _writer_loop(self):
+        with self.dev:
+            while True:
+                rec = self.write_q.get()
+                if rec is None:
+                    return
+                try:
+                    t, p = rec.task, self.problem
+                    self.s_out.wait_event(rec.done_event)
+                    tri = ("lower" if p.lower else "upper") if t.diag else None
+                    t0 = time.perf_counter()
+                    cuda_transfer.download(p.c[t.i0:t.i1, t.j0:t.j1], rec.local, self.out_ring, self.s_out, tri)
+                    self.stats["host_download_s"] += time.perf_counter() - t0
+                    self.stats["bytes_to_host"] += rec.local.nbytes
+                except BaseException as exc:   # handed to the feeder, which re-raises it
+                    rec.error = exc
+                finally:
+                    rec.written.set()
+
+    def _stop_writer(self):
+        if self.writer is not None:
+            self.write_q.put(None)
+            self.writer.join()
+            self.writer = None
 
     # ------------------------------------------------------------------ C blocks
     def _fetch_c(self, buf, t, target):
