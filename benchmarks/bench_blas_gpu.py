@@ -172,14 +172,27 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--modes", nargs="+", default=["host", "device"], choices=["host", "device"])
     ap.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "xt", "static", "dynamic"])
-    ap.add_argument("--xt-block", type=int, default=None, help="cublasXtSetBlockDim (default: cuBLASXt's)")
+    ap.add_argument("--xt-block", type=int, nargs="+", default=[0],
+                    help="cublasXtSetBlockDim values to try, each reported (0: cuBLASXt's default); "
+                         "ratios use the best")
     ap.add_argument("--xt-pageable", action="store_true",
                     help="leave cuBLASXt's pinning mode off (it then reads pageable memory: far slower)")
     ap.add_argument("--xt-max-seconds", type=float, default=30.0,
                     help="skip cuBLASXt at sizes where its rate so far predicts a longer call")
     ap.add_argument("--out", default="results/gpu")
     ap.add_argument("--json", action="store_true", help="print the JSON document to stdout too")
+    ap.add_argument("--plot-only", nargs="+", metavar="JSON",
+                    help="merge these result files (e.g. two campaign commands) into --out and plot them")
     opts = ap.parse_args(argv)
+    if opts.plot_only:
+        docs = [json.load(open(f)) for f in opts.plot_only]
+        doc = dict(docs[0], results=[r for d in docs for r in d["results"]],
+                   commands=[d["command"] for d in docs], dates=[d["date"] for d in docs])
+        os.makedirs(opts.out, exist_ok=True)
+        with open(os.path.join(opts.out, "bench_blas_gpu.json"), "w") as fh:
+            json.dump(doc, fh, indent=1)
+        plot(doc, os.path.join(opts.out, "bench_blas_gpu.png"))
+        return doc
 
     import cupy as cp
     n_gpu = opts.gpus or cp.cuda.runtime.getDeviceCount()
@@ -245,20 +258,23 @@ def main(argv=None):
                     free_pools()
             # (2) cuBLASXt on the host arrays
             pin = not opts.xt_pageable
-            predicted = flops / xt_rate.get(routine, float("inf"))
-            if "xt" not in opts.skip and "host" in opts.modes and predicted > opts.xt_max_seconds:
-                log(f"  cublasxt  skipped: {predicted:.0f} s predicted from the last size (> --xt-max-seconds)")
-            elif "xt" not in opts.skip and "host" in opts.modes:
-                if ("xt", routine) not in warmed:
+            for xb in opts.xt_block if ("xt" not in opts.skip and "host" in opts.modes) else []:
+                label = "cublasxt" if not xb else f"cublasxt-b{xb}"
+                predicted = flops / xt_rate.get((routine, xb), float("inf"))
+                if predicted > opts.xt_max_seconds:
+                    log(f"  {label} skipped: {predicted:.0f} s predicted from the last size (> --xt-max-seconds)")
+                    continue
+                if ("xt", routine, xb) not in warmed:
                     small = tuple(x if np.isscalar(x) else np.asfortranarray(x[:1024, :1024]) for x in host_args)
                     call_xt(routine, small, np.empty((1024, 1024), np.complex128, order="F"), gpus,
-                            opts.xt_block, pin)
-                    warmed.add(("xt", routine))
+                            xb or None, pin)
+                    warmed.add(("xt", routine, xb))
                 xreps = 1 if predicted * reps > opts.xt_max_seconds else reps
-                times = timed(lambda: call_xt(routine, host_args, c, gpus, opts.xt_block, pin), sync_all, xreps)
-                record("cublasxt", "host", times, sample_error(routine, host_args, c, rng), gpus)
+                times = timed(lambda: call_xt(routine, host_args, c, gpus, xb or None, pin), sync_all, xreps)
+                record(label, "host", times, sample_error(routine, host_args, c, rng), gpus)
                 rows[-1]["xt_pinning"] = pin
-                xt_rate[routine] = flops / min(times)
+                rows[-1]["xt_block"] = xb or "default"
+                xt_rate[(routine, xb)] = flops / min(times)
                 free_pools()
             # (3), (4) hybridblas, host-resident then device-resident
             for mode in opts.modes:
@@ -288,7 +304,7 @@ def main(argv=None):
                 del args, out
                 free_pools()
             ceiling = sum(r["tflops"] for r in rows if r["impl"] == "cublas")
-            xt = next((r["tflops"] for r in rows if r["impl"] == "cublasxt"), None)
+            xt = max((r["tflops"] for r in rows if r["impl"].startswith("cublasxt")), default=None)
             for r in rows:
                 r["ratio_to_ceiling"] = r["tflops"] / ceiling if ceiling and r["impl"] != "cublas" else None
                 r["ratio_to_cublasxt"] = r["tflops"] / xt if xt and r["impl"].startswith("hb") else None
@@ -322,7 +338,13 @@ def plot(doc, path):
         sizes = sorted({x["n"] for x in rows})
         ceil = [sum(x["tflops"] for x in rows if x["n"] == n and x["impl"] == "cublas") for n in sizes]
         ax.plot(sizes, ceil, "k--", label="Σ cuBLAS, device data (ceiling)")
-        for impl, mode, style in (("cublasxt", "host", "s-"), ("hb-static", "host", "o-"),
+        best_xt = {}
+        for x in rows:
+            if x["impl"].startswith("cublasxt"):
+                best_xt[x["n"]] = max(best_xt.get(x["n"], 0.0), x["tflops"])
+        if best_xt:
+            ax.plot(*zip(*sorted(best_xt.items())), "s-", label="cuBLASXt (host, best block)")
+        for impl, mode, style in (("hb-static", "host", "o-"),
                                   ("hb-dynamic", "host", "^-"), ("hb-static", "device", "o:"),
                                   ("hb-dynamic", "device", "^:")):
             pts = [(x["n"], x["tflops"]) for x in rows if x["impl"] == impl and x["mode"] == mode]
