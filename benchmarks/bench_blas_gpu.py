@@ -300,7 +300,8 @@ def main(argv=None):
                             f"host staging in {st.get('host_upload_s', 0):.3f} s / out {st.get('host_download_s', 0):.3f} s, "
                             f"from host {st.get('bytes_from_host', 0) / 1e9:.1f} GB, from peer "
                             f"{st.get('bytes_from_peer', 0) / 1e9:.1f} GB, to host {st.get('bytes_to_host', 0) / 1e9:.1f} GB, "
-                            f"nb={st.get('nb')} kc={st.get('kc')}")
+                            f"nb={st.get('nb')} kc={st.get('kc')}; GPU idle: lead {st.get('lead_s', 0):.3f} s, "
+                            f"gaps {st.get('gaps_s', 0):.3f} s, tail {st.get('tail_s', 0):.3f} s")
                 del args, out
                 free_pools()
             ceiling = sum(r["tflops"] for r in rows if r["impl"] == "cublas")

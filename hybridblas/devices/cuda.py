@@ -28,7 +28,7 @@ from .base import Device, DeviceRun, register
 MAX_BLOCK = 4096
 MIN_BLOCK = 32
 GEMMT_LEAF = 512           # gemmt diagonal blocks up to this edge: one scratch gemm + masked copy
-WINDOW = 3                 # tiles launched and not yet written back
+WINDOW = 5                 # tiles launched and not yet written back (the feeder's lead)
 STAGING_SLOT = 64 << 20
 STAGING_SLOTS = 4
 RESERVE = 256 << 20
@@ -225,6 +225,8 @@ class _CUDARun(DeviceRun):
             self.stats = collections.Counter()
             self.kernel_events = []
             self.t_open = time.perf_counter()
+            self.open_event = cp.cuda.Event()
+            self.open_event.record(self.s_comp)
 
     # ------------------------------------------------------------------ setup
     def _enable_peers(self):
@@ -278,10 +280,16 @@ class _CUDARun(DeviceRun):
                 self.scratch = None
 
     def _record_stats(self):
-        kernel = sum(self.cp.cuda.get_elapsed_time(a, b) for a, b in self.kernel_events) / 1e3
+        elapsed = self.cp.cuda.get_elapsed_time
+        kernel = sum(elapsed(a, b) for a, b in self.kernel_events) / 1e3
         st = dict(self.stats)
-        st.update(kernel_s=kernel, wall_s=time.perf_counter() - self.t_open, nb=self.nb, kc=self.kc,
-                  fallbacks=self.fallbacks, budget=self.budget)
+        wall = time.perf_counter() - self.t_open
+        st.update(kernel_s=kernel, wall_s=wall, nb=self.nb, kc=self.kc, fallbacks=self.fallbacks,
+                  budget=self.budget)
+        if self.kernel_events:   # GPU idle before the first kernel, between kernels, after the last
+            lead = elapsed(self.open_event, self.kernel_events[0][0]) / 1e3
+            span = elapsed(self.kernel_events[0][0], self.kernel_events[-1][1]) / 1e3
+            st.update(lead_s=lead, gaps_s=span - kernel, tail_s=wall - lead - span)
         last_stats[self.device.name] = st
 
     # ------------------------------------------------------------------ tiles
