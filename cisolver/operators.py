@@ -71,6 +71,7 @@ class SymmetricOperator:
     def _matmat_devices(self, x):
         import cupy
         first = self.devices[0]
+        x = cupy.ascontiguousarray(x)        # CuPy copies only contiguous arrays between devices
         outs = []
         for dev, r0, r1, m, mt in self.parts:
             with cupy.cuda.Device(dev):

@@ -14,7 +14,7 @@ import hybridblas as hb
 from .. import blas_threads
 from ..context import Context, cuda_device_count
 from ..profile import FORMAT, current_fingerprint, fingerprint_id, gpu_inventory, save_profile
-from .measure import ROUTINES, Call, bench, combos, transfer_rates
+from .measure import ROUTINES, Call, _operands, bench, combos, transfer_rates
 from .progress import Progress
 
 LADDER = {"cpu": (256, 512, 1024, 2048, 4096, 8192), "cuda": (1024, 2048, 4096, 8192, 16384)}
@@ -111,6 +111,7 @@ def calibrate(devices=None, settings=None, progress=None):
         data["static"] = _shares(cpus[0], gpus, work, entries, settings, prog, log)
     data["calibration"] = {"seconds": round(time.perf_counter() - t_start, 2), "devices": devices,
                            "routines": list(settings.routines), "dtypes": list(settings.dtypes)}
+    _operands.cache_clear()        # the shared test matrices are gigabytes on a GPU node
     return data, log
 
 

@@ -1,4 +1,5 @@
 """Timing primitives: one routine call through a Context, its LAWN 41 flops, host<->device copies."""
+import functools
 import time
 
 import numpy as np
@@ -36,16 +37,26 @@ def _random(rng, n, dtype):
     return np.asfortranarray(x.astype(dt))
 
 
+@functools.lru_cache(maxsize=6)     # a size ladder of both dtypes
+def _operands(n, dtype, seed):
+    """A and B of one size and dtype, made once and shared by every routine and device of a calibration:
+    at n = 8192 making fresh random data for each call cost more than all the timed calls together."""
+    rng = np.random.default_rng(seed)
+    a, b = _random(rng, n, dtype), _random(rng, n, dtype)
+    a.flags.writeable = b.flags.writeable = False
+    return a, b
+
+
 class Call:
     """Operands of one square call, allocated once; ``run(ctx)`` performs it (beta = 0, C preallocated)."""
 
     def __init__(self, routine, n, dtype, seed=0):
         if routine not in ROUTINES:
             raise ValueError(f"routine must be one of {ROUTINES}, got {routine!r}")
-        rng = np.random.default_rng(seed)
         self.routine, self.n, self.dtype = routine, n, np.dtype(dtype)
-        self.a = _random(rng, n, dtype)
-        self.b = _random(rng, n, dtype) if routine in ("her2k", "gemmt", "gemm") else None
+        a, b = _operands(n, self.dtype.name, seed)
+        self.a = a
+        self.b = b if routine in ("her2k", "gemmt", "gemm") else None
         self.c = np.zeros((n, n), dtype=dtype, order="F")
         self.flops = flops(routine, n, dtype)
 
