@@ -12,7 +12,6 @@ import argparse
 import datetime
 import json
 import sys
-import time
 
 import numpy as np
 
@@ -81,7 +80,7 @@ def main(argv=None):
         if not 0 < s < 1 or not gpus:
             continue
         rates = dict(g_rates, **{cpus[0]: s / (1 - s) * g_sum})
-        point(f"swept", s, hb.Context(devices=names, strategy="static", rates=rates, profile=False))
+        point("swept", s, hb.Context(devices=names, strategy="static", rates=rates, profile=False))
     calibrated = None
     if prof is not None:
         size = max(args.n, k)

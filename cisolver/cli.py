@@ -35,11 +35,11 @@ def main(argv=None):
     from .spectrum import compute_spectrum
     comm = world()
     rank = comm.Get_rank() if comm is not None else 0
-    progress = None
-    if not args.json and comm is None:
-        def progress(done, total):
-            print(f"\r  building H: {done}/{total} row blocks", end="" if done < total else "\n",
-                  file=sys.stderr, flush=True)
+    def show_progress(done, total):
+        print(f"\r  building H: {done}/{total} row blocks", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
+    progress = show_progress if not args.json and comm is None else None
     try:
         out = compute_spectrum(args.interaction, args.protons, args.neutrons, args.nev,
                                twice_m=args.twice_m, tol=args.tol, maxiter=args.maxiter,

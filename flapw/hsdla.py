@@ -93,7 +93,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     sync = _sync(xp)
 
     # k-independent data (computed on first use, then cached on the crystal)
-    classes, tmats, radial = cell.classes, cell.tmats, cell.radial
+    tmats, radial = cell.tmats, cell.radial
     rep.setup = cell.setup_seconds()
     cls_of = cell.atom_class_index()
     species = sorted(radial)

@@ -8,7 +8,7 @@ import yaml
 
 import hybridblas as hb
 from hybridblas import plan, profile as pm, scheduler
-from hybridblas.problem import build_problem, N, C
+from hybridblas.problem import build_problem, N
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import time
 
 from .. import __version__, blas_threads
 from .. import profile as prof_mod
-from ..context import cuda_device_count
 from .calibrate import Settings, calibrate_to, default_devices
 from .measure import ROUTINES, combos
 from .progress import Progress
