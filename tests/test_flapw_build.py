@@ -186,3 +186,13 @@ def test_cli_table_and_errors(capsys):
     assert "original HSDLA build" in text and "peak temporary bytes" in text and "TFLOP/s" in text
     assert main(["build", "--system", "NaCl", "--kmax", "-2"]) == 2
     assert "kmax" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 130, 257])
+@pytest.mark.parametrize("block", [None, 64, 2048])
+def test_hermitian_fill_tiles(n, block, rng):
+    from flapw.hsdla import hermitian_fill
+    x = np.asfortranarray(rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n)))
+    want = np.tril(x) + np.tril(x, -1).conj().T
+    want[np.diag_indices(n)] = want.diagonal().real
+    np.testing.assert_array_equal(hermitian_fill(x, block=block), want)
