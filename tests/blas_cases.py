@@ -1,5 +1,8 @@
 """Shared helpers for the BLAS-contract tests (CPU here, GPU contexts in test_gpu*)."""
+import itertools
+
 import numpy as np
+import pytest
 
 from hybridblas import reference
 
@@ -82,3 +85,32 @@ def tolerance(dtype, k, alpha, ops, beta, c):
 
 def triangle_mask(n, lower):
     return np.tril(np.ones((n, n), bool)) if lower else np.triu(np.ones((n, n), bool))
+
+
+def make_case(rng, name, dtype, trans, lower, n, k, alpha, beta, m=None):
+    """Random operands (values), a C poisoned with NaN when beta = 0, the float64 expectation and the
+    tolerance for one call; ``m`` rows of C for gemm (default n)."""
+    m = n if m is None else m
+    if name in ("gemm", "gemmt"):
+        shapes = [operand_shape(trans[0], m, k), operand_shape(trans[1], k, n)]
+    else:
+        shapes = [operand_shape(trans[0], n, k)] * ROUTINES[name][0]
+    values = [random_matrix(rng, s, dtype) for s in shapes]
+    c0 = random_matrix(rng, (m, n), dtype)
+    if beta == 0:
+        c0[...] = np.nan                 # beta = 0 must not read C
+    expected = reference_for(name, alpha, values, beta, c0, lower, trans)
+    tol = tolerance(dtype, k, alpha, values, beta, np.where(np.isnan(c0), 0, c0))
+    return values, c0, expected, tol
+
+
+def contract_cases():
+    """pytest params (routine, dtype, trans, lower) covering every legal trans combination and uplo."""
+    for name, (_, _, legal) in ROUTINES.items():
+        for dtype in DTYPES:
+            values = legal if np.dtype(dtype).kind == "c" else ["N", "T", "C"]
+            combos = list(itertools.product(values, values)) if name in ("gemm", "gemmt") else [(t,) for t in values]
+            for trans in combos:
+                for lower in ([None] if name == "gemm" else [True, False]):
+                    yield pytest.param(name, dtype, trans, lower,
+                                       id=f"{name}-{np.dtype(dtype).name}-{''.join(trans)}-{lower}")

@@ -30,3 +30,14 @@ def pytest_collection_modifyitems(config, items):
 def rng():
     import numpy as np
     return np.random.default_rng(12345)
+
+
+@pytest.fixture
+def profile_dir(tmp_path, monkeypatch):
+    """An empty profile directory as the only place hybridblas looks; notices reset around the test."""
+    from hybridblas import profile as pm
+    monkeypatch.setenv(pm.ENV_DIR, str(tmp_path))
+    monkeypatch.delenv(pm.ENV_FILE, raising=False)
+    pm.reset_notices()
+    yield tmp_path
+    pm.reset_notices()

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import hybridblas as hb
-from blas_cases import (DTYPES, ROUTINES, layout, operand_shape, random_matrix, reference_for,
-                        tolerance, triangle_mask)
+from blas_cases import (DTYPES, ROUTINES, contract_cases, layout, make_case, random_matrix,
+                        reference_for, triangle_mask)
 
 SIZES = [(0, 3), (1, 1), (4, 0), (5, 7), (37, 19)]     # (n, k); 37 > the tiny tiles below
 LAYOUTS = ["F", "C", "ld", "C-ld", "step", "neg"]
@@ -18,22 +18,6 @@ CONTEXTS = {
     "dynamic-3cpu-sync": dict(devices=["cpu", "cpu", "cpu"], strategy="dynamic", block_size=5, sync=True),
     "whole": dict(devices="cpu"),
 }
-
-
-def _cases():
-    for name, (n_ops, keys, legal) in ROUTINES.items():
-        for dtype in DTYPES:
-            complex_ = np.dtype(dtype).kind == "c"
-            values = legal if complex_ else ["N", "T", "C"]
-            if name in ("gemm", "gemmt"):
-                combos = list(itertools.product(values, values))
-            else:
-                combos = [(t,) for t in values]
-            lowers = [None] if name == "gemm" else [True, False]
-            for trans in combos:
-                for lower in lowers:
-                    yield pytest.param(name, dtype, trans, lower,
-                                       id=f"{name}-{np.dtype(dtype).name}-{''.join(trans)}-{lower}")
 
 
 def _alpha_beta(rng, name, dtype):
@@ -57,22 +41,12 @@ def _call(name, alpha, ops, beta, c, trans, lower, ctx):
     return fn(alpha, *ops, beta, c, **kw)
 
 
-@pytest.mark.parametrize("name,dtype,trans,lower", list(_cases()))
+@pytest.mark.parametrize("name,dtype,trans,lower", list(contract_cases()))
 def test_contract_sweep(name, dtype, trans, lower, rng):
-    n_ops = ROUTINES[name][0]
     contexts = {k: hb.Context(**v) for k, v in CONTEXTS.items()}
     for (n, k), (alpha, beta) in itertools.product(SIZES, _alpha_beta(rng, name, dtype)):
         m = n + 2 if name == "gemm" else n
-        if name in ("gemm", "gemmt"):
-            shapes = [operand_shape(trans[0], m, k), operand_shape(trans[1], k, n)]
-        else:
-            shapes = [operand_shape(trans[0], n, k)] * n_ops
-        values = [random_matrix(rng, s, dtype) for s in shapes]
-        c0 = random_matrix(rng, (m, n), dtype)
-        if beta == 0:
-            c0[...] = np.nan                 # beta = 0 must not read C
-        expected = reference_for(name, alpha, values, beta, c0, lower, trans)
-        tol = tolerance(dtype, k, alpha, values, beta, np.where(np.isnan(c0), 0, c0))
+        values, c0, expected, tol = make_case(rng, name, dtype, trans, lower, n, k, alpha, beta, m)
         for ctx_name, ctx in contexts.items():
             how = LAYOUTS[rng.integers(len(LAYOUTS))]
             ops = [layout(v, LAYOUTS[rng.integers(len(LAYOUTS))]) for v in values]

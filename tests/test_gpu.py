@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hybridblas as hb
-from blas_cases import (DTYPES, ROUTINES, layout, operand_shape, random_matrix, reference_for,
+from blas_cases import (contract_cases, layout, make_case, operand_shape, random_matrix, reference_for,
                         tolerance, triangle_mask)
 
 pytestmark = pytest.mark.gpu
@@ -60,17 +60,6 @@ def _host(x):
     return x if isinstance(x, np.ndarray) else x.get()
 
 
-def _cases():
-    for name, (n_ops, keys, legal) in ROUTINES.items():
-        for dtype in DTYPES:
-            values = legal if np.dtype(dtype).kind == "c" else ["N", "T", "C"]
-            combos = list(itertools.product(values, values)) if name in ("gemm", "gemmt") else [(t,) for t in values]
-            for trans in combos:
-                for lower in ([None] if name == "gemm" else [True, False]):
-                    yield pytest.param(name, dtype, trans, lower,
-                                       id=f"{name}-{np.dtype(dtype).name}-{''.join(trans)}-{lower}")
-
-
 def _alpha_beta(name, dtype):
     complex_ = np.dtype(dtype).kind == "c"
     a = 0.7 if (name == "herk" or not complex_) else 0.7 - 0.4j
@@ -101,22 +90,12 @@ def check(name, out, expected, c0, lower, tol, where, alpha, beta, k):
         assert (np.diagonal(got).imag == 0).all(), "diagonal not exactly real: " + where
 
 
-@pytest.mark.parametrize("name,dtype,trans,lower", list(_cases()))
+@pytest.mark.parametrize("name,dtype,trans,lower", list(contract_cases()))
 def test_gpu_contract_sweep(name, dtype, trans, lower, rng):
-    n_ops = ROUTINES[name][0]
     contexts = _contexts()
     for (n, k), (alpha, beta) in itertools.product(SIZES, _alpha_beta(name, dtype)):
         m = n + 2 if name == "gemm" else n
-        if name in ("gemm", "gemmt"):
-            shapes = [operand_shape(trans[0], m, k), operand_shape(trans[1], k, n)]
-        else:
-            shapes = [operand_shape(trans[0], n, k)] * n_ops
-        values = [random_matrix(rng, s, dtype) for s in shapes]
-        c0 = random_matrix(rng, (m, n), dtype)
-        if beta == 0:
-            c0[...] = np.nan
-        expected = reference_for(name, alpha, values, beta, c0, lower, trans)
-        tol = tolerance(dtype, k, alpha, values, beta, np.where(np.isnan(c0), 0, c0))
+        values, c0, expected, tol = make_case(rng, name, dtype, trans, lower, n, k, alpha, beta, m)
         for ctx_name, ctx in contexts.items():
             on_gpu = ctx_name != "cpu+gpu-dynamic" and bool(rng.integers(2))
             put = to_device if on_gpu else layout

@@ -11,15 +11,6 @@ from hybridblas import plan, profile as pm, scheduler
 from hybridblas.problem import build_problem, N
 
 
-@pytest.fixture
-def profile_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(pm.ENV_DIR, str(tmp_path))
-    monkeypatch.delenv(pm.ENV_FILE, raising=False)
-    pm.reset_notices()
-    yield tmp_path
-    pm.reset_notices()
-
-
 def make_profile(rates, static=None, fingerprint=None, blocks=None):
     """A profile dict: rates = {device: flop/s} for complex128 herk/syrk/gemm at n = 64 and 4096."""
     devices = {}

@@ -16,15 +16,6 @@ from hybridblas.tuning.cli import main
 from hybridblas.tuning.measure import Call, combos, flops
 
 
-@pytest.fixture
-def profile_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(pm.ENV_DIR, str(tmp_path))
-    monkeypatch.delenv(pm.ENV_FILE, raising=False)
-    pm.reset_notices()
-    yield tmp_path
-    pm.reset_notices()
-
-
 def tiny(**kw):
     s = Settings.quick()
     s.routines, s.dtypes = ("herk", "gemm"), ("complex128",)
