@@ -46,6 +46,10 @@ class Context:
     rates:      {device name: flop/s} overriding the profile, e.g. {"cpu": 1.0, "cuda:0": 60.0}.
     profile:    a loaded profile, None to load the node's own (hybridblas.load_profile()), False for none.
     sync:       run every task in the caller's thread (the same plan; for debugging and tests).
+    min_call_seconds: a call the fastest device would finish in less than this runs on one device,
+                the one that finishes first counting the operands' trip to a device that does not hold
+                them; splitting it would cost more in threads, transfers and reductions than it saves.
+                0 always splits; an explicit block_size also splits.
     memory_limit: bytes a call may use on each GPU (default: what is free); smaller forces out-of-core.
     cpu_min_share: beside GPUs, the CPU works only if its rate share reaches this (0 keeps it always;
                 None: the calibrated profile decides when it covers the call, else 0.05).
@@ -53,7 +57,7 @@ class Context:
 
     def __init__(self, devices="all", strategy="auto", block_size=None, *, cpu_threads=None,
                  rates=None, profile=None, sync=False, tail_fraction=0.15, memory_limit=None,
-                 cpu_min_share=None):
+                 cpu_min_share=None, min_call_seconds=0.005):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool)
@@ -80,6 +84,9 @@ class Context:
                                          or memory_limit <= 0):
             raise ValueError(f"memory_limit must be a positive number of bytes or None, got {memory_limit!r}")
         self.memory_limit = memory_limit
+        if not isinstance(min_call_seconds, (int, float)) or min_call_seconds < 0:
+            raise ValueError(f"min_call_seconds must be a number >= 0, got {min_call_seconds!r}")
+        self.min_call_seconds = float(min_call_seconds)
         if cpu_min_share is not None and not 0.0 <= cpu_min_share < 1.0:
             raise ValueError(f"cpu_min_share must be in [0, 1), got {cpu_min_share!r}")
         self.cpu_min_share = cpu_min_share

@@ -19,6 +19,7 @@ def execute(problem, ctx):
     devices = ctx.devices_for(problem)
     rates = [ctx.rate(d, problem) for d in devices]
     devices, rates = _without_idle_cpus(devices, rates, ctx.min_cpu_share(devices))
+    devices, rates = _one_device_if_small(problem, devices, rates, ctx)
     problem.extra.setdefault("memory_limit", getattr(ctx, "memory_limit", None))
     strategy = ctx.resolve_strategy(devices)
     with blas_threads.limit(ctx.blas_threads(devices)):
@@ -45,6 +46,28 @@ def _without_idle_cpus(devices, rates, min_share):
         return devices, rates
     keep = [i for i in range(len(devices)) if i not in cpu]
     return [devices[i] for i in keep], [rates[i] for i in keep]
+
+
+TRANSFER_RATE = 25e9     # bytes/s to move operands to a device that does not hold them (pinned staging)
+REMOTE_LATENCY = 1e-4    # s: streams, staging and the copy back on a device that does not hold the data
+
+
+def _one_device_if_small(problem, devices, rates, ctx):
+    """Calls too short to share run on one device: the one that finishes first once the operands'
+    trip to a device that does not hold them is counted (tiny Gram matrices stay where their data is)."""
+    if len(devices) == 1 or ctx.block_size or ctx.min_call_seconds <= 0:
+        return devices, rates
+    flops = problem.flops()
+    if flops / max(rates) >= ctx.min_call_seconds:
+        return devices, rates
+    if problem.xp.__name__ == "numpy":
+        home = {i for i, d in enumerate(devices) if d.kind == "cpu"}
+    else:
+        home = {i for i, d in enumerate(devices) if d.name == f"cuda:{problem.c.device.id}"}
+    moved = problem.c.nbytes + sum({id(f.base): f.base.nbytes for f in problem.factors}.values())
+    cost = [flops / r + (0.0 if i in home else REMOTE_LATENCY + moved / TRANSFER_RATE) for i, r in enumerate(rates)]
+    i = min(range(len(devices)), key=cost.__getitem__)
+    return [devices[i]], [rates[i]]
 
 
 def static_assignment(problem, devices, rates, ctx):

@@ -27,7 +27,7 @@ def test_strategies_agree_to_rounding(rng):
     b = random_matrix(rng, (301, 157), np.complex128)
     results = []
     for kw in [dict(devices="cpu"),
-               dict(devices=["cpu", "cpu"], strategy="static"),
+               dict(devices=["cpu", "cpu"], strategy="static", min_call_seconds=0),
                dict(devices=["cpu", "cpu", "cpu"], strategy="dynamic", block_size=64),
                dict(devices=["cpu", "cpu"], strategy="dynamic", block_size=50, sync=True)]:
         results.append(hb.her2k(0.5 + 0.25j, a, b, context=hb.Context(**kw)))
@@ -42,7 +42,7 @@ def test_split_k_tall_skinny(strategy, routine, rng):
     """The CI eigensolver's Gram matrices: small C, huge inner dimension, split over k and reduced."""
     s = random_matrix(rng, (6000, 24), np.float64)
     hs = random_matrix(rng, (6000, 24), np.float64)
-    ctx = hb.Context(devices=["cpu", "cpu"], strategy=strategy)
+    ctx = hb.Context(devices=["cpu", "cpu"], strategy=strategy, min_call_seconds=0)
     prob = build_problem("syrk", 1.0, [s], 0.0, None, [1], True, None)
     assert plan.wants_split_k(prob, 2)
     c0 = random_matrix(rng, (24, 24), np.float64)
@@ -265,6 +265,7 @@ def test_read_only_c_rejected():
     (dict(devices=[]), "devices must be"),
     (dict(devices=["cpu", CPUDevice(0)]), "listed twice"),
     (dict(rates={"cpu": -1}), r"rates\['cpu'\] must be a positive number"),
+    (dict(min_call_seconds=-1), "min_call_seconds must be a number >= 0"),
 ])
 def test_bad_context(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -302,5 +303,37 @@ def test_caller_blas_thread_setting_is_respected(rng):
         hb.syrk(1.0, a, context=hb.Context(devices=[one]))
     assert one.seen == [1]
     pair = [_Recording(0), _Recording(1)]
-    hb.syrk(1.0, a, context=hb.Context(devices=pair, cpu_threads=2, strategy="static"))
+    hb.syrk(1.0, a, context=hb.Context(devices=pair, cpu_threads=2, strategy="static", min_call_seconds=0))
     assert all(t == 1 for d in pair for t in d.seen) and all(d.seen for d in pair)
+
+
+def test_small_calls_stay_on_one_device(rng):
+    """A call shorter than min_call_seconds is not split: no threads, no split-K reduction."""
+    a = random_matrix(rng, (3000, 8), np.float64)
+    pair = [_Recording(0), _Recording(1)]
+    got = hb.syrk(1.0, a, trans="T", context=hb.Context(devices=pair, min_call_seconds=10.0))
+    assert sorted(len(d.seen) for d in pair) == [0, 1]
+    want = reference.ref_syrk(1.0, a, 0.0, np.zeros((8, 8)), "T", True)
+    np.testing.assert_allclose(np.tril(got), np.tril(want), rtol=1e-12)
+    pair = [_Recording(0), _Recording(1)]
+    hb.syrk(1.0, a, trans="T", context=hb.Context(devices=pair, min_call_seconds=0))
+    assert all(d.seen for d in pair)
+
+
+def test_small_call_goes_where_it_finishes_first():
+    """Numpy operands: a tiny call stays on the CPU; a mid-size one goes to a much faster device even
+    after its operands' trip there."""
+    from hybridblas.scheduler import _one_device_if_small
+    ctx = hb.Context(devices=["cpu", "cpu"])
+    fast = CPUDevice(5)            # stands in for a GPU: not the operands' home in this test
+    fast.kind = "cuda"
+    devs = [ctx.devices[0], fast]
+    tiny = _herk_problem(64, 8)
+    kept, _ = _one_device_if_small(tiny, devs, [1e11, 50e12], ctx)
+    assert kept == [devs[0]]
+    mid = _herk_problem(1024, 1024)
+    kept, _ = _one_device_if_small(mid, devs, [1e11, 50e12], ctx)
+    assert kept == [fast]
+    big = _herk_problem(2048, 2048)
+    kept, _ = _one_device_if_small(big, devs, [1e9, 1e11], ctx)
+    assert kept == devs            # long enough to share

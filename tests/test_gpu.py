@@ -167,10 +167,10 @@ def test_split_k_on_gpu(rng):
     a = random_matrix(rng, (5000, 40), np.complex128)
     c0 = random_matrix(rng, (40, 40), np.complex128)
     want = reference_for("herk", 1.0, [a], 0.5, c0, True, ("C",))
-    ctx = hb.Context(devices=["cpu", "cuda:0"], strategy="static", cpu_min_share=0.0)
+    ctx = hb.Context(devices=["cpu", "cuda:0"], strategy="static", cpu_min_share=0.0, min_call_seconds=0)
     for put in (np.asfortranarray, lambda v: cupy.asarray(v, order="F")):
         out = hb.herk(1.0, put(a), 0.5, put(c0.copy()), trans="C", lower=True,
-                      context=ctx if put is np.asfortranarray else hb.Context("gpu"))
+                      context=ctx if put is np.asfortranarray else hb.Context("gpu", min_call_seconds=0))
         check("herk", out, want, c0, True, tolerance(np.complex128, 5000, 1.0, [a], 0.5, c0), "split-k", 1.0, 0.5, 5000)
 
 

@@ -35,7 +35,8 @@ def test_multi_gpu(name, trans, strategy, where, lower, rng):
     alpha = 0.5 if name == "herk" else 0.5 - 0.2j
     beta = 0.25 if name in ("herk", "her2k") else 0.25 + 1j
     expected = reference_for(name, alpha, values, beta, c0, lower, trans)
-    ctx = hb.Context(devices=_gpus(block=64), strategy=strategy, block_size=96 if strategy == "dynamic" else None)
+    ctx = hb.Context(devices=_gpus(block=64), strategy=strategy, block_size=96 if strategy == "dynamic" else None,
+                     min_call_seconds=0)       # small on purpose: every GPU must take part
     if where == "numpy":
         ops, c = [np.asfortranarray(v) for v in values], np.array(c0, order="C")
     else:   # operands on the last GPU, C on the first
@@ -55,8 +56,8 @@ def test_multi_gpu_out_of_core_and_default_context(rng):
     b = random_matrix(rng, (n, k), dtype)
     c0 = random_matrix(rng, (n, n), dtype)
     want = reference_for("her2k", 1.0 + 0.5j, [a, b], 0.0, c0, True, ("N",))
-    for ctx in (hb.Context(devices=_gpus(memory_limit=600 * 1024), strategy="static"),
-                hb.Context(devices=_gpus(memory_limit=600 * 1024), strategy="dynamic"),
+    for ctx in (hb.Context(devices=_gpus(memory_limit=600 * 1024), strategy="static", min_call_seconds=0),
+                hb.Context(devices=_gpus(memory_limit=600 * 1024), strategy="dynamic", min_call_seconds=0),
                 hb.Context("all")):
         out = hb.her2k(1.0 + 0.5j, a, b, 0.0, np.full((n, n), np.nan, dtype, order="F"), context=ctx)
         poisoned = np.full((n, n), np.nan, dtype)
