@@ -1,6 +1,5 @@
 """Context: which devices a call runs on, which strategy, which block size, which rates."""
 import threading
-import warnings
 
 from . import blas_threads
 from .devices import CPUDevice, Device, registered
@@ -254,9 +253,3 @@ def set_default_context(ctx):
         raise TypeError(f"expected a Context or None, got {type(ctx).__name__}")
     with _default_lock:
         _default = ctx
-
-
-def warn_once(message, _seen=set()):
-    if message not in _seen:
-        _seen.add(message)
-        warnings.warn(message, stacklevel=3)

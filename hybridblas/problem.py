@@ -23,9 +23,6 @@ _TRANS_NAMES = {"N": N, "n": N, 0: N, "T": T, "t": T, 1: T, "C": C, "c": C, 2: C
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64),
                     np.dtype(np.complex64), np.dtype(np.complex128))
 
-# Kinds whose diagonal tiles have a native BLAS kernel; "gemmt" diagonals are built from gemm panels.
-TRIANGULAR_KINDS = ("herk", "her2k", "syrk", "syr2k", "gemmt")
-
 
 def array_module(x):
     """numpy for host arrays, cupy for device arrays (imported only when such an array is passed)."""
