@@ -22,10 +22,10 @@ def compute_block(backend, problem, task, out, beta, factors=None):
     elif task.diag:
         _gemmt_diag(backend, problem, terms, i0, i1, k0, k1, out, beta)
     else:
-        _rect(backend, terms, i0, i1, j0, j1, k0, k1, out, beta)
+        rect_block(backend, terms, i0, i1, j0, j1, k0, k1, out, beta)
 
 
-def _rect(backend, terms, i0, i1, j0, j1, k0, k1, out, beta):
+def rect_block(backend, terms, i0, i1, j0, j1, k0, k1, out, beta):
     for coef, x, y in terms:
         backend.gemm(out, coef, x.block(i0, i1, k0, k1), y.block(k0, k1, j0, j1), beta)
         beta = 1.0
@@ -37,7 +37,7 @@ def _gemmt_diag(backend, problem, terms, i0, i1, k0, k1, out, beta):
     if size <= GEMMT_LEAF:
         xp = backend.xp
         scratch = xp.zeros((size, size), dtype=out.dtype, order="F")
-        _rect(backend, terms, i0, i1, i0, i1, k0, k1, scratch, 0.0)
+        rect_block(backend, terms, i0, i1, i0, i1, k0, k1, scratch, 0.0)
         rows, cols = (xp.tril_indices if problem.lower else xp.triu_indices)(size)
         if beta == 0:
             out[rows, cols] = scratch[rows, cols]
@@ -48,6 +48,6 @@ def _gemmt_diag(backend, problem, terms, i0, i1, k0, k1, out, beta):
     _gemmt_diag(backend, problem, terms, i0, i0 + h, k0, k1, out[:h, :h], beta)
     _gemmt_diag(backend, problem, terms, i0 + h, i1, k0, k1, out[h:, h:], beta)
     if problem.lower:
-        _rect(backend, terms, i0 + h, i1, i0, i0 + h, k0, k1, out[h:, :h], beta)
+        rect_block(backend, terms, i0 + h, i1, i0, i0 + h, k0, k1, out[h:, :h], beta)
     else:
-        _rect(backend, terms, i0, i0 + h, i0 + h, i1, k0, k1, out[:h, h:], beta)
+        rect_block(backend, terms, i0, i0 + h, i0 + h, i1, k0, k1, out[:h, h:], beta)

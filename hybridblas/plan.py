@@ -21,14 +21,14 @@ class Task:
     split: bool = False
 
 
-def _task(problem, i0, i1, j0, j1, k0, k1, diag=False, split=False):
+def make_task(problem, i0, i1, j0, j1, k0, k1, diag=False, split=False):
     flops = problem.tile_flops(i1 - i0, j1 - j0, k1 - k0, diag=diag)
     return Task(i0, i1, j0, j1, k0, k1, flops, diag, split)
 
 
 def whole(problem):
     """The entire call as one task (one device, or a split-K slice of it)."""
-    return _task(problem, 0, problem.m, 0, problem.n, 0, problem.k, diag=problem.triangular)
+    return make_task(problem, 0, problem.m, 0, problem.n, 0, problem.k, diag=problem.triangular)
 
 
 def wants_split_k(problem, n_devices):
@@ -53,7 +53,7 @@ def tiles(problem, nb, k_block=None):
             for bi, (i0, i1) in enumerate(zip(rows, rows[1:])):
                 if problem.triangular and (bi < bj if problem.lower else bi > bj):
                     continue
-                out.append(_task(problem, i0, i1, j0, j1, k0, k1,
+                out.append(make_task(problem, i0, i1, j0, j1, k0, k1,
                                  diag=problem.triangular and bi == bj, split=split))
     return out
 
@@ -61,7 +61,7 @@ def tiles(problem, nb, k_block=None):
 def k_chunks(problem, pieces):
     """The whole C over consecutive ranges of k, one per piece."""
     bounds = [round(problem.k * i / pieces) for i in range(pieces + 1)]
-    return [_task(problem, 0, problem.m, 0, problem.n, k0, k1, diag=problem.triangular, split=True)
+    return [make_task(problem, 0, problem.m, 0, problem.n, k0, k1, diag=problem.triangular, split=True)
             for k0, k1 in zip(bounds, bounds[1:]) if k1 > k0]
 
 
@@ -85,11 +85,11 @@ def band(problem, g0, g1):
     if g1 <= g0:
         return []
     if not problem.triangular:
-        return [_task(problem, 0, problem.m, g0, g1, 0, problem.k)]
-    out = [_task(problem, g0, g1, g0, g1, 0, problem.k, diag=True)]
+        return [make_task(problem, 0, problem.m, g0, g1, 0, problem.k)]
+    out = [make_task(problem, g0, g1, g0, g1, 0, problem.k, diag=True)]
     if g0 > 0:
         rect = (g0, g1, 0, g0) if problem.lower else (0, g0, g0, g1)
-        out.insert(0, _task(problem, *rect, 0, problem.k))
+        out.insert(0, make_task(problem, *rect, 0, problem.k))
     return out
 
 
@@ -101,11 +101,11 @@ def split_task(problem, task):
     jm = (task.j0 + task.j1) // 2
     if not task.diag:
         parts = [(a, b, c, d) for a, b in ((task.i0, im), (im, task.i1)) for c, d in ((task.j0, jm), (jm, task.j1))]
-        return [_task(problem, a, b, c, d, task.k0, task.k1) for a, b, c, d in parts]
+        return [make_task(problem, a, b, c, d, task.k0, task.k1) for a, b, c, d in parts]
     rect = (im, task.i1, task.i0, im) if problem.lower else (task.i0, im, im, task.i1)
-    return [_task(problem, *rect, task.k0, task.k1),
-            _task(problem, task.i0, im, task.i0, im, task.k0, task.k1, diag=True),
-            _task(problem, im, task.i1, im, task.i1, task.k0, task.k1, diag=True)]
+    return [make_task(problem, *rect, task.k0, task.k1),
+            make_task(problem, task.i0, im, task.i0, im, task.k0, task.k1, diag=True),
+            make_task(problem, im, task.i1, im, task.i1, task.k0, task.k1, diag=True)]
 
 
 def dynamic_order(problem, tasks, tail_fraction):

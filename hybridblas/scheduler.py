@@ -107,7 +107,7 @@ def _retile(problem, tasks, nb):
                 diag = t.diag and i0 == j0
                 if t.diag and not diag and (i0 < j0 if problem.lower else i0 > j0):
                     continue
-                out.append(plan._task(problem, i0, i1, j0, j1, t.k0, t.k1, diag=diag, split=t.split))
+                out.append(plan.make_task(problem, i0, i1, j0, j1, t.k0, t.k1, diag=diag, split=t.split))
     return out
 
 

@@ -20,8 +20,8 @@ import numpy as np
 
 from .. import cublas, cuda_transfer
 from ..cuda_panels import Panel, PanelCache, join_share, leave_share
-from ..kernels import _rect
-from ..plan import _task, with_k
+from ..kernels import rect_block
+from ..plan import make_task, with_k
 from ..problem import Operand, T
 from .base import Device, DeviceRun, register
 
@@ -147,7 +147,7 @@ def subtiles(problem, task, nb):
             diag = task.diag and i0 == j0
             if task.diag and not diag and (i0 < j0 if problem.lower else i0 > j0):
                 continue
-            out.append(_task(problem, i0, i1, j0, j1, task.k0, task.k1, diag=diag, split=task.split))
+            out.append(make_task(problem, i0, i1, j0, j1, task.k0, task.k1, diag=diag, split=task.split))
     return out
 
 
@@ -608,7 +608,7 @@ class _CUDARun(DeviceRun):
         size = i1 - i0
         if size <= GEMMT_LEAF:
             scratch = self.scratch[0][:size, :size]
-            _rect(self.backend, terms, i0, i1, i0, i1, k0, k1, scratch, 0.0)
+            rect_block(self.backend, terms, i0, i1, i0, i1, k0, k1, scratch, 0.0)
             if beta != 0:
                 old = self.scratch[1][:size, :size]
                 cp.multiply(out, beta, out=old)
@@ -619,9 +619,9 @@ class _CUDARun(DeviceRun):
         self._gemmt_diag(terms, i0, i0 + h, k0, k1, out[:h, :h], beta)
         self._gemmt_diag(terms, i0 + h, i1, k0, k1, out[h:, h:], beta)
         if p.lower:
-            _rect(self.backend, terms, i0 + h, i1, i0, i0 + h, k0, k1, out[h:, :h], beta)
+            rect_block(self.backend, terms, i0 + h, i1, i0, i0 + h, k0, k1, out[h:, :h], beta)
         else:
-            _rect(self.backend, terms, i0, i0 + h, i0 + h, i1, k0, k1, out[:h, h:], beta)
+            rect_block(self.backend, terms, i0, i0 + h, i0 + h, i1, k0, k1, out[:h, h:], beta)
 
 
 def _factory(spec):
