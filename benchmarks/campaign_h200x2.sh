@@ -28,5 +28,12 @@ flapw) stage flapw 170 "python3 benchmarks/bench_flapw.py --devices all --blas h
 ci) stage ci 120 "python3 benchmarks/bench_cisolver.py --devices all --cases 24Mg --out $W/ci" ;;
 mpi) stage mpi 150 "$MPI_SETUP export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; for r in 1 2; do t0=\$(date +%s.%N); mpiexec -n \$r python3 -m flapw build --system TiO2 --kmax 2.5 --kpoints 4 --devices gpu --json > $W/mpi-\$r.json; echo ranks=\$r wall=\$(python3 -c \"print(\$(date +%s.%N) - \$t0)\") s; done" ;;
 sweep) stage sweep 90 "export HYBRIDBLAS_PROFILE_DIR=\${PROFILE_DIR:-$W/prof}; python3 benchmarks/sweep_static_ratio.py --routine herk --dtype complex128 --n 16384 --devices cpu cuda:0 cuda:1 --shares 0 0.005 0.01 0.02 0.04 --min-time 0.3 --reps 2 --json $W/sweep-herk-16384.json" ;;
+# still to measure (next session): the size curve, one-H200 FLAPW, Kmax 3.5 and the other crystals,
+# the large CI cases on GPUs, and the distributed LOBPCG against one rank
+curve) stage curve 400 "python3 benchmarks/bench_blas_gpu.py --sizes 8192 16384 32768 --modes host device --xt-block 0 8192 --out $W/curve" ;;
+flapw1) stage flapw1 300 "python3 benchmarks/bench_flapw.py --devices cuda:0 all --blas hybridblas --systems TiO2 --kmax 2.5 3.0 3.5 4.0 --arrays device --cublas-peak --out $W/flapw-all" ;;
+crystals) stage crystals 300 "python3 benchmarks/bench_flapw.py --devices all --blas hybridblas cublasxt --systems AuAg NaCl --kmax 3.0 4.0 --arrays device --out $W/flapw-crystals" ;;
+cibig) stage cibig 500 "python3 benchmarks/bench_cisolver.py --devices all --cases 46Ti,47V --out $W/ci-big && python3 benchmarks/bench_cisolver.py --devices all --cases 48Cr --dtype float32 --tol 1e-5 --out $W/ci-48cr" ;;
+mpici) stage mpici 300 "$MPI_SETUP export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; for r in 1 2 4; do mpiexec -n \$r python3 -m cisolver spectrum --interaction gxpf1a --protons 3 --neutrons 4 --nev 5 --json > $W/mpici-\$r.json; done" ;;
 esac; done
 echo "=== done $(date +%T)"
