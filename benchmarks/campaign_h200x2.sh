@@ -3,6 +3,10 @@
 # calibration and ratio sweep, the FLAPW and CI benchmarks, and the MPI k-point throughput.
 # Each stage has its own time limit; results are tarred after every stage so a cut run still returns.
 #   usage (device machine, repo root):  OUT=dir bash benchmarks/campaign_h200x2.sh [stage ...]
+# The interaction files do not travel with the repo: copy ../shared/data/interactions into .data/ (git-
+# ignored), carry .data, and export CISOLVER_DATA=$PWD/.data/interactions. For the MPI stages without an
+# mpiexec there, carry .whl/ with the mpich and mpi4py (cp312) wheels. Only 8 files come back: the tarball
+# $OUT/campaign.tgz holds everything.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 PYTHONWARNINGS=ignore
 OUT=${OUT:-campaign}; W=$OUT/work; mkdir -p "$W"
