@@ -114,3 +114,16 @@ def contract_cases():
                 for lower in ([None] if name == "gemm" else [True, False]):
                     yield pytest.param(name, dtype, trans, lower,
                                        id=f"{name}-{np.dtype(dtype).name}-{''.join(trans)}-{lower}")
+
+
+def call_routine(name, alpha, ops, beta, c, trans, lower, ctx):
+    """hb.<name>(alpha, *ops, beta, c, ...) with the routine's own trans/uplo keywords."""
+    import hybridblas as hb
+    kw = {"context": ctx}
+    if name in ("gemm", "gemmt"):
+        kw.update(transa=trans[0], transb=trans[1])
+    else:
+        kw.update(trans=trans[0])
+    if name != "gemm":
+        kw["lower"] = lower
+    return getattr(hb, name)(alpha, *ops, beta, c, **kw)

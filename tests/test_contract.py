@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import hybridblas as hb
-from blas_cases import (DTYPES, ROUTINES, contract_cases, layout, make_case, random_matrix,
+from blas_cases import (DTYPES, ROUTINES, call_routine, contract_cases, layout, make_case, random_matrix,
                         reference_for, triangle_mask)
 
 SIZES = [(0, 3), (1, 1), (4, 0), (5, 7), (37, 19)]     # (n, k); 37 > the tiny tiles below
@@ -29,18 +29,6 @@ def _alpha_beta(rng, name, dtype):
     return [(a, b), (a, 0.0), (0.0, b), (a, 1.0), (0.0, 1.0)]
 
 
-def _call(name, alpha, ops, beta, c, trans, lower, ctx):
-    fn = getattr(hb, name)
-    kw = {"context": ctx}
-    if name in ("gemm", "gemmt"):
-        kw.update(transa=trans[0], transb=trans[1])
-    else:
-        kw.update(trans=trans[0])
-    if name != "gemm":
-        kw["lower"] = lower
-    return fn(alpha, *ops, beta, c, **kw)
-
-
 @pytest.mark.parametrize("name,dtype,trans,lower", list(contract_cases()))
 def test_contract_sweep(name, dtype, trans, lower, rng):
     contexts = {k: hb.Context(**v) for k, v in CONTEXTS.items()}
@@ -51,7 +39,7 @@ def test_contract_sweep(name, dtype, trans, lower, rng):
             how = LAYOUTS[rng.integers(len(LAYOUTS))]
             ops = [layout(v, LAYOUTS[rng.integers(len(LAYOUTS))]) for v in values]
             c = layout(c0, how)
-            out = _call(name, alpha, ops, beta, c, trans, lower, ctx)
+            out = call_routine(name, alpha, ops, beta, c, trans, lower, ctx)
             where = f"{ctx_name} n={n} k={k} alpha={alpha} beta={beta} c-layout={how}"
             assert out is c, where
             for o, v in zip(ops, values):
@@ -75,7 +63,7 @@ def test_new_c_has_zero_other_triangle(name, dtype, rng):
     ops = [random_matrix(rng, (n, k), dtype)] if n_ops == 1 else [
         random_matrix(rng, (n, k), dtype), random_matrix(rng, (k, n) if name in ("gemm", "gemmt") else (n, k), dtype)]
     trans = ("N", "N") if name in ("gemm", "gemmt") else ("N",)
-    out = _call(name, 1.0, ops, 0.0, None, trans, True, hb.Context("cpu"))
+    out = call_routine(name, 1.0, ops, 0.0, None, trans, True, hb.Context("cpu"))
     expected = reference_for(name, 1.0, ops, 0.0, np.zeros((n, n), dtype), True, trans)
     assert out.dtype == np.dtype(dtype) and out.shape == (n, n)
     if name != "gemm":

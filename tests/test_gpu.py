@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hybridblas as hb
-from blas_cases import (contract_cases, layout, make_case, operand_shape, random_matrix, reference_for,
+from blas_cases import (call_routine, contract_cases, layout, make_case, operand_shape, random_matrix, reference_for,
                         tolerance, triangle_mask)
 
 pytestmark = pytest.mark.gpu
@@ -67,17 +67,6 @@ def _alpha_beta(name, dtype):
     return [(a, b), (a, 0.0), (0.0, b)]
 
 
-def call(name, alpha, ops, beta, c, trans, lower, ctx):
-    kw = {"context": ctx}
-    if name in ("gemm", "gemmt"):
-        kw.update(transa=trans[0], transb=trans[1])
-    else:
-        kw.update(trans=trans[0])
-    if name != "gemm":
-        kw["lower"] = lower
-    return getattr(hb, name)(alpha, *ops, beta, c, **kw)
-
-
 def check(name, out, expected, c0, lower, tol, where, alpha, beta, k):
     m, n = c0.shape
     got = _host(out)
@@ -102,7 +91,7 @@ def test_gpu_contract_sweep(name, dtype, trans, lower, rng):
             how = LAYOUTS[rng.integers(len(LAYOUTS))]
             ops = [put(v, LAYOUTS[rng.integers(len(LAYOUTS))]) for v in values]
             c = put(c0, how)
-            out = call(name, alpha, ops, beta, c, trans, lower, ctx)
+            out = call_routine(name, alpha, ops, beta, c, trans, lower, ctx)
             where = f"{ctx_name} {'cupy' if on_gpu else 'numpy'} n={n} k={k} alpha={alpha} beta={beta} c={how}"
             assert out is c, where
             for o, v in zip(ops, values):
@@ -131,7 +120,7 @@ def test_out_of_core_long_k(name, where, rng):
     dev = _cuda(memory_limit=limit)
     ctx = hb.Context(devices=[dev], strategy="static")
     put = (lambda v: cupy.asarray(v, order="F")) if where == "cupy" else (lambda v: np.asfortranarray(v))
-    out = call(name, alpha, [put(v) for v in values], beta, put(c0), trans, True, ctx)
+    out = call_routine(name, alpha, [put(v) for v in values], beta, put(c0), trans, True, ctx)
     tol = tolerance(dtype, k, alpha, values, beta, c0)
     check(name, out, expected, c0, True, tol, f"out-of-core {name} {where}", alpha, beta, k)
 

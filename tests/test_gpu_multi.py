@@ -5,7 +5,8 @@ import pytest
 
 import hybridblas as hb
 from blas_cases import operand_shape, random_matrix, reference_for, tolerance
-from test_gpu import call, check
+from blas_cases import call_routine
+from test_gpu import check
 
 pytestmark = pytest.mark.multi_gpu
 
@@ -43,7 +44,7 @@ def test_multi_gpu(name, trans, strategy, where, lower, rng):
         with cupy.cuda.Device(cupy.cuda.runtime.getDeviceCount() - 1):
             ops = [cupy.asarray(v, order="F") for v in values]
         c = cupy.asarray(c0, order="F")
-    out = call(name, alpha, ops, beta, c, trans, None if name == "gemm" else lower, ctx)
+    out = call_routine(name, alpha, ops, beta, c, trans, None if name == "gemm" else lower, ctx)
     assert out is c
     tol = tolerance(dtype, k, alpha, values, beta, c0)
     check(name, out, expected, c0, lower, tol, f"{strategy} {where}", alpha, beta, k)
