@@ -144,26 +144,23 @@ def _real(c):
     return np.float32 if c.dtype.itemsize == 8 and c.dtype.kind == "c" else np.float64
 
 
-def cublasxt_herk(alpha, a, beta, c, trans="N", lower=True, devices=(0,), block_dim=None, pinning=False):
+def _xt_one(kind, alpha, a, beta, c, trans, lower, devices, block_dim, pinning, scalar):
     n = c.shape[0]
     k = a.shape[1] if trans == "N" else a.shape[0]
     sc = cublas._Scalars()
     pa, lda = _host(a, "a")
     pc, ldc = _host(c, "c")
-    _xt_call(f"cublasXt{_prefix(c)}herk", devices, block_dim, pinning, _fill(lower), _op(trans), _size(n),
-             _size(k), sc(alpha, _real(c)), pa, lda, sc(beta, _real(c)), pc, ldc)
+    _xt_call(f"cublasXt{_prefix(c)}{kind}", devices, block_dim, pinning, _fill(lower), _op(trans), _size(n),
+             _size(k), sc(alpha, scalar), pa, lda, sc(beta, scalar), pc, ldc)
     return c
+
+
+def cublasxt_herk(alpha, a, beta, c, trans="N", lower=True, devices=(0,), block_dim=None, pinning=False):
+    return _xt_one("herk", alpha, a, beta, c, trans, lower, devices, block_dim, pinning, _real(c))
 
 
 def cublasxt_syrk(alpha, a, beta, c, trans="N", lower=True, devices=(0,), block_dim=None, pinning=False):
-    n = c.shape[0]
-    k = a.shape[1] if trans == "N" else a.shape[0]
-    sc = cublas._Scalars()
-    pa, lda = _host(a, "a")
-    pc, ldc = _host(c, "c")
-    _xt_call(f"cublasXt{_prefix(c)}syrk", devices, block_dim, pinning, _fill(lower), _op(trans), _size(n),
-             _size(k), sc(alpha, c.dtype), pa, lda, sc(beta, c.dtype), pc, ldc)
-    return c
+    return _xt_one("syrk", alpha, a, beta, c, trans, lower, devices, block_dim, pinning, c.dtype)
 
 
 def _xt_two(kind, alpha, a, b, beta, c, trans, lower, devices, block_dim, pinning):
