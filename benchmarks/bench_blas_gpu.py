@@ -169,6 +169,9 @@ def main(argv=None):
     ap.add_argument("--sizes", type=int, nargs="+", default=[4096, 8192, 16384, 24576, 32768])
     ap.add_argument("--routines", nargs="+", default=list(ROUTINES), choices=ROUTINES)
     ap.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all)")
+    ap.add_argument("--gpu-counts", type=int, nargs="+", default=None,
+                    help="scaling run: cuBLASXt and hybridblas on the first 1, 2, 4 ... of the GPUs, same arrays "
+                         "(default: all of --gpus)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--modes", nargs="+", default=["host", "device"], choices=["host", "device"])
     ap.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "xt", "static", "dynamic"])
@@ -201,7 +204,11 @@ def main(argv=None):
     os.makedirs(opts.out, exist_ok=True)
     rng = np.random.default_rng(7)
     from hybridblas.devices.cuda import CUDADevice
-    ctx = {s: hb.Context(devices=[CUDADevice(g) for g in gpus], strategy=s) for s in ("static", "dynamic")}
+    counts = sorted(set(opts.gpu_counts or [n_gpu]))
+    if counts[0] < 1 or counts[-1] > n_gpu:
+        ap.error(f"--gpu-counts must lie in 1..{n_gpu}, got {opts.gpu_counts}")
+    ctx = {(s, g): hb.Context(devices=[CUDADevice(i) for i in gpus[:g]], strategy=s)
+           for s in ("static", "dynamic") for g in counts}
     doc = {"benchmark": "bench_blas_gpu", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "command": " ".join([os.path.basename(sys.executable)] + sys.argv), "host": platform.node(),
            "gpus": names, "cpu_cores": len(os.sched_getaffinity(0)), "cupy": cp.__version__,
@@ -221,6 +228,59 @@ def main(argv=None):
                 cp.get_default_memory_pool().free_all_blocks()
 
     warmed = set()
+
+    def measure_xt(routine, flops, host_args, c, used, record):
+        """(2) cuBLASXt on the host arrays with the GPUs ``used``."""
+        pin = not opts.xt_pageable
+        reps = opts.repeats
+        for xb in opts.xt_block if ("xt" not in opts.skip and "host" in opts.modes) else []:
+            label = "cublasxt" if not xb else f"cublasxt-b{xb}"
+            predicted = flops / xt_rate.get((routine, xb, len(used)), float("inf"))
+            if predicted > opts.xt_max_seconds:
+                log(f"  {label} skipped: {predicted:.0f} s predicted from the last size (> --xt-max-seconds)")
+                continue
+            if ("xt", routine, xb, len(used)) not in warmed:
+                small = tuple(x if np.isscalar(x) else np.asfortranarray(x[:1024, :1024]) for x in host_args)
+                call_xt(routine, small, np.empty((1024, 1024), np.complex128, order="F"), used, xb or None, pin)
+                warmed.add(("xt", routine, xb, len(used)))
+            xreps = 1 if predicted * reps > opts.xt_max_seconds else reps
+            times = timed(lambda: call_xt(routine, host_args, c, used, xb or None, pin), sync_all, xreps)
+            row = record(label, "host", times, sample_error(routine, host_args, c, rng), used)
+            row.update(xt_pinning=pin, xt_block=xb or "default")
+            xt_rate[(routine, xb, len(used))] = row["tflops"] * 1e12
+            free_pools()
+
+    def measure_hybrid(routine, host_args, kw, c, used, record):
+        """(3), (4) hybridblas on the GPUs ``used``, host-resident then device-resident operands."""
+        from hybridblas.devices.cuda import last_stats
+        for mode in opts.modes:
+            if mode == "device":
+                with cp.cuda.Device(0):
+                    args = tuple(x if np.isscalar(x) else cp.asarray(x, order="F") for x in host_args)
+                    out = cp.empty(c.shape, dtype=np.complex128, order="F")
+            else:
+                args, out = host_args, c
+            for strategy in ("static", "dynamic"):
+                if strategy in opts.skip:
+                    continue
+                context = ctx[(strategy, len(used))]
+                if (strategy, mode, routine, len(used)) not in warmed:
+                    small = tuple(x if np.isscalar(x) else x[:2048, :2048] for x in args)
+                    call_hybrid(routine, small, kw, None, context)
+                    warmed.add((strategy, mode, routine, len(used)))
+                times = timed(lambda: call_hybrid(routine, args, kw, out, context), sync_all, opts.repeats)
+                row = record(f"hb-{strategy}", mode, times, sample_error(routine, args, out, rng), used)
+                row["per_gpu"] = {k2: dict(v) for k2, v in last_stats.items()}
+                for dev, st in sorted(last_stats.items()):
+                    log(f"      {dev}: kernels {st.get('kernel_s', 0):.3f} s of {st.get('wall_s', 0):.3f} s, "
+                        f"host staging in {st.get('host_upload_s', 0):.3f} s / out {st.get('host_download_s', 0):.3f} s, "
+                        f"from host {st.get('bytes_from_host', 0) / 1e9:.1f} GB, from peer "
+                        f"{st.get('bytes_from_peer', 0) / 1e9:.1f} GB, to host {st.get('bytes_to_host', 0) / 1e9:.1f} GB, "
+                        f"nb={st.get('nb')} kc={st.get('kc')}; GPU idle: lead {st.get('lead_s', 0):.3f} s, "
+                        f"gaps {st.get('gaps_s', 0):.3f} s, tail {st.get('tail_s', 0):.3f} s")
+            args = out = None
+            free_pools()
+
     for n in opts.sizes:
         k = n
         for routine in opts.routines:
@@ -235,15 +295,14 @@ def main(argv=None):
 
             def record(impl, mode, times, err, used):
                 best = min(times)
-                row = dict(routine=routine, n=n, k=k, impl=impl, mode=mode, gpus=used, seconds=times,
+                row = dict(routine=routine, n=n, k=k, impl=impl, mode=mode, gpus=list(used), seconds=times,
                            best_s=best, tflops=flops / best / 1e12, rel_error=err)
                 rows.append(row)
-                log(f"  {impl:<9} {mode:<7} gpus={used} best {best:8.3f} s  {row['tflops']:6.1f} TF/s  "
+                log(f"  {impl:<9} {mode:<7} gpus={list(used)} best {best:8.3f} s  {row['tflops']:6.1f} TF/s  "
                     f"err {err:.1e}")
+                return row
 
-            host_args = operands(routine, a, b)[0]
-            kw = operands(routine, a, b)[1]
-            reps = opts.repeats
+            host_args, kw = operands(routine, a, b)
             # (1) the ceiling: cuBLAS on device data, each GPU alone
             if "ceiling" not in opts.skip:
                 for g in gpus:
@@ -251,69 +310,26 @@ def main(argv=None):
                         dargs = tuple(x if np.isscalar(x) else cp.asarray(x, order="F") for x in host_args)
                         cd = cp.empty((n, n), dtype=np.complex128, order="F")
                         call_device(routine, dargs, cd)
-                        times = timed(lambda: call_device(routine, dargs, cd), sync_all, reps)
-                        err = sample_error(routine, dargs, cd, rng)
-                        record("cublas", "device", times, err, [g])
+                        times = timed(lambda: call_device(routine, dargs, cd), sync_all, opts.repeats)
+                        record("cublas", "device", times, sample_error(routine, dargs, cd, rng), [g])
                         del dargs, cd
                     free_pools()
-            # (2) cuBLASXt on the host arrays
-            pin = not opts.xt_pageable
-            for xb in opts.xt_block if ("xt" not in opts.skip and "host" in opts.modes) else []:
-                label = "cublasxt" if not xb else f"cublasxt-b{xb}"
-                predicted = flops / xt_rate.get((routine, xb), float("inf"))
-                if predicted > opts.xt_max_seconds:
-                    log(f"  {label} skipped: {predicted:.0f} s predicted from the last size (> --xt-max-seconds)")
-                    continue
-                if ("xt", routine, xb) not in warmed:
-                    small = tuple(x if np.isscalar(x) else np.asfortranarray(x[:1024, :1024]) for x in host_args)
-                    call_xt(routine, small, np.empty((1024, 1024), np.complex128, order="F"), gpus,
-                            xb or None, pin)
-                    warmed.add(("xt", routine, xb))
-                xreps = 1 if predicted * reps > opts.xt_max_seconds else reps
-                times = timed(lambda: call_xt(routine, host_args, c, gpus, xb or None, pin), sync_all, xreps)
-                record(label, "host", times, sample_error(routine, host_args, c, rng), gpus)
-                rows[-1]["xt_pinning"] = pin
-                rows[-1]["xt_block"] = xb or "default"
-                xt_rate[(routine, xb)] = flops / min(times)
-                free_pools()
-            # (3), (4) hybridblas, host-resident then device-resident
-            for mode in opts.modes:
-                if mode == "device":
-                    with cp.cuda.Device(0):
-                        args = tuple(x if np.isscalar(x) else cp.asarray(x, order="F") for x in host_args)
-                        out = cp.empty((n, n), dtype=np.complex128, order="F")
-                else:
-                    args, out = host_args, c
-                for strategy in ("static", "dynamic"):
-                    if strategy in opts.skip:
-                        continue
-                    if (strategy, mode, routine) not in warmed:
-                        small = tuple(x if np.isscalar(x) else x[:2048, :2048] for x in args)
-                        call_hybrid(routine, small, kw, None, ctx[strategy])
-                        warmed.add((strategy, mode, routine))
-                    times = timed(lambda: call_hybrid(routine, args, kw, out, ctx[strategy]), sync_all, reps)
-                    record(f"hb-{strategy}", mode, times, sample_error(routine, args, out, rng), gpus)
-                    from hybridblas.devices.cuda import last_stats
-                    rows[-1]["per_gpu"] = {k2: dict(v) for k2, v in last_stats.items()}
-                    for dev, st in sorted(last_stats.items()):
-                        log(f"      {dev}: kernels {st.get('kernel_s', 0):.3f} s of {st.get('wall_s', 0):.3f} s, "
-                            f"host staging in {st.get('host_upload_s', 0):.3f} s / out {st.get('host_download_s', 0):.3f} s, "
-                            f"from host {st.get('bytes_from_host', 0) / 1e9:.1f} GB, from peer "
-                            f"{st.get('bytes_from_peer', 0) / 1e9:.1f} GB, to host {st.get('bytes_to_host', 0) / 1e9:.1f} GB, "
-                            f"nb={st.get('nb')} kc={st.get('kc')}; GPU idle: lead {st.get('lead_s', 0):.3f} s, "
-                            f"gaps {st.get('gaps_s', 0):.3f} s, tail {st.get('tail_s', 0):.3f} s")
-                del args, out
-                free_pools()
-            ceiling = sum(r["tflops"] for r in rows if r["impl"] == "cublas")
-            xt = max((r["tflops"] for r in rows if r["impl"].startswith("cublasxt")), default=None)
-            for r in rows:
-                r["ratio_to_ceiling"] = r["tflops"] / ceiling if ceiling and r["impl"] != "cublas" else None
-                r["ratio_to_cublasxt"] = r["tflops"] / xt if xt and r["impl"].startswith("hb") else None
+            for count in counts:
+                measure_xt(routine, flops, host_args, c, gpus[:count], record)
+                measure_hybrid(routine, host_args, kw, c, gpus[:count], record)
+            for count in counts:
+                used = gpus[:count]
+                mine = [r for r in rows if r["gpus"] == used and r["impl"] != "cublas"]
+                ceiling = sum(r["tflops"] for r in rows if r["impl"] == "cublas" and r["gpus"][0] in used)
+                xt = max((r["tflops"] for r in mine if r["impl"].startswith("cublasxt")), default=None)
+                for r in mine:
+                    r["ratio_to_ceiling"] = r["tflops"] / ceiling if ceiling else None
+                    r["ratio_to_cublasxt"] = r["tflops"] / xt if xt and r["impl"].startswith("hb") else None
+                log(f"  {count} GPU(s): Σ ceiling {ceiling:.1f} TF/s" + (f", cuBLASXt {xt:.1f}" if xt else "")
+                    + "".join(f"; {r['impl']}/{r['mode']} {r['ratio_to_ceiling']:.2f}x ceiling"
+                              + (f", {r['ratio_to_cublasxt']:.2f}x XT" if r["ratio_to_cublasxt"] else "")
+                              for r in mine if r["impl"].startswith("hb") and r["ratio_to_ceiling"]))
             doc["results"] += rows
-            log(f"  Σ ceiling {ceiling:.1f} TF/s" + (f", cuBLASXt {xt:.1f}" if xt else "") + "".join(
-                f"; {r['impl']}/{r['mode']} {r['ratio_to_ceiling']:.2f}x ceiling"
-                + (f", {r['ratio_to_cublasxt']:.2f}x XT" if r["ratio_to_cublasxt"] else "")
-                for r in rows if r["impl"].startswith("hb") and r["ratio_to_ceiling"]))
             del a, b, c
             with open(os.path.join(opts.out, "bench_blas_gpu.json"), "w") as fh:
                 json.dump(doc, fh, indent=1)
@@ -331,13 +347,18 @@ def plot(doc, path):
     except ImportError:
         log("(matplotlib not installed: no plot)")
         return
-    res = doc["results"]
+    counts = sorted({len(x["gpus"]) for x in doc["results"] if x["impl"] != "cublas"})
+    if len(counts) > 1:
+        plot_scaling(doc, plt, path.replace(".png", "_scaling.png"))
+    top = counts[-1] if counts else len(doc["gpus"])
+    res = [x for x in doc["results"] if x["impl"] == "cublas" or len(x["gpus"]) == top]
     routines = [r for r in ROUTINES if any(x["routine"] == r for x in res)]
     fig, axes = plt.subplots(1, len(routines), figsize=(5 * len(routines), 4), squeeze=False)
     for ax, routine in zip(axes[0], routines):
         rows = [x for x in res if x["routine"] == routine]
         sizes = sorted({x["n"] for x in rows})
-        ceil = [sum(x["tflops"] for x in rows if x["n"] == n and x["impl"] == "cublas") for n in sizes]
+        ceil = [sum(x["tflops"] for x in rows if x["n"] == n and x["impl"] == "cublas" and x["gpus"][0] < top)
+                for n in sizes]
         ax.plot(sizes, ceil, "k--", label="Σ cuBLAS, device data (ceiling)")
         best_xt = {}
         for x in rows:
@@ -351,8 +372,39 @@ def plot(doc, path):
             pts = [(x["n"], x["tflops"]) for x in rows if x["impl"] == impl and x["mode"] == mode]
             if pts:
                 ax.plot(*zip(*sorted(pts)), style, label=f"{impl.replace('hb-', 'hybridblas ')} ({mode})")
-        ax.set_title(f"{routine}, {len(doc['gpus'])}x {doc['gpus'][0]}")
+        ax.set_title(f"{routine}, {top}x {doc['gpus'][0]}")
         ax.set_xlabel("n = k")
+        ax.set_ylabel("TFLOP/s")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    log(f"plot: {path}")
+
+
+def plot_scaling(doc, plt, path):
+    """TF/s against the number of GPUs (like the paper's Fig. 9), one panel per routine and size."""
+    res = doc["results"]
+    cases = sorted({(x["routine"], x["n"]) for x in res}, key=lambda rn: (ROUTINES.index(rn[0]), rn[1]))
+    fig, axes = plt.subplots(1, len(cases), figsize=(4.5 * len(cases), 4), squeeze=False)
+    for ax, (routine, n) in zip(axes[0], cases):
+        rows = [x for x in res if x["routine"] == routine and x["n"] == n]
+        counts = sorted({len(x["gpus"]) for x in rows if x["impl"] != "cublas"})
+        per_gpu = {}
+        for x in rows:     # merged runs may hold several ceilings of one GPU: take its best
+            if x["impl"] == "cublas":
+                per_gpu[x["gpus"][0]] = max(per_gpu.get(x["gpus"][0], 0.0), x["tflops"])
+        ax.plot(counts, [sum(t for g, t in per_gpu.items() if g < c) for c in counts], "k--",
+                label="Σ cuBLAS, device data")
+        for impl, style in (("cublasxt", "s-"), ("hb-static", "o-"), ("hb-dynamic", "^-")):
+            pts = [(c, max((x["tflops"] for x in rows if x["impl"].startswith(impl) and x["mode"] == "host"
+                            and len(x["gpus"]) == c), default=None)) for c in counts]
+            pts = [p for p in pts if p[1] is not None]
+            if pts:
+                ax.plot(*zip(*pts), style, label=impl.replace("hb-", "hybridblas ") + " (host data)")
+        ax.set_title(f"{routine}, n = k = {n}")
+        ax.set_xlabel("GPUs")
+        ax.set_xticks(counts)
         ax.set_ylabel("TFLOP/s")
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
