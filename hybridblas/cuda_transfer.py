@@ -15,7 +15,7 @@ import numpy as np
 
 PAR_MIN_BYTES = 8 << 20     # below this one thread copies
 TRI_BLOCK = 256             # column block of triangle copies
-MAX_COPY_THREADS = 64
+MAX_COPY_THREADS = 16
 ENV_THREADS = "HYBRIDBLAS_COPY_THREADS"
 
 _pool = None
@@ -24,11 +24,11 @@ _pool_lock = threading.Lock()
 
 
 def copy_threads():
-    """Threads of the host copy pool: $HYBRIDBLAS_COPY_THREADS, else every core (at most 64).
+    """Threads of the host copy pool: $HYBRIDBLAS_COPY_THREADS, else one per core, at most 16.
 
-    Measured on an H200 node (64 cores, benchmarks/bench_staging.py): pageable -> pinned copies reach
-    40 GB/s with 16 threads, 56 with 32 and 70 with 64, so staging, which feeds every GPU of the node,
-    uses all the cores the GPUs leave idle.
+    Measured on a 4xH200 node (64 cores, benchmarks/bench_staging.py): one big pageable -> pinned copy
+    scales to 70 GB/s on 64 threads, but the staging ring (64 MiB pieces, four GPUs pulling at once) ran at
+    43 GB/s with 16 threads, 29 with 32 and 19 with 64: more threads only add contention there.
     """
     if _threads is not None:
         return _threads
@@ -173,8 +173,9 @@ def _dev_ld(arr):
     return leading_dim(arr)
 
 
-def upload(dst, src, ring, stream):
-    """Device column-major view dst <- host column-major view src, through the pinned ring on stream.
+def upload(dst, src, ring, stream, direct=False):
+    """Device column-major view dst <- host column-major view src, through the pinned ring on stream,
+    or in one DMA when ``direct`` (src is page-locked: see host_pinning).
 
     Returns after the last piece is queued; the caller records an event on ``stream`` to know it landed.
     """
@@ -185,6 +186,10 @@ def upload(dst, src, ring, stream):
         return
     item = src.dtype.itemsize
     ld = _dev_ld(dst) * item
+    if direct:
+        rt.memcpy2DAsync(dst.data.ptr, ld, src.ctypes.data, _dev_ld(src) * item, rows * item, cols,
+                         rt.memcpyHostToDevice, stream.ptr)
+        return
     for r0, r1, c0, c1 in _pieces(rows, cols, item, ring.slot_bytes):
         i = ring.acquire()
         buf = ring.view(i, (r1 - r0, c1 - c0), src.dtype)
@@ -197,8 +202,9 @@ def upload(dst, src, ring, stream):
         ring.release(i, ev)
 
 
-def download(dst, src, ring, stream, triangle=None):
-    """Host column-major view dst <- device view src through the ring, pieces pipelined on ``stream``.
+def download(dst, src, ring, stream, triangle=None, direct=False):
+    """Host column-major view dst <- device view src through the ring, pieces pipelined on ``stream``;
+    one DMA when ``direct`` (dst page-locked) and the whole block is wanted.
 
     ``triangle`` = 'lower' / 'upper' copies only that triangle of a square diagonal tile. Blocks until done.
     """
@@ -209,6 +215,11 @@ def download(dst, src, ring, stream, triangle=None):
         return
     item = src.dtype.itemsize
     ld = _dev_ld(src) * item
+    if direct and triangle is None:
+        rt.memcpy2DAsync(dst.ctypes.data, _dev_ld(dst) * item, src.data.ptr, ld, rows * item, cols,
+                         rt.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()
+        return
     slots = len(ring.mem)
     queued = collections.deque()
     for piece in _pieces(rows, cols, item, ring.slot_bytes):

@@ -49,6 +49,7 @@ class Operand:
     """op(base) where base is column-major: unit stride along axis 0 (or a single row)."""
     base: object
     op: int
+    scratch: bool = False     # base is a copy made for this call, not the caller's memory
 
     @property
     def trans(self):
@@ -63,13 +64,13 @@ class Operand:
         return self.base.shape[0] if self.trans else self.base.shape[1]
 
     def with_op(self, op):
-        return Operand(self.base, op)
+        return Operand(self.base, op, self.scratch)
 
     def block(self, r0, r1, c0, c1):
         """The base view whose op is op(base)[r0:r1, c0:c1]."""
         if self.trans:
-            return Operand(self.base[c0:c1, r0:r1], self.op)
-        return Operand(self.base[r0:r1, c0:c1], self.op)
+            return Operand(self.base[c0:c1, r0:r1], self.op, self.scratch)
+        return Operand(self.base[r0:r1, c0:c1], self.op, self.scratch)
 
 
 def is_column_major(x):
@@ -97,14 +98,14 @@ def to_column_major(x, op, xp):
         return Operand(x, op)
     if is_column_major(x.T):
         return Operand(x.T, op ^ T)
-    return Operand(xp.asfortranarray(x), op)
+    return Operand(xp.asfortranarray(x), op, scratch=True)
 
 
 def without_lone_conj(operand, xp, allowed):
     """Copy conj(base) when the op is outside ``allowed`` (BLAS has no conjugate-only op)."""
     if operand.op in allowed:
         return operand
-    return Operand(xp.asfortranarray(xp.conj(operand.base)), operand.op ^ R)
+    return Operand(xp.asfortranarray(xp.conj(operand.base)), operand.op ^ R, scratch=True)
 
 
 @dataclass
@@ -291,6 +292,6 @@ def _normalise(kind, alpha, beta, arrays, ops, c_arr, lower, m, n, k, xp, writeb
         want = factors[0].op
         value = {N: f.base, T: f.base.T, R: xp.conj(f.base), C: xp.conj(f.base).T}[f.op]
         base = {N: value, T: value.T, C: xp.conj(value).T}[want]
-        factors[1] = Operand(xp.asfortranarray(base), want)
+        factors[1] = Operand(xp.asfortranarray(base), want, scratch=True)
     return Problem(kind=kind, c=work, lower=lower, alpha=alpha, beta=beta, factors=factors,
                    m=m, n=n, k=k, xp=xp, writeback=writeback)

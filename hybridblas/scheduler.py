@@ -21,6 +21,7 @@ def execute(problem, ctx):
     devices, rates = _without_idle_cpus(devices, rates, ctx.min_cpu_share(devices))
     devices, rates = _one_device_if_small(problem, devices, rates, ctx)
     problem.extra.setdefault("memory_limit", getattr(ctx, "memory_limit", None))
+    problem.extra.setdefault("pin_host", getattr(ctx, "pin_host", False))
     strategy = ctx.resolve_strategy(devices)
     with blas_threads.limit(ctx.blas_threads(devices)):
         if strategy == "static":

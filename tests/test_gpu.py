@@ -4,6 +4,8 @@ Every routine x dtype x uplo x trans, sizes 0/1/odd/larger than a tile, strided 
 numpy and cupy operands, static and dynamic (with the CPU beside the GPU), out-of-core (capped device
 memory), and a cupy pool that runs dry. Compared with a float64 reference on random data, C poisoned.
 """
+import contextlib
+import gc
 import itertools
 
 import numpy as np
@@ -31,7 +33,20 @@ def _contexts():
         "cpu+gpu-dynamic": hb.Context(devices=["cpu", _cuda(block=8)], strategy="dynamic", block_size=8,
                                       cpu_min_share=0.0, rates={"cpu": 1.0, "cuda:0": 3.0}),
         "gpu-out-of-core": hb.Context(devices=[_cuda()], strategy="static", memory_limit=24 * 1024),
+        "gpu-pinned-host": hb.Context(devices=[_cuda(block=8)], strategy="dynamic"),
     }
+
+
+@contextlib.contextmanager
+def _pin_everything(on):
+    """Page-lock host operands of any size (normally only >= 256 MiB), so small cases take the DMA path."""
+    from hybridblas import host_pinning
+    old = host_pinning.PIN_MIN_BYTES
+    host_pinning.PIN_MIN_BYTES = 0 if on else old
+    try:
+        yield
+    finally:
+        host_pinning.PIN_MIN_BYTES = old
 
 
 def to_device(x, how):
@@ -91,7 +106,8 @@ def test_gpu_contract_sweep(name, dtype, trans, lower, rng):
             how = LAYOUTS[rng.integers(len(LAYOUTS))]
             ops = [put(v, LAYOUTS[rng.integers(len(LAYOUTS))]) for v in values]
             c = put(c0, how)
-            out = call_routine(name, alpha, ops, beta, c, trans, lower, ctx)
+            with _pin_everything(ctx_name == "gpu-pinned-host"):
+                out = call_routine(name, alpha, ops, beta, c, trans, lower, ctx)
             where = f"{ctx_name} {'cupy' if on_gpu else 'numpy'} n={n} k={k} alpha={alpha} beta={beta} c={how}"
             assert out is c, where
             for o, v in zip(ops, values):
@@ -211,3 +227,32 @@ def test_peers_match_reference(rng):
         getattr(peers, f"cublas_device_{name}")(1.0, *[cupy.asarray(o, order="F") for o in ops], 0.5, cd,
                                                 trans="C", lower=True)
         assert np.abs(cd.get()[mask] - want[mask]).max() <= tol, f"cublas_device_{name}"
+
+
+@pytest.mark.parametrize("name", ["herk", "gemmt"])
+def test_large_host_operands_are_pinned_while_they_live(name, rng):
+    from hybridblas import host_pinning
+    host_pinning.clear()
+    n, k = 256, 131072 + 7                       # each factor just over 256 MiB: the pinning threshold
+    a = rng.standard_normal((n, k))
+    b = rng.standard_normal((k, n)) if name == "gemmt" else None
+    c0 = rng.standard_normal((n, n))
+    outs = {}
+    for pin in (False, True):
+        ctx = hb.Context(devices=["cuda:0"], strategy="dynamic", block_size=96, pin_host=pin)
+        c = c0.copy(order="F")
+        if name == "herk":
+            outs[pin] = hb.syrk(0.5, a, beta=-1.0, c=c, lower=True, context=ctx)
+        else:
+            outs[pin] = hb.gemmt(0.5, a, b, beta=-1.0, c=c, lower=True, context=ctx)
+        if pin:
+            assert host_pinning.pinned_bytes() >= a.nbytes
+    want = 0.5 * (a @ a.T if name == "herk" else a @ b) - c0
+    low = np.tril(np.ones((n, n), bool))
+    for pin, got in outs.items():
+        assert np.abs(got[low] - want[low]).max() <= 1e-9 * np.abs(want).max(), f"pin_host={pin}"
+        np.testing.assert_array_equal(got[~low], c0[~low])
+    np.testing.assert_array_equal(outs[True][low], outs[False][low])
+    del a, b
+    gc.collect()
+    assert host_pinning.pinned_bytes() == 0          # freed arrays were unregistered first

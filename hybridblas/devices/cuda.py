@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from .. import cublas, cuda_transfer
+from .. import cublas, cuda_transfer, host_pinning
 from ..cuda_panels import Panel, PanelCache, join_share, leave_share
 from ..kernels import rect_block
 from ..plan import make_task, with_k
@@ -209,6 +209,7 @@ class _CUDARun(DeviceRun):
             self.call_id = id(problem)
             self.cache = PanelCache(self._cache_capacity(), self.s_in, self.share, device.index)
             self.ring = device.ring("in") if self.host else None
+            self.pins, self.direct_f, self.direct_c = [], [False] * len(problem.factors), False
             self.writer = None
             if self.host:     # host write-back on its own thread: the feeder never waits for a kernel
                 self.out_ring = device.ring("out")
@@ -223,12 +224,29 @@ class _CUDARun(DeviceRun):
             self.kaxis = [self._kaxis(f, op.op) for f, op in enumerate(problem.factors)]
             self.fallbacks = 0
             self.stats = collections.Counter()
+            if self.host and problem.extra.get("pin_host"):
+                self._pin_host_operands()
             self.kernel_events = []
             self.t_open = time.perf_counter()
             self.open_event = cp.cuda.Event()
             self.open_event.record(self.s_comp)
 
     # ------------------------------------------------------------------ setup
+    def _pin_host_operands(self):
+        """Page-lock the caller's large host operands (kept while they live): uploads become one DMA each."""
+        t0 = time.perf_counter()
+        p = self.problem
+        for f, fac in enumerate(p.factors):
+            if not fac.scratch:
+                pin = host_pinning.acquire(fac.base)
+                self.direct_f[f] = pin is not None
+                self.pins.append(pin)
+        if p.writeback is None:
+            pin = host_pinning.acquire(p.c)
+            self.direct_c = pin is not None
+            self.pins.append(pin)
+        self.stats["pin_s"] += time.perf_counter() - t0
+
     def _enable_peers(self):
         rt = self.cp.cuda.runtime
         others = {d for d in self.f_dev + [self.c_dev] if d is not None and d != self.device.index}
@@ -273,6 +291,9 @@ class _CUDARun(DeviceRun):
                 return self._partial_result()
             finally:
                 self._stop_writer()
+                for pin in self.pins:
+                    host_pinning.release(pin)
+                self.pins = []
                 if self.share is not None:
                     for ev in leave_share(self.call_id, self.device.index):
                         ev.synchronize()
@@ -436,7 +457,8 @@ class _CUDARun(DeviceRun):
                     self.s_out.wait_event(rec.done_event)
                     tri = ("lower" if p.lower else "upper") if t.diag else None
                     t0 = time.perf_counter()
-                    cuda_transfer.download(p.c[t.i0:t.i1, t.j0:t.j1], rec.local, self.out_ring, self.s_out, tri)
+                    cuda_transfer.download(p.c[t.i0:t.i1, t.j0:t.j1], rec.local, self.out_ring, self.s_out, tri,
+                                           direct=self.direct_c)
                     self.stats["host_download_s"] += time.perf_counter() - t0
                     self.stats["bytes_to_host"] += rec.local.nbytes
                 except BaseException as exc:   # handed to the feeder, which re-raises it
@@ -453,7 +475,8 @@ class _CUDARun(DeviceRun):
     # ------------------------------------------------------------------ C blocks
     def _fetch_c(self, buf, t, target):
         if self.host:
-            cuda_transfer.upload(buf, self.problem.c[t.i0:t.i1, t.j0:t.j1], self.ring, self.s_in)
+            cuda_transfer.upload(buf, self.problem.c[t.i0:t.i1, t.j0:t.j1], self.ring, self.s_in,
+                                 direct=self.direct_c)
         else:
             self._copy_device(buf, target, self.s_in)
         ev = self.cp.cuda.Event(disable_timing=True)
@@ -550,7 +573,7 @@ class _CUDARun(DeviceRun):
             entry, mine = self.share.claim(self.device.index, key)
         try:
             t0 = time.perf_counter()
-            cuda_transfer.upload(arr, src, self.ring, self.s_in)
+            cuda_transfer.upload(arr, src, self.ring, self.s_in, direct=self.direct_f[key[0]])
             self.stats["host_upload_s"] += time.perf_counter() - t0
             self.stats["bytes_from_host"] += arr.nbytes
         except BaseException:

@@ -1,0 +1,162 @@
+"""Keep large host operands page-locked (cudaHostRegister) while they live, so GPUs DMA straight from them.
+
+Measured on H200 nodes (benchmarks/bench_staging.py, docs/performance.md): DMA from registered memory runs
+at 55 GB/s per GPU and 175 GB/s with four GPUs at once, while staging pageable memory through pinned
+buffers is bounded by the host's copies (18-43 GB/s for the whole node). Registering costs ~45 GB/s once
+and unregistering ~62 GB/s, too much to pay on every call. So an operand is registered on first use and
+stays registered until numpy frees it (a weakref finalizer unregisters it first) or until its bytes are
+needed for another operand under the cap ($HYBRIDBLAS_PIN_MAX_GB, default 3/4 of the host memory).
+
+Only arrays whose memory numpy owns are registered (not views of foreign buffers or memory maps), and a
+registration that fails (too much locked memory, a foreign driver state) just leaves that operand on the
+staging path.
+"""
+import ctypes
+import os
+import threading
+import time
+import weakref
+
+import numpy as np
+
+PIN_MIN_BYTES = 256 << 20          # smaller operands go through the staging ring (cheap enough)
+ENV_MAX_GB = "HYBRIDBLAS_PIN_MAX_GB"
+_PORTABLE = 1                      # cudaHostRegisterPortable: pinned for every GPU's context
+_ALREADY_REGISTERED = 712          # cudaErrorHostMemoryAlreadyRegistered: someone else pinned it
+
+_lock = threading.Lock()
+_pins = {}                         # owner's data pointer -> _Pin
+_cudart = None
+
+
+class _Pin:
+    __slots__ = ("ptr", "nbytes", "users", "last", "finalizer", "ours")
+
+    def __init__(self, ptr, nbytes, ours):
+        self.ptr, self.nbytes, self.ours = ptr, nbytes, ours
+        self.users, self.last, self.finalizer = 0, time.monotonic(), None
+
+
+def _lib():
+    """libcudart (the copy CuPy loaded) through ctypes: register calls then release the GIL."""
+    global _cudart
+    if _cudart is None:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()       # makes sure CuPy has loaded its runtime
+        for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+            try:
+                lib = ctypes.CDLL(name)
+            except OSError:
+                continue
+            lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+            lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
+            lib.cudaGetLastError.argtypes = []
+            _cudart = lib
+            break
+        else:
+            _cudart = False
+    return _cudart or None
+
+
+def _owner(arr):
+    """The ndarray that owns ``arr``'s memory, or None (foreign buffer, memory map, not numpy)."""
+    a = arr
+    while isinstance(a, np.ndarray) and not a.flags.owndata:
+        a = a.base
+    return a if isinstance(a, np.ndarray) and a.flags.owndata else None
+
+
+def max_bytes():
+    env = os.environ.get(ENV_MAX_GB)
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            raise ValueError(f"${ENV_MAX_GB} must be a number of GB, got {env!r}") from None
+        return int(value * 1e9)
+    try:
+        return int(0.75 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 64 << 30
+
+
+def pinned_bytes():
+    with _lock:
+        return sum(p.nbytes for p in _pins.values() if p.ours)
+
+
+def acquire(arr, min_bytes=None):
+    """Make ``arr``'s memory page-locked (registering its owner once); a token for release(), or None."""
+    owner = _owner(arr)
+    if owner is None or owner.nbytes < (PIN_MIN_BYTES if min_bytes is None else min_bytes):
+        return None
+    lib = _lib()
+    if lib is None:
+        return None
+    ptr, nbytes = owner.ctypes.data, owner.nbytes
+    with _lock:
+        pin = _pins.get(ptr)
+        if pin is not None and pin.nbytes != nbytes:     # stale entry of freed memory at the same address
+            _drop(pin)
+            pin = None
+        if pin is None:
+            if not _make_room(nbytes):
+                return None
+            status = lib.cudaHostRegister(ptr, nbytes, _PORTABLE)
+            if status not in (0, _ALREADY_REGISTERED):
+                lib.cudaGetLastError()                   # clear the sticky-free error state
+                return None
+            if status == _ALREADY_REGISTERED:
+                lib.cudaGetLastError()
+            pin = _Pin(ptr, nbytes, ours=status == 0)
+            pin.finalizer = weakref.finalize(owner, _freed, ptr)
+            _pins[ptr] = pin
+        pin.users += 1
+        pin.last = time.monotonic()
+        return pin
+
+
+def release(pin):
+    if pin is None:
+        return
+    with _lock:
+        pin.users -= 1
+        pin.last = time.monotonic()
+
+
+def _make_room(nbytes):
+    """Unregister idle pins, least recently used first, until ``nbytes`` more fit under the cap."""
+    cap = max_bytes()
+    held = sum(p.nbytes for p in _pins.values() if p.ours)
+    for pin in sorted((p for p in _pins.values() if p.users == 0), key=lambda p: p.last):
+        if held + nbytes <= cap:
+            break
+        held -= pin.nbytes if pin.ours else 0
+        _drop(pin)
+    return held + nbytes <= cap
+
+
+def _drop(pin):
+    _pins.pop(pin.ptr, None)
+    if pin.finalizer is not None:
+        pin.finalizer.detach()
+    if pin.ours:
+        lib = _lib()
+        if lib is not None and lib.cudaHostUnregister(pin.ptr) != 0:
+            lib.cudaGetLastError()
+
+
+def _freed(ptr):
+    """numpy is about to free the memory at ``ptr``: unregister it first (weakref finalizer)."""
+    with _lock:
+        pin = _pins.get(ptr)
+        if pin is not None:
+            pin.finalizer = None
+            _drop(pin)
+
+
+def clear():
+    """Unregister every idle pin (tests, or a caller who wants its memory unlocked now)."""
+    with _lock:
+        for pin in [p for p in _pins.values() if p.users == 0]:
+            _drop(pin)
