@@ -7,6 +7,11 @@ and unregistering ~62 GB/s, too much to pay on every call. So an operand is regi
 stays registered until numpy frees it (a weakref finalizer unregisters it first) or until its bytes are
 needed for another operand under the cap ($HYBRIDBLAS_PIN_MAX_GB, default 3/4 of the host memory).
 
+Registration runs on a background thread: a first call on an operand stages it through the pinned ring
+(as if unpinned) while its memory is being locked, and switches each later upload to DMA once that is done.
+Measured, registering took 1-2.5 s for 10-30 GB of fresh operands (faulting in memory numpy had not yet
+touched is part of it), several times the ring's cost for one call, so no call waits for it.
+
 Only arrays whose memory numpy owns are registered (not views of foreign buffers or memory maps), and a
 registration that fails (too much locked memory, a foreign driver state) just leaves that operand on the
 staging path.
@@ -30,11 +35,28 @@ _cudart = None
 
 
 class _Pin:
-    __slots__ = ("ptr", "nbytes", "users", "last", "finalizer", "ours")
+    __slots__ = ("ptr", "nbytes", "users", "last", "finalizer", "ours", "ready", "busy")
 
-    def __init__(self, ptr, nbytes, ours):
-        self.ptr, self.nbytes, self.ours = ptr, nbytes, ours
+    def __init__(self, ptr, nbytes):
+        self.ptr, self.nbytes, self.ours = ptr, nbytes, True
         self.users, self.last, self.finalizer = 0, time.monotonic(), None
+        self.ready = threading.Event()     # set once the memory is page-locked
+        self.busy = True                   # registration in flight: never evicted meanwhile
+
+
+def is_ready(pin):
+    """True when ``pin`` (from acquire) is page-locked: uploads from it may be plain DMA."""
+    return pin is not None and pin.ready.is_set()
+
+
+def wait_ready(timeout=None):
+    """Wait for every registration in flight (benchmarks and tests; calls never need to)."""
+    with _lock:
+        pending = [p for p in _pins.values() if p.busy]
+    for p in pending:
+        p.ready.wait(timeout)
+        while p.busy:
+            time.sleep(0.001)
 
 
 def _lib():
@@ -86,7 +108,10 @@ def pinned_bytes():
 
 
 def acquire(arr, min_bytes=None):
-    """Make ``arr``'s memory page-locked (registering its owner once); a token for release(), or None."""
+    """Start page-locking ``arr``'s memory (its owner, once); a token for is_ready()/release(), or None.
+
+    Returns at once: the registration runs on a background thread, which holds the owner alive meanwhile.
+    """
     owner = _owner(arr)
     if owner is None or owner.nbytes < (PIN_MIN_BYTES if min_bytes is None else min_bytes):
         return None
@@ -96,24 +121,37 @@ def acquire(arr, min_bytes=None):
     ptr, nbytes = owner.ctypes.data, owner.nbytes
     with _lock:
         pin = _pins.get(ptr)
-        if pin is not None and pin.nbytes != nbytes:     # stale entry of freed memory at the same address
+        if pin is not None and pin.nbytes != nbytes and not pin.busy:   # stale entry at the same address
             _drop(pin)
             pin = None
         if pin is None:
             if not _make_room(nbytes):
                 return None
-            status = lib.cudaHostRegister(ptr, nbytes, _PORTABLE)
-            if status not in (0, _ALREADY_REGISTERED):
-                lib.cudaGetLastError()                   # clear the sticky-free error state
-                return None
-            if status == _ALREADY_REGISTERED:
-                lib.cudaGetLastError()
-            pin = _Pin(ptr, nbytes, ours=status == 0)
+            pin = _Pin(ptr, nbytes)
             pin.finalizer = weakref.finalize(owner, _freed, ptr)
             _pins[ptr] = pin
+            threading.Thread(target=_register, args=(lib, pin, owner), daemon=True,
+                             name="hybridblas-pin").start()
+        elif pin.nbytes != nbytes:
+            return None
         pin.users += 1
         pin.last = time.monotonic()
         return pin
+
+
+def _register(lib, pin, owner):
+    status = lib.cudaHostRegister(pin.ptr, pin.nbytes, _PORTABLE)
+    if status != 0:
+        lib.cudaGetLastError()                  # clear the error so later CUDA calls do not see it
+    with _lock:
+        pin.busy = False
+        if status in (0, _ALREADY_REGISTERED):
+            pin.ours = status == 0              # someone else's registration: never undone by us
+            pin.ready.set()
+        else:                                   # e.g. locked-memory limit: this operand stays staged
+            pin.ours = False
+            _drop(pin)
+    del owner                                   # only now may numpy free it (its finalizer unregisters)
 
 
 def release(pin):
@@ -128,7 +166,7 @@ def _make_room(nbytes):
     """Unregister idle pins, least recently used first, until ``nbytes`` more fit under the cap."""
     cap = max_bytes()
     held = sum(p.nbytes for p in _pins.values() if p.ours)
-    for pin in sorted((p for p in _pins.values() if p.users == 0), key=lambda p: p.last):
+    for pin in sorted((p for p in _pins.values() if p.users == 0 and not p.busy), key=lambda p: p.last):
         if held + nbytes <= cap:
             break
         held -= pin.nbytes if pin.ours else 0
@@ -137,10 +175,12 @@ def _make_room(nbytes):
 
 
 def _drop(pin):
-    _pins.pop(pin.ptr, None)
+    if _pins.get(pin.ptr) is pin:
+        del _pins[pin.ptr]
     if pin.finalizer is not None:
         pin.finalizer.detach()
-    if pin.ours:
+    if pin.ours and pin.ready.is_set():
+        pin.ready.clear()
         lib = _lib()
         if lib is not None and lib.cudaHostUnregister(pin.ptr) != 0:
             lib.cudaGetLastError()
@@ -157,6 +197,7 @@ def _freed(ptr):
 
 def clear():
     """Unregister every idle pin (tests, or a caller who wants its memory unlocked now)."""
+    wait_ready()
     with _lock:
-        for pin in [p for p in _pins.values() if p.users == 0]:
+        for pin in [p for p in _pins.values() if p.users == 0 and not p.busy]:
             _drop(pin)

@@ -238,21 +238,41 @@ def test_large_host_operands_are_pinned_while_they_live(name, rng):
     b = rng.standard_normal((k, n)) if name == "gemmt" else None
     c0 = rng.standard_normal((n, n))
     outs = {}
-    for pin in (False, True):
+    # unpinned; first pinned call (staged while the lock is taken); a call with the operands locked
+    for label, pin in (("ring", False), ("first", True), ("locked", True)):
         ctx = hb.Context(devices=["cuda:0"], strategy="dynamic", block_size=96, pin_host=pin)
         c = c0.copy(order="F")
         if name == "herk":
-            outs[pin] = hb.syrk(0.5, a, beta=-1.0, c=c, lower=True, context=ctx)
+            outs[label] = hb.syrk(0.5, a, beta=-1.0, c=c, lower=True, context=ctx)
         else:
-            outs[pin] = hb.gemmt(0.5, a, b, beta=-1.0, c=c, lower=True, context=ctx)
+            outs[label] = hb.gemmt(0.5, a, b, beta=-1.0, c=c, lower=True, context=ctx)
+        host_pinning.wait_ready()
         if pin:
             assert host_pinning.pinned_bytes() >= a.nbytes
     want = 0.5 * (a @ a.T if name == "herk" else a @ b) - c0
     low = np.tril(np.ones((n, n), bool))
-    for pin, got in outs.items():
-        assert np.abs(got[low] - want[low]).max() <= 1e-9 * np.abs(want).max(), f"pin_host={pin}"
+    for label, got in outs.items():
+        assert np.abs(got[low] - want[low]).max() <= 1e-9 * np.abs(want).max(), label
         np.testing.assert_array_equal(got[~low], c0[~low])
-    np.testing.assert_array_equal(outs[True][low], outs[False][low])
+        np.testing.assert_array_equal(got[low], outs["ring"][low])
     del a, b
     gc.collect()
     assert host_pinning.pinned_bytes() == 0          # freed arrays were unregistered first
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+def test_single_precision_long_k_gram_is_as_accurate_as_cpu_blas(dtype, rng):
+    """LOBPCG's Gram matrices: 24 columns, k ~ 3e4, float32. The GPU result must not be worse than
+    a float32 gemm by much (cuBLAS's ssyrk summing all of k in one accumulator was ~10x worse)."""
+    import cupy
+    x = random_matrix(rng, (28503, 24), dtype) + 0.5
+    ref = (x.astype(np.complex128).conj().T @ x.astype(np.complex128))
+    scale = np.abs(ref).max()
+    xd = cupy.asarray(x)
+    ours = hb.herk(1.0, xd, trans="C", context=hb.Context(devices=["cuda:0"])).get() if np.iscomplexobj(x) \
+        else hb.syrk(1.0, xd, trans="T", context=hb.Context(devices=["cuda:0"])).get()
+    gemm = (xd.conj().T @ xd).get()
+    low = np.tril(np.ones((24, 24), bool))
+    err_ours = np.abs(ours[low] - ref[low]).max() / scale
+    err_gemm = np.abs(gemm[low] - ref[low]).max() / scale
+    assert err_ours <= max(3 * err_gemm, 1e-6), (err_ours, err_gemm)

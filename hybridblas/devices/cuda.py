@@ -32,6 +32,7 @@ WINDOW = 5                 # tiles launched and not yet written back (the feeder
 STAGING_SLOT = 64 << 20
 STAGING_SLOTS = 4
 RESERVE = 256 << 20
+SINGLE_K = 1024            # k chunk for float32/complex64 kernels (accuracy, see _CUDARun)
 STREAM_K = 4096            # panels moved from elsewhere are cut along k: the first kernel starts sooner        # left free for cuBLAS workspaces and CuPy temporaries
 
 
@@ -205,11 +206,16 @@ class _CUDARun(DeviceRun):
             self.nb, self.kc = _block_plan(problem, self.budget, fixed)
             if self.host or any(d != device.index for d in self.f_dev):
                 self.kc = min(self.kc, max(self.nb, STREAM_K))
+            if problem.dtype in (np.float32, np.complex64):
+                # cuBLAS's single-precision syrk sums a whole k range in one float32 accumulator: for
+                # LOBPCG's tall Gram matrices (k ~ 3e4) that gave 10x the error of CPU BLAS and of a gemm;
+                # short k chunks, summed in C, bring it back (measured in docs/performance.md)
+                self.kc = min(self.kc, SINGLE_K)
             self.share = join_share(id(problem)) if self.host else None
             self.call_id = id(problem)
             self.cache = PanelCache(self._cache_capacity(), self.s_in, self.share, device.index)
             self.ring = device.ring("in") if self.host else None
-            self.pins, self.direct_f, self.direct_c = [], [False] * len(problem.factors), False
+            self.pin_f, self.pin_c = [None] * len(problem.factors), None
             self.writer = None
             if self.host:     # host write-back on its own thread: the feeder never waits for a kernel
                 self.out_ring = device.ring("out")
@@ -233,19 +239,11 @@ class _CUDARun(DeviceRun):
 
     # ------------------------------------------------------------------ setup
     def _pin_host_operands(self):
-        """Page-lock the caller's large host operands (kept while they live): uploads become one DMA each."""
-        t0 = time.perf_counter()
+        """Start page-locking the caller's large host operands (kept while they live): once locked, an
+        upload is one DMA. Until then (a first call) they go through the staging ring."""
         p = self.problem
-        for f, fac in enumerate(p.factors):
-            if not fac.scratch:
-                pin = host_pinning.acquire(fac.base)
-                self.direct_f[f] = pin is not None
-                self.pins.append(pin)
-        if p.writeback is None:
-            pin = host_pinning.acquire(p.c)
-            self.direct_c = pin is not None
-            self.pins.append(pin)
-        self.stats["pin_s"] += time.perf_counter() - t0
+        self.pin_f = [None if fac.scratch else host_pinning.acquire(fac.base) for fac in p.factors]
+        self.pin_c = host_pinning.acquire(p.c) if p.writeback is None else None
 
     def _enable_peers(self):
         rt = self.cp.cuda.runtime
@@ -291,9 +289,9 @@ class _CUDARun(DeviceRun):
                 return self._partial_result()
             finally:
                 self._stop_writer()
-                for pin in self.pins:
+                for pin in self.pin_f + [self.pin_c]:
                     host_pinning.release(pin)
-                self.pins = []
+                self.pin_f, self.pin_c = [None] * len(self.pin_f), None
                 if self.share is not None:
                     for ev in leave_share(self.call_id, self.device.index):
                         ev.synchronize()
@@ -458,7 +456,7 @@ class _CUDARun(DeviceRun):
                     tri = ("lower" if p.lower else "upper") if t.diag else None
                     t0 = time.perf_counter()
                     cuda_transfer.download(p.c[t.i0:t.i1, t.j0:t.j1], rec.local, self.out_ring, self.s_out, tri,
-                                           direct=self.direct_c)
+                                           direct=host_pinning.is_ready(self.pin_c))
                     self.stats["host_download_s"] += time.perf_counter() - t0
                     self.stats["bytes_to_host"] += rec.local.nbytes
                 except BaseException as exc:   # handed to the feeder, which re-raises it
@@ -476,7 +474,7 @@ class _CUDARun(DeviceRun):
     def _fetch_c(self, buf, t, target):
         if self.host:
             cuda_transfer.upload(buf, self.problem.c[t.i0:t.i1, t.j0:t.j1], self.ring, self.s_in,
-                                 direct=self.direct_c)
+                                 direct=host_pinning.is_ready(self.pin_c))
         else:
             self._copy_device(buf, target, self.s_in)
         ev = self.cp.cuda.Event(disable_timing=True)
@@ -573,7 +571,7 @@ class _CUDARun(DeviceRun):
             entry, mine = self.share.claim(self.device.index, key)
         try:
             t0 = time.perf_counter()
-            cuda_transfer.upload(arr, src, self.ring, self.s_in, direct=self.direct_f[key[0]])
+            cuda_transfer.upload(arr, src, self.ring, self.s_in, direct=host_pinning.is_ready(self.pin_f[key[0]]))
             self.stats["host_upload_s"] += time.perf_counter() - t0
             self.stats["bytes_from_host"] += arr.nbytes
         except BaseException:
