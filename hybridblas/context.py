@@ -52,14 +52,14 @@ class Context:
     memory_limit: bytes a call may use on each GPU (default: what is free); smaller forces out-of-core.
     cpu_min_share: beside GPUs, the CPU works only if its rate share reaches this (0 keeps it always;
                 None: the calibrated profile decides when it covers the call, else 0.05).
-    pin_host:   True (default): host operands of >= 256 MiB that numpy owns are page-locked on first use
-                and stay so while they live (see hybridblas.host_pinning), so GPUs read them by DMA at full
-                PCIe speed; False: every host transfer goes through the pinned staging buffers.
+    pin_host:   "auto" (default): a host operand of >= 256 MiB that numpy owns is page-locked when a second
+                call meets it, and stays so while it lives (hybridblas.host_pinning): GPUs then read it by
+                DMA at full PCIe speed. True: from the first call. False: always the pinned staging ring.
     """
 
     def __init__(self, devices="all", strategy="auto", block_size=None, *, cpu_threads=None,
                  rates=None, profile=None, sync=False, tail_fraction=0.15, memory_limit=None,
-                 cpu_min_share=None, min_call_seconds=0.005, pin_host=True):
+                 cpu_min_share=None, min_call_seconds=0.005, pin_host="auto"):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool)
@@ -92,8 +92,8 @@ class Context:
         if cpu_min_share is not None and not 0.0 <= cpu_min_share < 1.0:
             raise ValueError(f"cpu_min_share must be in [0, 1), got {cpu_min_share!r}")
         self.cpu_min_share = cpu_min_share
-        if not isinstance(pin_host, bool):
-            raise TypeError(f"pin_host must be True or False, got {pin_host!r}")
+        if pin_host not in (True, False, "auto"):
+            raise ValueError(f"pin_host must be True, False or 'auto', got {pin_host!r}")
         self.pin_host = pin_host
 
     @staticmethod

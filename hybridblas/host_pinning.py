@@ -7,6 +7,10 @@ and unregistering ~62 GB/s, too much to pay on every call. So an operand is regi
 stays registered until numpy frees it (a weakref finalizer unregisters it first) or until its bytes are
 needed for another operand under the cap ($HYBRIDBLAS_PIN_MAX_GB, default 3/4 of the host memory).
 
+Under the default policy (Context(pin_host="auto")) an operand is registered the second time a call
+meets it: a one-shot call never pays for locking memory it will not use again, a program that comes back
+to the same arrays (repeated products, a FLAPW build's four calls on one A) gets DMA from then on.
+
 Registration runs on a background thread: a first call on an operand stages it through the pinned ring
 (as if unpinned) while its memory is being locked, and switches each later upload to DMA once that is done.
 Measured, registering took 1-2.5 s for 10-30 GB of fresh operands (faulting in memory numpy had not yet
@@ -31,6 +35,7 @@ _ALREADY_REGISTERED = 712          # cudaErrorHostMemoryAlreadyRegistered: someo
 
 _lock = threading.Lock()
 _pins = {}                         # owner's data pointer -> _Pin
+_seen = {}                         # owner's data pointer -> [nbytes, calls that met it, finalizer, last call]
 _cudart = None
 
 
@@ -63,8 +68,12 @@ def _lib():
     """libcudart (the copy CuPy loaded) through ctypes: register calls then release the GIL."""
     global _cudart
     if _cudart is None:
-        import cupy
-        cupy.cuda.runtime.getDeviceCount()       # makes sure CuPy has loaded its runtime
+        try:
+            import cupy
+            cupy.cuda.runtime.getDeviceCount()   # makes sure CuPy has loaded its runtime
+        except Exception:                        # no cupy, no driver: nothing can be registered
+            _cudart = False
+            return None
         for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
             try:
                 lib = ctypes.CDLL(name)
@@ -107,18 +116,24 @@ def pinned_bytes():
         return sum(p.nbytes for p in _pins.values() if p.ours)
 
 
-def acquire(arr, min_bytes=None):
+def acquire(arr, min_bytes=None, after_uses=0, call=None):
     """Start page-locking ``arr``'s memory (its owner, once); a token for is_ready()/release(), or None.
 
+    ``after_uses``: register only once this many earlier calls have met the same operand (1 for the
+    "auto" policy); until then None, and the sighting is remembered while the array lives. ``call``
+    identifies the call, so that the several GPUs of one call count as one sighting.
     Returns at once: the registration runs on a background thread, which holds the owner alive meanwhile.
     """
     owner = _owner(arr)
     if owner is None or owner.nbytes < (PIN_MIN_BYTES if min_bytes is None else min_bytes):
         return None
+    ptr, nbytes = owner.ctypes.data, owner.nbytes
+    with _lock:
+        if ptr not in _pins and _sightings(owner, ptr, nbytes, call) <= after_uses:
+            return None
     lib = _lib()
     if lib is None:
         return None
-    ptr, nbytes = owner.ctypes.data, owner.nbytes
     with _lock:
         pin = _pins.get(ptr)
         if pin is not None and pin.nbytes != nbytes and not pin.busy:   # stale entry at the same address
@@ -137,6 +152,32 @@ def acquire(arr, min_bytes=None):
         pin.users += 1
         pin.last = time.monotonic()
         return pin
+
+
+def _sightings(owner, ptr, nbytes, call):
+    """Count the calls that met this owner (forgotten when it is freed); return the count so far."""
+    entry = _seen.get(ptr)
+    if entry is None or entry[0] != nbytes:
+        if entry is not None:
+            entry[2].detach()
+        entry = _seen[ptr] = [nbytes, 0, weakref.finalize(owner, _forget, ptr), object()]
+    if call is None or entry[3] is not call:
+        entry[1] += 1
+        entry[3] = call
+    return entry[1]
+
+
+def times_seen(arr):
+    """How many calls have met ``arr``'s owner so far (for tests and diagnostics)."""
+    owner = _owner(arr)
+    with _lock:
+        entry = _seen.get(owner.ctypes.data) if owner is not None else None
+        return entry[1] if entry is not None and entry[0] == owner.nbytes else 0
+
+
+def _forget(ptr):
+    with _lock:
+        _seen.pop(ptr, None)
 
 
 def _register(lib, pin, owner):
@@ -196,8 +237,12 @@ def _freed(ptr):
 
 
 def clear():
-    """Unregister every idle pin (tests, or a caller who wants its memory unlocked now)."""
+    """Unregister every idle pin and forget every sighting (tests, benchmarks, or a caller who wants its
+    memory unlocked now)."""
     wait_ready()
     with _lock:
+        for entry in _seen.values():
+            entry[2].detach()
+        _seen.clear()
         for pin in [p for p in _pins.values() if p.users == 0 and not p.busy]:
             _drop(pin)

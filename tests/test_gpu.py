@@ -276,3 +276,23 @@ def test_single_precision_long_k_gram_is_as_accurate_as_cpu_blas(dtype, rng):
     err_ours = np.abs(ours[low] - ref[low]).max() / scale
     err_gemm = np.abs(gemm[low] - ref[low]).max() / scale
     assert err_ours <= max(3 * err_gemm, 1e-6), (err_ours, err_gemm)
+
+
+def test_auto_pinning_locks_an_operand_on_its_second_call(rng):
+    from hybridblas import host_pinning
+    host_pinning.clear()
+    a = rng.standard_normal((256, 131072 + 7))      # just over the 256 MiB threshold
+    ctx = hb.Context(devices=["cuda:0"], strategy="dynamic", block_size=128)   # pin_host="auto"
+    first = hb.syrk(1.0, a, context=ctx)
+    host_pinning.wait_ready()
+    assert host_pinning.pinned_bytes() == 0 and host_pinning.times_seen(a) == 1
+    second = hb.syrk(1.0, a, context=ctx)
+    host_pinning.wait_ready()
+    assert host_pinning.pinned_bytes() >= a.nbytes
+    third = hb.syrk(1.0, a, context=ctx)             # read by DMA
+    low = np.tril(np.ones((256, 256), bool))
+    np.testing.assert_array_equal(second[low], first[low])
+    np.testing.assert_array_equal(third[low], first[low])
+    del a
+    gc.collect()
+    assert host_pinning.pinned_bytes() == 0

@@ -29,8 +29,35 @@ def test_pin_cap_from_the_environment(monkeypatch):
         host_pinning.max_bytes()
 
 
-def test_context_pin_host_must_be_a_bool():
-    assert hb.Context("cpu").pin_host is True
+def test_context_pin_host_values():
+    assert hb.Context("cpu").pin_host == "auto"
     assert hb.Context("cpu", pin_host=False).pin_host is False
-    with pytest.raises(TypeError, match="pin_host.*'yes'"):
+    with pytest.raises(ValueError, match="pin_host.*'yes'"):
         hb.Context("cpu", pin_host="yes")
+
+
+def test_auto_policy_counts_calls_not_gpus_and_forgets_freed_arrays():
+    host_pinning.clear()
+    a = np.ones((64, 64))
+    call_1, call_2 = object(), object()
+    # two GPUs of one call: one sighting; no registration yet under "auto" (after_uses=1)
+    assert host_pinning.acquire(a, min_bytes=0, after_uses=1, call=call_1) is None
+    assert host_pinning.acquire(a[:8], min_bytes=0, after_uses=1, call=call_1) is None
+    assert host_pinning.times_seen(a) == 1
+    host_pinning.acquire(a, min_bytes=0, after_uses=1, call=call_2)   # registers where CUDA exists
+    assert host_pinning.times_seen(a) == 2
+    host_pinning.clear()
+    assert host_pinning.times_seen(a) == 0
+    b = np.ones((64, 64))
+    host_pinning.acquire(b, min_bytes=0, after_uses=5, call=call_1)
+    assert host_pinning.times_seen(b) == 1
+    ptr = b.ctypes.data
+    del b
+    assert ptr not in host_pinning._seen          # forgotten with the array
+
+
+def test_small_or_foreign_operands_are_never_counted():
+    host_pinning.clear()
+    small = np.ones(8)
+    assert host_pinning.acquire(small, after_uses=0) is None
+    assert host_pinning.times_seen(small) == 0

@@ -242,8 +242,11 @@ class _CUDARun(DeviceRun):
         """Start page-locking the caller's large host operands (kept while they live): once locked, an
         upload is one DMA. Until then (a first call) they go through the staging ring."""
         p = self.problem
-        self.pin_f = [None if fac.scratch else host_pinning.acquire(fac.base) for fac in p.factors]
-        self.pin_c = host_pinning.acquire(p.c) if p.writeback is None else None
+        after = 1 if p.extra.get("pin_host") == "auto" else 0
+        call = p.extra.setdefault("call_token", object())     # one token shared by the call's GPUs
+        self.pin_f = [None if fac.scratch else host_pinning.acquire(fac.base, after_uses=after, call=call)
+                      for fac in p.factors]
+        self.pin_c = host_pinning.acquire(p.c, after_uses=after, call=call) if p.writeback is None else None
 
     def _enable_peers(self):
         rt = self.cp.cuda.runtime
