@@ -417,6 +417,13 @@ def plot_scaling(doc, plt, path):
             pts = [p for p in pts if p[1] is not None]
             if pts:
                 ax.plot(*zip(*pts), style, label=impl.replace("hb-", "hybridblas ") + " (host data)")
+        # a call that meets host operands not yet page-locked (registration on the way): slower
+        first = [(c, max((x["tflops"] * x["best_s"] / x["first_call_s"] for x in rows
+                          if x["impl"].startswith("hb-") and "first_call_s" in x and len(x["gpus"]) == c),
+                         default=None)) for c in counts]
+        first = [p for p in first if p[1] is not None]
+        if first:
+            ax.plot(*zip(*first), "x:", color="gray", label="hybridblas, first call (operands being locked)")
         ax.set_title(f"{routine}, n = k = {n}")
         ax.set_xlabel("GPUs")
         ax.set_xticks(counts)
