@@ -391,10 +391,7 @@ def plot(doc, path):
         ax.set_xlabel("n = k")
         ax.set_ylabel("TFLOP/s")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    log(f"plot: {path}")
+    _save(fig, axes, path)
 
 
 def plot_scaling(doc, plt, path):
@@ -429,6 +426,10 @@ def plot_scaling(doc, plt, path):
         ax.set_xticks(counts)
         ax.set_ylabel("TFLOP/s")
         ax.grid(alpha=0.3)
+    _save(fig, axes, path)
+
+
+def _save(fig, axes, path):
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

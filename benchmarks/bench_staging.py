@@ -9,34 +9,11 @@ The answer decides how hybridblas feeds the GPUs; see docs/performance.md.
 """
 import argparse
 import concurrent.futures
-import ctypes
 import json
 import os
 import time
 
 import numpy as np
-
-
-def cudart():
-    """libcudart through ctypes (the copy CuPy loaded), so register calls release the GIL; None if not found."""
-    import cupy
-    cupy.cuda.runtime.getDeviceCount()
-    paths = []
-    with open("/proc/self/maps") as fh:
-        for line in fh:
-            path = line.split()[-1] if line.strip() else ""
-            if os.path.basename(path).startswith("libcudart.so"):
-                paths.append(path)
-    for name in paths + ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]:
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
-        lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
-        print("cudart:", name, flush=True)
-        return lib
-    return None
 
 
 def check(status, what):
@@ -177,6 +154,7 @@ def main():
     pinned = np.frombuffer(pinned_mem, dtype=np.complex128, count=rows * pc).reshape((rows, pc), order="F")
     res["copy_to_pinned_GBps"] = copy_rates(x[:, :pc], pinned, threads)
     print("copy pageable->pinned GB/s by threads:", res["copy_to_pinned_GBps"], flush=True)
+    from hybridblas.host_pinning import cudart
     lib = cudart()
     if lib is not None:
         res["register_GBps"] = {}

@@ -1,24 +1,19 @@
 """Keep large host operands page-locked (cudaHostRegister) while they live, so GPUs DMA straight from them.
 
-Measured on H200 nodes (benchmarks/bench_staging.py, docs/performance.md): DMA from registered memory runs
-at 55 GB/s per GPU and 175 GB/s with four GPUs at once, while staging pageable memory through pinned
-buffers is bounded by the host's copies (18-43 GB/s for the whole node). Registering costs ~45 GB/s once
-and unregistering ~62 GB/s, too much to pay on every call. So an operand is registered on first use and
-stays registered until numpy frees it (a weakref finalizer unregisters it first) or until its bytes are
-needed for another operand under the cap ($HYBRIDBLAS_PIN_MAX_GB, default 3/4 of the host memory).
-
-Under the default policy (Context(pin_host="auto")) an operand is registered the second time a call
+Measured on a 4xH200 node (benchmarks/bench_staging.py, docs/performance.md): DMA from registered memory
+runs at 55 GB/s per GPU and 175 GB/s with four GPUs at once, while staging pageable memory through pinned
+buffers is bounded by the host's copies (18-43 GB/s for the whole node). Locking is dear, though: a call
+that met 19-29 GB of unlocked operands at n = k = 24576 took 2.3-5.4 s instead of 0.4-2.5 s, whether the
+registration ran in the caller or (as now) on a background thread beside the ring's staging. So an operand,
+once locked, stays locked until numpy frees it (a weakref finalizer unregisters it first) or until its
+bytes are needed for another operand under the cap ($HYBRIDBLAS_PIN_MAX_GB, default 3/4 of the host
+memory), and under the default policy (Context(pin_host="auto")) it is locked only when a second call
 meets it: a one-shot call never pays for locking memory it will not use again, a program that comes back
 to the same arrays (repeated products, a FLAPW build's four calls on one A) gets DMA from then on.
 
-Registration runs on a background thread: a first call on an operand stages it through the pinned ring
-(as if unpinned) while its memory is being locked, and switches each later upload to DMA once that is done.
-Measured, registering took 1-2.5 s for 10-30 GB of fresh operands (faulting in memory numpy had not yet
-touched is part of it), several times the ring's cost for one call, so no call waits for it.
-
-Only arrays whose memory numpy owns are registered (not views of foreign buffers or memory maps), and a
-registration that fails (too much locked memory, a foreign driver state) just leaves that operand on the
-staging path.
+Until its registration has finished an operand goes through the staging ring. Only arrays whose memory
+numpy owns are registered (not views of foreign buffers or memory maps), and a registration that fails
+(too much locked memory, a foreign driver state) just leaves that operand on the staging path.
 """
 import ctypes
 import os
@@ -40,13 +35,17 @@ _cudart = None
 
 
 class _Pin:
-    __slots__ = ("ptr", "nbytes", "users", "last", "finalizer", "ours", "ready", "busy")
+    __slots__ = ("ptr", "nbytes", "users", "last", "finalizer", "ours", "ready", "done")
 
     def __init__(self, ptr, nbytes):
         self.ptr, self.nbytes, self.ours = ptr, nbytes, True
         self.users, self.last, self.finalizer = 0, time.monotonic(), None
         self.ready = threading.Event()     # set once the memory is page-locked
-        self.busy = True                   # registration in flight: never evicted meanwhile
+        self.done = threading.Event()      # set when the registration has ended, locked or not
+
+    @property
+    def busy(self):                        # registration in flight: never evicted meanwhile
+        return not self.done.is_set()
 
 
 def is_ready(pin):
@@ -59,12 +58,10 @@ def wait_ready(timeout=None):
     with _lock:
         pending = [p for p in _pins.values() if p.busy]
     for p in pending:
-        p.ready.wait(timeout)
-        while p.busy:
-            time.sleep(0.001)
+        p.done.wait(timeout)
 
 
-def _lib():
+def cudart():
     """libcudart (the copy CuPy loaded) through ctypes: register calls then release the GIL."""
     global _cudart
     if _cudart is None:
@@ -131,7 +128,7 @@ def acquire(arr, min_bytes=None, after_uses=0, call=None):
     with _lock:
         if ptr not in _pins and _sightings(owner, ptr, nbytes, call) <= after_uses:
             return None
-    lib = _lib()
+    lib = cudart()
     if lib is None:
         return None
     with _lock:
@@ -185,13 +182,13 @@ def _register(lib, pin, owner):
     if status != 0:
         lib.cudaGetLastError()                  # clear the error so later CUDA calls do not see it
     with _lock:
-        pin.busy = False
         if status in (0, _ALREADY_REGISTERED):
             pin.ours = status == 0              # someone else's registration: never undone by us
             pin.ready.set()
         else:                                   # e.g. locked-memory limit: this operand stays staged
             pin.ours = False
             _drop(pin)
+        pin.done.set()
     del owner                                   # only now may numpy free it (its finalizer unregisters)
 
 
@@ -222,7 +219,7 @@ def _drop(pin):
         pin.finalizer.detach()
     if pin.ours and pin.ready.is_set():
         pin.ready.clear()
-        lib = _lib()
+        lib = cudart()
         if lib is not None and lib.cudaHostUnregister(pin.ptr) != 0:
             lib.cudaGetLastError()
 

@@ -61,3 +61,69 @@ def test_small_or_foreign_operands_are_never_counted():
     small = np.ones(8)
     assert host_pinning.acquire(small, after_uses=0) is None
     assert host_pinning.times_seen(small) == 0
+
+
+class _FakeCudart:
+    """Stands in for libcudart: records register/unregister calls, answers with a chosen status."""
+
+    def __init__(self, status=0):
+        self.status, self.registered, self.unregistered = status, [], []
+
+    def cudaHostRegister(self, ptr, nbytes, flags):
+        self.registered.append((ptr, nbytes))
+        return self.status
+
+    def cudaHostUnregister(self, ptr):
+        self.unregistered.append(ptr)
+        return 0
+
+    def cudaGetLastError(self):
+        return 0
+
+
+@pytest.fixture
+def fake_cudart(monkeypatch):
+    host_pinning.clear()
+    fake = _FakeCudart()
+    monkeypatch.setattr(host_pinning, "cudart", lambda: fake)
+    yield fake
+    host_pinning.clear()
+
+
+def test_locked_until_the_array_is_freed(fake_cudart):
+    a = np.ones((128, 64))
+    pin = host_pinning.acquire(a[3:], min_bytes=0)       # a view: its owner is locked
+    host_pinning.wait_ready()
+    assert host_pinning.is_ready(pin) and fake_cudart.registered == [(a.ctypes.data, a.nbytes)]
+    assert host_pinning.pinned_bytes() == a.nbytes
+    host_pinning.release(pin)
+    again = host_pinning.acquire(a, min_bytes=0)         # the same owner: no second registration
+    assert again is pin and len(fake_cudart.registered) == 1
+    host_pinning.release(again)
+    ptr = a.ctypes.data
+    del a, pin, again
+    assert fake_cudart.unregistered == [ptr] and host_pinning.pinned_bytes() == 0
+
+
+def test_failed_registration_leaves_the_operand_staged(fake_cudart):
+    fake_cudart.status = 2                               # cudaErrorMemoryAllocation
+    a = np.ones((64, 64))
+    pin = host_pinning.acquire(a, min_bytes=0)
+    host_pinning.wait_ready(timeout=10)                  # returns: the registration has ended
+    assert not host_pinning.is_ready(pin) and host_pinning.pinned_bytes() == 0
+    host_pinning.release(pin)
+    del a
+    assert fake_cudart.unregistered == []                # nothing of ours to undo
+
+
+def test_cap_evicts_idle_pins_first(fake_cudart, monkeypatch):
+    a, b = np.ones((64, 64)), np.ones((64, 64))
+    monkeypatch.setenv(host_pinning.ENV_MAX_GB, str(1.5 * a.nbytes / 1e9))   # room for one
+    pa = host_pinning.acquire(a, min_bytes=0)
+    host_pinning.wait_ready()
+    assert host_pinning.acquire(b, min_bytes=0) is None  # a is in use: no room for b
+    host_pinning.release(pa)
+    pb = host_pinning.acquire(b, min_bytes=0)            # a is idle now: it makes room
+    host_pinning.wait_ready()
+    assert host_pinning.is_ready(pb) and fake_cudart.unregistered == [a.ctypes.data]
+    host_pinning.release(pb)

@@ -31,9 +31,9 @@ GEMMT_LEAF = 512           # gemmt diagonal blocks up to this edge: one scratch 
 WINDOW = 5                 # tiles launched and not yet written back (the feeder's lead)
 STAGING_SLOT = 64 << 20
 STAGING_SLOTS = 4
-RESERVE = 256 << 20
+RESERVE = 256 << 20        # left free for cuBLAS workspaces and CuPy temporaries
 SINGLE_K = 1024            # k chunk for float32/complex64 kernels (accuracy, see _CUDARun)
-STREAM_K = 4096            # panels moved from elsewhere are cut along k: the first kernel starts sooner        # left free for cuBLAS workspaces and CuPy temporaries
+STREAM_K = 4096            # panels moved from elsewhere are cut along k: the first kernel starts sooner
 
 
 # Per GPU, what the last call did: bytes moved, host seconds spent staging, kernel seconds (for the notes).
