@@ -39,8 +39,11 @@ gputests) stage gputests ${TESTS_LIMIT:-420} "python3 -m pytest -q -p no:cachepr
 scale) stage scale ${SCALE_LIMIT:-560} "python3 benchmarks/bench_blas_gpu.py --sizes ${SCALE_N:-24576} --modes host --gpu-counts ${COUNTS:-1 2 4} --repeats 2 --xt-block 8192 --out $W/scale" ;;
 flapwn) stage flapwn 300 "python3 benchmarks/bench_flapw.py --devices ${FLAPW_DEVICES:-cuda:0 all} --blas hybridblas --systems TiO2 --kmax ${FLAPW_KMAX:-4.0} --arrays device --cublas-peak --out $W/flapw-n" ;;
 tunequick) stage tunequick 200 "mkdir -p $W/prof; export HYBRIDBLAS_PROFILE_DIR=$W/prof; (time python3 -m hybridblas.tuning calibrate --quick --output $W/prof --no-progress) && python3 -m hybridblas.tuning show --json > $W/prof/show.json" ;;
-# still to measure (next session): the size curve, one-H200 FLAPW, Kmax 3.5 and the other crystals,
-# the large CI cases on GPUs, and the distributed LOBPCG against one rank
+# still to measure (next session): the size curve on one and two H200s with the pinning default, n = 32768
+# on four, the "auto" policy's first/second/steady calls, FLAPW host-array builds with pinning off/auto/on,
+# one-H200 FLAPW, Kmax 3.5 and the other crystals, the large CI cases on GPUs, the distributed LOBPCG
+scale32) stage scale32 560 "python3 benchmarks/bench_blas_gpu.py --sizes 32768 --modes host --gpu-counts ${COUNTS:-1 2 4} --repeats 2 --xt-block 8192 --xt-max-seconds 10 --out $W/scale32" ;;
+flapwpin) stage flapwpin 400 "for p in off auto on; do HYBRIDBLAS_PIN_HOST=\$p python3 benchmarks/bench_flapw.py --devices all --blas hybridblas --systems TiO2 --kmax 3.0 --repeat 3 --out $W/flapw-pin-\$p; done" ;;
 curve) stage curve 400 "python3 benchmarks/bench_blas_gpu.py --sizes 8192 16384 32768 --modes host device --xt-block 0 8192 --out $W/curve" ;;
 flapw1) stage flapw1 300 "python3 benchmarks/bench_flapw.py --devices cuda:0 all --blas hybridblas --systems TiO2 --kmax 2.5 3.0 3.5 4.0 --arrays device --cublas-peak --out $W/flapw-all" ;;
 crystals) stage crystals 300 "python3 benchmarks/bench_flapw.py --devices all --blas hybridblas cublasxt --systems AuAg NaCl --kmax 3.0 4.0 --arrays device --out $W/flapw-crystals" ;;

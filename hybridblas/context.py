@@ -1,4 +1,5 @@
 """Context: which devices a call runs on, which strategy, which block size, which rates."""
+import os
 import threading
 
 from . import blas_threads
@@ -34,6 +35,21 @@ def _cuda_devices(spec):
     return factory(spec)
 
 
+PIN_ENV = "HYBRIDBLAS_PIN_HOST"
+_PIN_WORDS = {"auto": "auto", "on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
+
+
+def _pin_policy(value):
+    if value is None:
+        word = os.environ.get(PIN_ENV, "auto").strip().lower()
+        if word not in _PIN_WORDS:
+            raise ValueError(f"${PIN_ENV} must be auto, on or off, got {os.environ[PIN_ENV]!r}")
+        return _PIN_WORDS[word]
+    if value is True or value is False or value == "auto":
+        return value
+    raise ValueError(f"pin_host must be True, False, 'auto' or None, got {value!r}")
+
+
 class Context:
     """Where and how hybrid calls run.
 
@@ -52,14 +68,15 @@ class Context:
     memory_limit: bytes a call may use on each GPU (default: what is free); smaller forces out-of-core.
     cpu_min_share: beside GPUs, the CPU works only if its rate share reaches this (0 keeps it always;
                 None: the calibrated profile decides when it covers the call, else 0.05).
-    pin_host:   "auto" (default): a host operand of >= 256 MiB that numpy owns is page-locked when a second
-                call meets it, and stays so while it lives (hybridblas.host_pinning): GPUs then read it by
-                DMA at full PCIe speed. True: from the first call. False: always the pinned staging ring.
+    pin_host:   "auto": a host operand of >= 256 MiB that numpy owns is page-locked when a second call
+                meets it, and stays so while it lives (hybridblas.host_pinning): GPUs then read it by DMA
+                at full PCIe speed. True: from the first call. False: always the pinned staging ring.
+                None (default): $HYBRIDBLAS_PIN_HOST (auto, on, off), else "auto".
     """
 
     def __init__(self, devices="all", strategy="auto", block_size=None, *, cpu_threads=None,
                  rates=None, profile=None, sync=False, tail_fraction=0.15, memory_limit=None,
-                 cpu_min_share=None, min_call_seconds=0.005, pin_host="auto"):
+                 cpu_min_share=None, min_call_seconds=0.005, pin_host=None):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
         if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool)
@@ -92,9 +109,7 @@ class Context:
         if cpu_min_share is not None and not 0.0 <= cpu_min_share < 1.0:
             raise ValueError(f"cpu_min_share must be in [0, 1), got {cpu_min_share!r}")
         self.cpu_min_share = cpu_min_share
-        if pin_host not in (True, False, "auto"):
-            raise ValueError(f"pin_host must be True, False or 'auto', got {pin_host!r}")
-        self.pin_host = pin_host
+        self.pin_host = _pin_policy(pin_host)
 
     @staticmethod
     def _resolve_devices(devices):

@@ -29,8 +29,16 @@ def test_pin_cap_from_the_environment(monkeypatch):
         host_pinning.max_bytes()
 
 
-def test_context_pin_host_values():
+def test_context_pin_host_values(monkeypatch):
+    monkeypatch.delenv("HYBRIDBLAS_PIN_HOST", raising=False)
     assert hb.Context("cpu").pin_host == "auto"
+    monkeypatch.setenv("HYBRIDBLAS_PIN_HOST", "off")
+    assert hb.Context("cpu").pin_host is False
+    assert hb.Context("cpu", pin_host=True).pin_host is True      # the argument wins
+    monkeypatch.setenv("HYBRIDBLAS_PIN_HOST", "sometimes")
+    with pytest.raises(ValueError, match="HYBRIDBLAS_PIN_HOST.*'sometimes'"):
+        hb.Context("cpu")
+    monkeypatch.delenv("HYBRIDBLAS_PIN_HOST")
     assert hb.Context("cpu", pin_host=False).pin_host is False
     with pytest.raises(ValueError, match="pin_host.*'yes'"):
         hb.Context("cpu", pin_host="yes")
