@@ -42,6 +42,7 @@ tunequick) stage tunequick 200 "mkdir -p $W/prof; export HYBRIDBLAS_PROFILE_DIR=
 # still to measure (next session): the size curve on one and two H200s with the pinning default, n = 32768
 # on four, the "auto" policy's first/second/steady calls, FLAPW host-array builds with pinning off/auto/on,
 # one-H200 FLAPW, Kmax 3.5 and the other crystals, the large CI cases on GPUs, the distributed LOBPCG
+small) stage small 90 "python3 benchmarks/bench_small_calls.py --dtype float64 && python3 benchmarks/bench_small_calls.py --dtype float32" ;;
 scale32) stage scale32 560 "python3 benchmarks/bench_blas_gpu.py --sizes 32768 --modes host --gpu-counts ${COUNTS:-1 2 4} --repeats 2 --xt-block 8192 --xt-max-seconds 10 --out $W/scale32" ;;
 flapwpin) stage flapwpin 400 "for p in off auto on; do HYBRIDBLAS_PIN_HOST=\$p python3 benchmarks/bench_flapw.py --devices all --blas hybridblas --systems TiO2 --kmax 3.0 --repeat 3 --out $W/flapw-pin-\$p; done" ;;
 curve) stage curve 400 "python3 benchmarks/bench_blas_gpu.py --sizes 8192 16384 32768 --modes host device --xt-block 0 8192 --out $W/curve" ;;
