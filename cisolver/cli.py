@@ -26,6 +26,8 @@ def main(argv=None):
     s.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     s.add_argument("--storage", choices=["upper", "full"], default="upper")
     s.add_argument("--precond", choices=["none", "tiles"], default="none")
+    s.add_argument("--layout", choices=["rows", "triangular"], default="rows",
+                   help="under mpiexec: 1-D row blocks, or MFDn's triangular layout (n_d(n_d+1)/2 ranks)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--threads", type=int, default=None, help="threads for the Hamiltonian build")
     s.add_argument("--json", action="store_true", help="print one JSON object")
@@ -45,7 +47,7 @@ def main(argv=None):
                                twice_m=args.twice_m, tol=args.tol, maxiter=args.maxiter,
                                devices=args.devices, dtype=args.dtype, storage=args.storage,
                                precond=args.precond, block_size=args.block_size, seed=args.seed,
-                               n_threads=args.threads, progress=progress, comm=comm)
+                               n_threads=args.threads, progress=progress, comm=comm, layout=args.layout)
     except (ValueError, TypeError, FileNotFoundError, InteractionFileError) as exc:
         print(f"cisolver: error: {exc}", file=sys.stderr)
         return 2

@@ -31,15 +31,18 @@ def parse_devices(devices):
 
 def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8,
                      maxiter=300, devices="cpu", dtype="float64", storage="upper", precond="none",
-                     block_size=None, seed=0, n_threads=None, progress=None, comm=None):
-    """comm: an MPI communicator; each rank then builds and holds only its rows of H and of the
-    vectors (1-D row blocks, Allgatherv SpMM, Allreduce'd Gram matrices). CPU operands only."""
+                     block_size=None, seed=0, n_threads=None, progress=None, comm=None, layout="rows"):
+    """comm: an MPI communicator; each rank then builds and holds only its part of H and of the vectors,
+    with Allreduce'd Gram matrices. CPU operands only. layout: "rows" (1-D row blocks, Allgatherv SpMM)
+    or "triangular" (MFDn's: one block of the stored half of H per rank, n_d (n_d + 1) / 2 ranks)."""
+    if layout not in ("rows", "triangular"):
+        raise ValueError(f"layout must be 'rows' or 'triangular', got {layout!r}")
     t0 = time.perf_counter()
     inter = snt.read_snt(resolve_interaction(interaction))
     problem = hamiltonian.ShellModelProblem(inter, n_protons, n_neutrons, twice_m)
     if comm is not None:
         return _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, seed,
-                                     n_threads, comm, t0)
+                                     n_threads, comm, t0, layout)
     h, info = problem.build(storage=storage, dtype=dtype, n_threads=n_threads, progress=progress)
     t1 = time.perf_counter()
     devs = parse_devices(devices)
@@ -75,12 +78,22 @@ def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None,
     }
 
 
-def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, seed, n_threads, comm, t0):
+def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, seed, n_threads, comm, t0,
+                          layout):
     from hybridblas.distributed import allgather_rows
     from .distributed import DistributedOperator, build_local
-    h_local, lo, hi = build_local(problem, comm, dtype=dtype, n_threads=n_threads)
-    t1 = time.perf_counter()
-    op = DistributedOperator(h_local, lo, hi, problem.dimension, comm, dtype=dtype)
+    from .triangular import TriangularLayout, TriangularOperator, build_block
+    if layout == "rows":
+        h_local, lo, hi = build_local(problem, comm, dtype=dtype, n_threads=n_threads)
+        t1 = time.perf_counter()
+        op = DistributedOperator(h_local, lo, hi, problem.dimension, comm, dtype=dtype)
+        storage = "full (row blocks)"
+    else:
+        grid = TriangularLayout([b.size for b in problem.basis.blocks], comm.Get_size())
+        h_local = build_block(problem, grid, comm.Get_rank(), dtype=dtype, n_threads=n_threads)
+        t1 = time.perf_counter()
+        op = TriangularOperator(h_local, grid, problem.dimension, comm, dtype=dtype)
+        storage = f"triangular blocks (n_d = {grid.n_d}; diagonal blocks in full)"
     res = _lobpcg.lobpcg(op, nev, block_size=block_size, tol=tol, maxiter=maxiter, seed=seed,
                          dtype=dtype, comm=comm)
     t2 = time.perf_counter()
@@ -91,7 +104,7 @@ def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, 
     return {
         "interaction": str(inter.path), "protons": problem.n_protons, "neutrons": problem.n_neutrons,
         "mass": problem.mass, "twice_m": problem.basis.twice_m, "tbme_factor": problem.factor,
-        "dimension": problem.dimension, "nnz_stored": nnz, "storage": "full (row blocks)",
+        "dimension": problem.dimension, "nnz_stored": nnz, "storage": storage,
         "dtype": str(np.dtype(dtype)), "devices": "cpu", "ranks": comm.Get_size(),
         "energies": [float(e) for e in res.eigenvalues],
         "j2": [float(x) for x in j2], "j": [float(x) for x in angmom.j_from_j2(j2)],

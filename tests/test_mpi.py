@@ -50,3 +50,10 @@ def test_flapw_kpoints_over_ranks(ranks, tmp_path):
 def test_distributed_lobpcg(ranks):
     out = run_mpi("lobpcg_job.py", ranks)
     assert f"lobpcg OK on {ranks} ranks" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [3, 6])        # n_d = 2 and 3 (a block stored below the diagonal)
+def test_triangular_layout_lobpcg(ranks):
+    out = run_mpi("triangular_job.py", ranks)
+    assert f"triangular OK on {ranks} ranks" in out
