@@ -1,7 +1,19 @@
 """SpMM with the symmetric Hamiltonian: full CSR or the upper triangle only (H = U + U^T - D, like
-MFDn's half storage), on the CPU (scipy.sparse) or on one or more GPUs (cupyx.scipy.sparse)."""
+MFDn's half storage), on the CPU (scipy.sparse) or on one or more GPUs (cupyx.scipy.sparse).
+
+On the CPU the rows are cut into pieces of equal nonzeros, one per thread (scipy's sparse products run
+single-threaded but release the GIL). With upper storage each piece's transposed product U_p^T x_p adds
+into every row, so each thread writes a partial result and the partials are summed by row ranges, again
+one range per thread.
+"""
+import concurrent.futures
+import os
+
 import numpy as np
 import scipy.sparse as sp
+
+MIN_NNZ_PER_THREAD = 200_000      # below this a thread costs more than it gives
+MAX_THREADS = 16
 
 
 def _check_square(h):
@@ -17,7 +29,7 @@ class SymmetricOperator:
     vectors is replicated and results are summed on the first device).
     """
 
-    def __init__(self, h, storage="full", devices="cpu", dtype=None):
+    def __init__(self, h, storage="full", devices="cpu", dtype=None, threads=None):
         _check_square(h)
         if storage not in ("full", "upper"):
             raise ValueError(f"storage must be 'full' or 'upper', got {storage!r}")
@@ -31,11 +43,54 @@ class SymmetricOperator:
         self.nnz = int(h.nnz)
         if devices == "cpu" or devices is None:
             self.devices = None
-            self.h = h
-            self.ht = h.T if storage == "upper" else None      # CSC view, no copy
             self.xp = np
+            self._cpu_pieces(h, threads)
         else:
             self._to_devices(h, list(devices))
+
+    def _cpu_pieces(self, h, threads):
+        """Row pieces of equal nonzeros for ``threads`` threads (default: the cores, at most 16)."""
+        if threads is None:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            threads = min(MAX_THREADS, cores, max(1, self.nnz // MIN_NNZ_PER_THREAD))
+        elif not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be a positive integer, got {threads!r}")
+        n = h.shape[0]
+        cuts = np.searchsorted(h.indptr, np.linspace(0, h.nnz, threads + 1)[1:-1])
+        bounds = [0, *map(int, cuts), n]
+        if threads == 1:
+            self.pieces = [(0, n, h)]
+        else:
+            self.pieces = [(r0, r1, h[r0:r1]) for r0, r1 in zip(bounds, bounds[1:])]
+        self.pool = concurrent.futures.ThreadPoolExecutor(threads) if threads > 1 else None
+
+    def _matmat_cpu(self, x):
+        x = np.ascontiguousarray(x)
+        n, k = x.shape
+        upper = self.storage == "upper"
+        if self.pool is None:
+            (_, _, h), = self.pieces
+            y = h @ x
+            if upper:
+                y += h.T @ x
+                y -= self.diag[:, None] * x
+            return y
+        y = np.empty((n, k), dtype=np.result_type(self.dtype, x.dtype))
+
+        def rows(piece):
+            r0, r1, h = piece
+            y[r0:r1] = h @ x
+            return h.T @ x[r0:r1] if upper else None     # partial over all rows (CSC view, no copy)
+        partials = list(self.pool.map(rows, self.pieces))
+        if upper:
+            def add(piece):
+                r0, r1, _ = piece
+                block = y[r0:r1]
+                for z in partials:
+                    block += z[r0:r1]
+                block -= self.diag[r0:r1, None] * x[r0:r1]
+            list(self.pool.map(add, self.pieces))
+        return y
 
     def _to_devices(self, h, devices):
         import cupy
@@ -60,12 +115,7 @@ class SymmetricOperator:
 
     def matmat(self, x):
         if self.devices is None:
-            x = np.ascontiguousarray(x)
-            y = self.h @ x
-            if self.storage == "upper":
-                y += self.ht @ x
-                y -= self.diag[:, None] * x
-            return y
+            return self._matmat_cpu(x)
         return self._matmat_devices(x)
 
     def _matmat_devices(self, x):

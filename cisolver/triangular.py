@@ -94,7 +94,7 @@ class TriangularOperator:
 
     def __init__(self, h_block, layout, n, comm, dtype=None):
         self.h = h_block.tocsr().astype(dtype or h_block.dtype, copy=False)
-        self.ht = self.h.T.tocsr()
+        self.ht = self.h.T                      # CSC view: the transposed product without a second copy
         self.layout = layout
         rank = comm.Get_rank()
         self.i, self.j = layout.blocks[rank]

@@ -166,3 +166,20 @@ def test_24mg_lobpcg_vs_eigsh():
     res = lobpcg(SymmetricOperator(h, storage="upper"), 5, tol=1e-8)
     ws = np.sort(spla.eigsh(_full(h), k=5, which="SA", tol=1e-12)[0])
     np.testing.assert_allclose(res.eigenvalues, ws, rtol=1e-8)
+
+
+@pytest.mark.parametrize("storage", ["full", "upper"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_threaded_cpu_spmm_equals_the_plain_product(storage, dtype, threads, rng):
+    full = _random_symmetric(301, rng).astype(dtype)
+    h = sp.triu(full, format="csr") if storage == "upper" else full.tocsr()
+    op = SymmetricOperator(h, storage=storage, threads=threads)
+    x = rng.standard_normal((301, 7)).astype(dtype)
+    got = op.matmat(x)
+    want = full.toarray().astype(np.float64) @ x.astype(np.float64)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    assert got.dtype == dtype
+    assert np.abs(got - want).max() <= tol * np.abs(want).max()
+    with pytest.raises(ValueError, match="threads must be a positive integer, got 0"):
+        SymmetricOperator(h, storage=storage, threads=0)
