@@ -39,21 +39,33 @@ def build_local(problem, comm, dtype=np.float64, n_threads=None):
 
 
 class DistributedOperator:
-    """y_local = H[lo:hi, :] x for x distributed by rows: gather x (Allgatherv), multiply the local rows."""
+    """y_local = H[lo:hi, :] x for x distributed by rows: gather x (Allgatherv), multiply the local rows.
 
-    def __init__(self, h_local, lo, hi, n, comm, dtype=None):
+    device: a CUDA device id to hold this rank's rows and vectors there (cupyx CSR); the gather then goes
+    through host memory (hybridblas.distributed.allgather_rows).
+    """
+
+    def __init__(self, h_local, lo, hi, n, comm, dtype=None, device=None):
         self.h = h_local.tocsr().astype(dtype or h_local.dtype, copy=False)
         self.local = (lo, hi)
         self.shape = (n, n)
         self.dtype = self.h.dtype
         self.comm = comm
         self.xp = np
+        self.device = device
+        if device is not None:
+            import cupy
+            import cupyx.scipy.sparse as csp
+            with cupy.cuda.Device(device):
+                self.h = csp.csr_matrix(self.h)
+            self.xp = cupy
         self.comm_seconds = 0.0
 
     def matmat(self, x_local):
         import time
         t0 = time.perf_counter()
-        x_full = _d.allgather_rows(np.ascontiguousarray(x_local), self.comm)
+        xp = self.xp
+        x_full = _d.allgather_rows(xp.ascontiguousarray(x_local), self.comm)
         self.comm_seconds += time.perf_counter() - t0
         return self.h @ x_full
 

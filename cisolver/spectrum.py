@@ -4,6 +4,7 @@ import time
 import numpy as np
 
 from . import solver as _lobpcg
+from .arrays import to_host
 from .data import resolve_interaction
 from .operators import SymmetricOperator
 from .preconditioner import TilePreconditioner, configuration_labels
@@ -42,7 +43,7 @@ def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None,
     problem = hamiltonian.ShellModelProblem(inter, n_protons, n_neutrons, twice_m)
     if comm is not None:
         return _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, seed,
-                                     n_threads, comm, t0, layout)
+                                     n_threads, comm, t0, layout, parse_devices(devices))
     h, info = problem.build(storage=storage, dtype=dtype, n_threads=n_threads, progress=progress)
     t1 = time.perf_counter()
     devs = parse_devices(devices)
@@ -79,14 +80,23 @@ def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None,
 
 
 def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, seed, n_threads, comm, t0,
-                          layout):
-    from hybridblas.distributed import allgather_rows
+                          layout, devices):
+    from hybridblas.distributed import allgather_rows, local_rank
     from .distributed import DistributedOperator, build_local
     from .triangular import TriangularLayout, TriangularOperator, build_block
+    gpu = None
+    if devices != "cpu":            # one GPU per rank: local rank -> device
+        if layout != "rows":
+            raise ValueError(f"layout={layout!r} runs on CPU operands only; use layout='rows' with GPUs")
+        if not devices:
+            raise ValueError("devices names no GPU")
+        gpu = devices[local_rank(comm)[0] % len(devices)]
+        import cupy
+        cupy.cuda.Device(gpu).use()
     if layout == "rows":
         h_local, lo, hi = build_local(problem, comm, dtype=dtype, n_threads=n_threads)
         t1 = time.perf_counter()
-        op = DistributedOperator(h_local, lo, hi, problem.dimension, comm, dtype=dtype)
+        op = DistributedOperator(h_local, lo, hi, problem.dimension, comm, dtype=dtype, device=gpu)
         storage = "full (row blocks)"
     else:
         grid = TriangularLayout([b.size for b in problem.basis.blocks], comm.Get_size())
@@ -97,7 +107,7 @@ def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, 
     res = _lobpcg.lobpcg(op, nev, block_size=block_size, tol=tol, maxiter=maxiter, seed=seed,
                          dtype=dtype, comm=comm)
     t2 = time.perf_counter()
-    vecs = allgather_rows(np.ascontiguousarray(res.eigenvectors), comm)
+    vecs = to_host(allgather_rows(res.eigenvectors, comm))
     j2 = angmom.expectation_j2(problem, vecs)
     t3 = time.perf_counter()
     nnz = comm.allreduce(int(h_local.nnz))
@@ -105,7 +115,7 @@ def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, 
         "interaction": str(inter.path), "protons": problem.n_protons, "neutrons": problem.n_neutrons,
         "mass": problem.mass, "twice_m": problem.basis.twice_m, "tbme_factor": problem.factor,
         "dimension": problem.dimension, "nnz_stored": nnz, "storage": storage,
-        "dtype": str(np.dtype(dtype)), "devices": "cpu", "ranks": comm.Get_size(),
+        "dtype": str(np.dtype(dtype)), "devices": "cpu" if gpu is None else [gpu], "ranks": comm.Get_size(),
         "energies": [float(e) for e in res.eigenvalues],
         "j2": [float(x) for x in j2], "j": [float(x) for x in angmom.j_from_j2(j2)],
         "residuals": [float(x) for x in res.residual_norms], "iterations": res.iterations,

@@ -95,7 +95,7 @@ def allgather_rows(local, comm):
     if comm is None:
         return local
     on_gpu = _is_cupy(local)
-    host = local.get() if on_gpu else np.ascontiguousarray(local)
+    host = np.ascontiguousarray(local.get() if on_gpu else local)
     counts = comm.allgather(host.shape[0])
     cols = int(np.prod(host.shape[1:]))
     out = np.empty((sum(counts),) + host.shape[1:], dtype=host.dtype)

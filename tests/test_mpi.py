@@ -57,3 +57,10 @@ def test_distributed_lobpcg(ranks):
 def test_triangular_layout_lobpcg(ranks):
     out = run_mpi("triangular_job.py", ranks)
     assert f"triangular OK on {ranks} ranks" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.multi_gpu
+def test_distributed_lobpcg_one_gpu_per_rank():
+    out = run_mpi("lobpcg_gpu_job.py", 2)
+    assert "lobpcg gpu OK on 2 ranks" in out
