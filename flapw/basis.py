@@ -43,6 +43,13 @@ class GkBasis:
     def n_g(self):
         return len(self.miller)
 
+    def rows(self, r0, r1):
+        """The basis vectors r0..r1-1 as a basis of their own (views, no copies): for work in chunks."""
+        part = object.__new__(GkBasis)
+        part.k, part.kmax = self.k, self.kmax
+        part.miller, part.kpg, part.norm = self.miller[r0:r1], self.kpg[r0:r1], self.norm[r0:r1]
+        return part
+
     def angles(self):
         """Polar and azimuthal angles of k+G (θ = φ = 0 for k+G = 0, where only l = 0 survives)."""
         x, y, z = self.kpg.T

@@ -9,7 +9,7 @@ upper one is filled at the end unless ``lower_only``.
 import numpy as np
 
 from .backends import get_backend
-from .matching import phases, species_factors, ylm_conj, fill_coefficients
+from .matching import fill_coefficients, k_only_factors, phases
 from .report import BuildReport, flops
 
 __all__ = ["build_hs", "METHODS"]
@@ -109,11 +109,10 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
 
     with rep.stage("matching (k-only)"):
         basis = cell.basis
-        ylm_c = ylm_conj(basis, cell.lmax)
-        fac = [species_factors(basis, radial[s], cell.lmax, cell.omega, ylm_c) for s in species]
+        fac = k_only_factors(basis, [radial[s] for s in species], cell.lmax, cell.omega)
         fa = [xp.asarray(f[0]) for f in fac]
         fb = [xp.asarray(f[1]) for f in fac]
-        del fac, ylm_c
+        del fac
     dev_t = [dict(taa_t=xp.asarray(t.taa.T), tba_t=xp.asarray(t.tab.conj()), half_tbb_t=xp.asarray(0.5 * t.tbb.T),
                   u=xp.asarray(t.udot_norm_lm)) for t in tmats]
 

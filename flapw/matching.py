@@ -16,7 +16,9 @@ from scipy.special import spherical_jn, sph_harm_y_all
 
 from .potential import lm_index
 
-__all__ = ["species_factors", "fill_coefficients", "ylm_conj"]
+__all__ = ["species_factors", "fill_coefficients", "ylm_conj", "k_only_factors"]
+
+CHUNK_MIN = 2048            # G vectors per thread, at least
 
 
 def ylm_conj(basis, lmax):
@@ -50,6 +52,32 @@ def species_factors(basis, radial, lmax, omega, ylm_c=None):
     a, b = radial_matching(basis, radial, lmax)
     pref = (4 * np.pi / np.sqrt(omega)) * (1j ** ls)[None, :] * ylm_c
     return pref * a[:, ls], pref * b[:, ls]
+
+
+def k_only_factors(basis, radials, lmax, omega, threads=None):
+    """[species_factors(basis, r, ...) for r in radials], the k-only stage of a build, computed over
+    chunks of G vectors on ``threads`` threads (default: every core). scipy's Y_lm and j_l release the
+    GIL and work element by element, so the result is the same, bit for bit, as in one piece."""
+    from concurrent.futures import ThreadPoolExecutor
+    from hybridblas.blas_threads import available_cores
+    n_g = basis.n_g
+    threads = threads or available_cores()
+    pieces = max(1, min(threads, n_g // CHUNK_MIN))
+    if pieces == 1:
+        ylm_c = ylm_conj(basis, lmax)
+        return [species_factors(basis, r, lmax, omega, ylm_c) for r in radials]
+    n_l = (lmax + 1) ** 2
+    out = [(np.empty((n_g, n_l), complex), np.empty((n_g, n_l), complex)) for _ in radials]
+    edges = [n_g * p // pieces for p in range(pieces + 1)]
+
+    def piece(r0, r1):
+        part = basis.rows(r0, r1)
+        ylm_c = ylm_conj(part, lmax)
+        for (fa, fb), radial in zip(out, radials):
+            fa[r0:r1], fb[r0:r1] = species_factors(part, radial, lmax, omega, ylm_c)
+    with ThreadPoolExecutor(pieces) as pool:
+        list(pool.map(piece, edges[:-1], edges[1:]))
+    return out
 
 
 def phases(basis, positions_frac, xp=np):

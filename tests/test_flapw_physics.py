@@ -123,3 +123,15 @@ def test_with_k_reuses_k_independent_data():
     other = cell.with_k((0.3, -0.1, 0.2))
     assert other.radial is rad and other.tmats is tm
     assert other.basis is not cell.basis and other.k == (0.3, -0.1, 0.2)
+
+
+def test_k_only_factors_in_threaded_chunks_equal_one_piece(monkeypatch):
+    from flapw import matching
+    monkeypatch.setattr(matching, "CHUNK_MIN", 256)              # NaCl at Kmax 2.5: 2561 G, 3 chunks
+    cell = flapw.System.preset("NaCl", kmax=2.5)
+    radials = [cell.radial[s] for s in sorted(cell.radial)]
+    whole = matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, threads=1)
+    split = matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, threads=3)
+    for (wa, wb), (sa, sb) in zip(whole, split, strict=True):
+        np.testing.assert_array_equal(sa, wa)
+        np.testing.assert_array_equal(sb, wb)
