@@ -164,6 +164,25 @@ def rank_kx(handle, stream_ptr, kind, c, lower, trans, alpha, a, b, beta):
          _ptr(a), _i(leading_dim(a)), _ptr(b), _i(leading_dim(b)), s(beta, beta_t), _ptr(c), _i(leading_dim(c)))
 
 
+def conj_transpose_into(dst, src):
+    """dst <- src^H (src^T for real data) with cuBLAS geam on the current device and stream; dst and src
+    are column-major cupy views that do not overlap (dst m x n, src n x m). Tiled, unlike a strided copy."""
+    import cupy
+    m, n = dst.shape
+    if src.shape != (n, m):
+        raise ValueError(f"src must be {n} x {m} for a {m} x {n} dst, got {src.shape}")
+    if m == 0 or n == 0:
+        return dst
+    dt = dst.dtype
+    s = _Scalars()
+    op = 2 if dt.kind == "c" else 1
+    # beta = 0 with B = C: cuBLAS's in-place form (ldb = ldc, transb N); C is only written
+    call(f"cublas{_PREFIX[dt]}geam", cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream().ptr,
+         _i(op), _i(0), _i(m), _i(n), s(1.0, dt), _ptr(src), _i(leading_dim(src)),
+         s(0.0, dt), _ptr(dst), _i(leading_dim(dst)), _ptr(dst), _i(leading_dim(dst)))
+    return dst
+
+
 class Backend:
     """The kernels.compute_block backend for one GPU: cuBLAS on a given handle and stream."""
 

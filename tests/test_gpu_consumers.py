@@ -69,3 +69,17 @@ def test_flapw_two_gpus_equal_cpu(nacl_cpu):
     cell, (h_cpu, s_cpu) = nacl_cpu
     h, s = flapw.build_hs(cell, interstitial=True, context=hb.Context(devices=["cuda:0", "cuda:1"]))
     assert _rel(h, h_cpu) <= 1e-12 and _rel(s, s_cpu) <= 1e-12
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ["F", "C"])
+def test_hermitian_fill_on_gpu_equals_host(order, rng):
+    import cupy
+    from flapw.hsdla import hermitian_fill
+    n = 4500                                   # three 2048-wide panels, the last one short
+    a = rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n))
+    a = np.asarray(a, order=order)
+    want = hermitian_fill(a.copy(order=order))
+    got = hermitian_fill(cupy.asarray(a, order=order), xp=cupy).get()
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.tril(got), np.tril(a, -1) + np.diag(np.diag(a).real))
