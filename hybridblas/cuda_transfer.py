@@ -13,6 +13,8 @@ import threading
 
 import numpy as np
 
+from . import envvars
+
 PAR_MIN_BYTES = 8 << 20     # below this one thread copies
 TRI_BLOCK = 256             # column block of triangle copies
 MAX_COPY_THREADS = 16
@@ -32,14 +34,8 @@ def copy_threads():
     """
     if _threads is not None:
         return _threads
-    env = os.environ.get(ENV_THREADS)
-    if env:
-        try:
-            value = int(env)
-        except ValueError:
-            raise ValueError(f"${ENV_THREADS} must be a positive integer, got {env!r}") from None
-        if value < 1:
-            raise ValueError(f"${ENV_THREADS} must be a positive integer, got {env!r}")
+    value = envvars.number(ENV_THREADS, int, minimum=1)
+    if value is not None:
         return value
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 4)
     return max(2, min(MAX_COPY_THREADS, cores))

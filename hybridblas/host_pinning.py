@@ -23,6 +23,8 @@ import weakref
 
 import numpy as np
 
+from . import envvars
+
 PIN_MIN_BYTES = 256 << 20          # smaller operands go through the staging ring (cheap enough)
 ENV_MAX_GB = "HYBRIDBLAS_PIN_MAX_GB"
 _PORTABLE = 1                      # cudaHostRegisterPortable: pinned for every GPU's context
@@ -95,13 +97,9 @@ def _owner(arr):
 
 
 def max_bytes():
-    env = os.environ.get(ENV_MAX_GB)
-    if env:
-        try:
-            value = float(env)
-        except ValueError:
-            raise ValueError(f"${ENV_MAX_GB} must be a number of GB, got {env!r}") from None
-        return int(value * 1e9)
+    gb = envvars.number(ENV_MAX_GB, float, minimum=0)
+    if gb is not None:
+        return int(gb * 1e9)
     try:
         return int(0.75 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):

@@ -25,7 +25,7 @@ def test_pin_cap_from_the_environment(monkeypatch):
     monkeypatch.setenv(host_pinning.ENV_MAX_GB, "12.5")
     assert host_pinning.max_bytes() == int(12.5e9)
     monkeypatch.setenv(host_pinning.ENV_MAX_GB, "lots")
-    with pytest.raises(ValueError, match="HYBRIDBLAS_PIN_MAX_GB.*'lots'"):
+    with pytest.raises(ValueError, match="HYBRIDBLAS_PIN_MAX_GB must be a number, got 'lots'"):
         host_pinning.max_bytes()
 
 
@@ -135,3 +135,15 @@ def test_cap_evicts_idle_pins_first(fake_cudart, monkeypatch):
     host_pinning.wait_ready()
     assert host_pinning.is_ready(pb) and fake_cudart.unregistered == [a.ctypes.data]
     host_pinning.release(pb)
+
+
+def test_copy_pool_size_from_the_environment(monkeypatch):
+    from hybridblas import cuda_transfer
+    monkeypatch.setenv("HYBRIDBLAS_COPY_THREADS", "3")
+    assert cuda_transfer.copy_threads() == 3
+    for bad, why in (("0", "an integer >= 1, got '0'"), ("many", "an integer, got 'many'")):
+        monkeypatch.setenv("HYBRIDBLAS_COPY_THREADS", bad)
+        with pytest.raises(ValueError, match=f"HYBRIDBLAS_COPY_THREADS must be {why}"):
+            cuda_transfer.copy_threads()
+    monkeypatch.delenv("HYBRIDBLAS_COPY_THREADS")
+    assert 2 <= cuda_transfer.copy_threads() <= cuda_transfer.MAX_COPY_THREADS
