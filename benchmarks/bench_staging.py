@@ -138,6 +138,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=4.0, help="size of the host operand")
     ap.add_argument("--chunk-mib", type=int, nargs="+", default=[64, 256, 1024])
+    ap.add_argument("--big-gib", type=float, default=0.0,
+                    help="also register one operand this large whole and in 1 GiB chunks (the first calls at "
+                         "n = 24576 locked 10-30 GB at only ~11 GB/s: is it the size, or the 2nd pass?)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     import cupy
@@ -166,6 +169,18 @@ def main():
             res["registered_h2d_GBps"][mib] = dma_rates(x, lib, gpus, mib << 20)
             print(f"H2D from registered memory GB/s ({mib} MiB registrations):",
                   res["registered_h2d_GBps"][mib], flush=True)
+    if lib is not None and args.big_gib:
+        big = np.empty(int(args.big_gib * 2**30) // 16, dtype=np.complex128)
+        t0 = time.perf_counter()
+        big.fill(1.0)
+        res["big_first_touch_GBps"] = gbps(big.nbytes, time.perf_counter() - t0)
+        res["big_register_GBps"] = {}
+        for label, chunk in (("whole", big.nbytes), ("1GiB", 1 << 30)):
+            for attempt in ("first", "again"):
+                res["big_register_GBps"][f"{label}-{attempt}"] = register_rates(big, lib, [1], chunk)[1]
+        print("big operand: first touch", res["big_first_touch_GBps"], "GB/s; register/unregister:",
+              res["big_register_GBps"], flush=True)
+        del big
     res["ring_h2d_GBps"] = ring_rates(x, gpus, [t for t in threads if t >= 8])
     print("H2D through the staging ring GB/s:", res["ring_h2d_GBps"], flush=True)
     if args.json:
