@@ -140,9 +140,23 @@ def test_tile_preconditioner_solves_its_tiles_exactly():
     rng = np.random.default_rng(0)
     r = rng.standard_normal((h.shape[0], 2))
     theta = np.array([-50.0, -45.0])                      # below the spectrum: K - θ is SPD
+    pc.shift = "ritz"
     w = pc.apply(r, theta)
     for i in range(2):
         np.testing.assert_allclose((k - theta[i] * np.eye(len(k))) @ w[:, i], r[:, i], atol=1e-8)
+    # FOM on every tile at once: with as many steps as the largest tile it is exact too
+    fom = TilePreconditioner(h, labels, upper=True, dense_max=0, fom_steps=pc.max_tile, shift="ritz")
+    assert fom.large is not None and not fom.groups
+    wf = fom.apply(r, theta)
+    for i in range(2):
+        np.testing.assert_allclose((k - theta[i] * np.eye(len(k))) @ wf[:, i], r[:, i], atol=1e-8)
+    # the default shift: one σ = min(θ) - below for every column
+    below = TilePreconditioner(h, labels, upper=True, dense_max=10_000, below=3.0)
+    wb = below.apply(r, np.array([-44.0, -41.0]))
+    sigma = -44.0 - 3.0
+    np.testing.assert_allclose((k - sigma * np.eye(len(k))) @ wb, r, atol=1e-8)
+    with pytest.raises(ValueError, match="shift must be 'below' or 'ritz', got 'near'"):
+        TilePreconditioner(h, labels, upper=True, shift="near")
 
 
 @needs_data
