@@ -83,3 +83,19 @@ def test_hermitian_fill_on_gpu_equals_host(order, rng):
     got = hermitian_fill(cupy.asarray(a, order=order), xp=cupy).get()
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(np.tril(got), np.tril(a, -1) + np.diag(np.diag(a).real))
+
+
+@pytest.mark.gpu
+def test_tile_preconditioner_on_gpu_equals_host():
+    import cupy
+    from cisolver.data import resolve_interaction
+    from cisolver.preconditioner import TilePreconditioner, configuration_labels
+    from cisolver.shellmodel import hamiltonian, snt
+    prob = hamiltonian.ShellModelProblem(snt.read_snt(resolve_interaction("usdb")), 3, 4, None)
+    h, _ = prob.build(storage="upper")
+    labels = configuration_labels(prob)
+    r = np.random.default_rng(1).standard_normal((h.shape[0], 6))
+    theta = np.linspace(-70.0, -66.0, 6)
+    host = TilePreconditioner(h, labels, upper=True, dense_max=50).apply(r, theta)
+    dev = TilePreconditioner(h, labels, upper=True, dense_max=50, xp=cupy).apply(cupy.asarray(r), theta)
+    assert np.abs(dev.get() - host).max() <= 1e-10 * np.abs(host).max()
