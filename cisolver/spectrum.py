@@ -34,8 +34,9 @@ def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None,
                      maxiter=300, devices="cpu", dtype="float64", storage="upper", precond="none",
                      block_size=None, seed=0, n_threads=None, progress=None, comm=None, layout="rows"):
     """comm: an MPI communicator; each rank then builds and holds only its part of H and of the vectors,
-    with Allreduce'd Gram matrices. CPU operands only. layout: "rows" (1-D row blocks, Allgatherv SpMM)
-    or "triangular" (MFDn's: one block of the stored half of H per rank, n_d (n_d + 1) / 2 ranks)."""
+    with Allreduce'd Gram matrices. layout: "rows" (1-D row blocks, Allgatherv SpMM; with ``devices``
+    each rank holds its part on one GPU) or "triangular" (MFDn's: one block of the stored half of H per
+    rank, n_d (n_d + 1) / 2 ranks; CPU operands only)."""
     if layout not in ("rows", "triangular"):
         raise ValueError(f"layout must be 'rows' or 'triangular', got {layout!r}")
     t0 = time.perf_counter()
