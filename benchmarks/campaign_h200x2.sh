@@ -31,12 +31,12 @@ tune) stage tune 170 "mkdir -p $W/prof; export HYBRIDBLAS_PROFILE_DIR=$W/prof; (
 flapw) stage flapw 170 "python3 benchmarks/bench_flapw.py --devices all --blas hybridblas --systems TiO2 --kmax 4.0 --arrays device --cublas-peak --out $W/flapw-k4 && python3 benchmarks/bench_flapw.py --devices all --blas hybridblas cublasxt --systems TiO2 --kmax 2.5 3.0 --out $W/flapw-k25" ;;
 ci) stage ci 120 "python3 benchmarks/bench_cisolver.py --devices all --cases 24Mg --out $W/ci" ;;
 mpi) stage mpi 150 "$MPI_SETUP export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; for r in 1 2; do t0=\$(date +%s.%N); mpiexec -n \$r python3 -m flapw build --system TiO2 --kmax 2.5 --kpoints 4 --devices gpu --json > $W/mpi-\$r.json; echo ranks=\$r wall=\$(python3 -c \"print(\$(date +%s.%N) - \$t0)\") s; done" ;;
-sweep) stage sweep 90 "export HYBRIDBLAS_PROFILE_DIR=\${PROFILE_DIR:-$W/prof}; python3 benchmarks/sweep_static_ratio.py --routine herk --dtype complex128 --n 16384 --devices cpu cuda:0 cuda:1 --shares 0 0.005 0.01 0.02 0.04 --min-time 0.3 --reps 2 --json $W/sweep-herk-16384.json" ;;
+sweep) stage sweep 200 "export HYBRIDBLAS_PROFILE_DIR=\${PROFILE_DIR:-$W/prof}; python3 benchmarks/sweep_static_ratio.py --routine ${SWEEP_ROUTINE:-herk} --dtype complex128 --n ${SWEEP_N:-24576} --devices cpu cuda:0 cuda:1 --shares 0 0.005 0.01 0.02 --gpu-splits 0.47 0.5 0.53 --rounds 5 --json $W/sweep-${SWEEP_ROUTINE:-herk}-${SWEEP_N:-24576}.json" ;;
 # feeding the GPUs: copy threads, cudaHostRegister, DMA from all GPUs at once
 staging) stage staging 200 "python3 benchmarks/bench_staging.py --gib 4 --big-gib ${BIG_GIB:-10} --json $W/staging.json" ;;
 gputests) stage gputests ${TESTS_LIMIT:-420} "python3 -m pytest -q -p no:cacheprovider -m 'gpu or multi_gpu' --durations=8 ${TESTS:-tests/}" ;;
 # scaling over the node's GPUs (1, 2, 4 ...) on the same host arrays, against cuBLASXt with the same GPUs
-scale) stage scale ${SCALE_LIMIT:-560} "python3 benchmarks/bench_blas_gpu.py --sizes ${SCALE_N:-24576} --modes host --gpu-counts ${COUNTS:-1 2 4} --repeats 2 --xt-block 8192 --out $W/scale" ;;
+scale) stage scale ${SCALE_LIMIT:-560} "python3 benchmarks/bench_blas_gpu.py --sizes ${SCALE_N:-24576} --modes host --gpu-counts ${COUNTS:-1 2 4} --repeats ${REPEATS:-2} --xt-block 8192 --out $W/scale" ;;
 flapwn) stage flapwn 300 "python3 benchmarks/bench_flapw.py --devices ${FLAPW_DEVICES:-cuda:0 all} --blas hybridblas --systems TiO2 --kmax ${FLAPW_KMAX:-4.0} --arrays device --cublas-peak --out $W/flapw-n" ;;
 tunequick) stage tunequick 200 "mkdir -p $W/prof; export HYBRIDBLAS_PROFILE_DIR=$W/prof; (time python3 -m hybridblas.tuning calibrate --quick --output $W/prof --no-progress) && python3 -m hybridblas.tuning show --json > $W/prof/show.json" ;;
 # still to measure (next session): the size curve on one and two H200s with the pinning default, n = 32768

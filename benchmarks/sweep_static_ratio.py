@@ -1,22 +1,26 @@
-"""Hand sweep of the static strategy's CPU share, against the share the node profile calibrated.
+"""Hand sweep of the static strategy's ratios, against the ratios the node profile calibrated.
 
 For each CPU share s the static splitter runs with forced rates (CPU: s/(1-s) * sum of GPU rates; GPUs
-at their profile rates, else equal), all in one process on the same inputs; then the same call runs
-with no forced rates, i.e. with what `hybridblas-tune calibrate` stored. Reports the best swept share,
-the calibrated one, and calibrated_time / best_time (acceptance: <= 1.05 on two H200s).
+at their profile rates, else equal); for each GPU split f (two GPUs) the first GPU gets the fraction f of
+the GPU work and the CPU none. Then the same call runs with no forced rates, i.e. with what
+`hybridblas-tune calibrate` stored. All points run in one process on the same inputs, interleaved: every
+round calls each point once, so a drift of the node (clocks, temperature) hits all points alike. Reports
+the best swept point, the calibrated one, and calibrated_time / best_time (acceptance: <= 1.05 on two
+H200s).
 
-    python benchmarks/sweep_static_ratio.py --routine herk --dtype complex128 --n 16384 --k 16384 \
-        --devices cpu cuda:0 cuda:1 --shares 0 0.01 0.02 0.03 0.05 0.075 0.1 0.15 0.2 --json out.json
+    python benchmarks/sweep_static_ratio.py --routine herk --dtype complex128 --n 24576 \
+        --devices cpu cuda:0 cuda:1 --shares 0.005 0.01 0.02 --gpu-splits 0.46 0.5 0.54 --rounds 5 --json out.json
 """
 import argparse
 import datetime
 import json
 import sys
+import time
 
 import numpy as np
 
 import hybridblas as hb
-from hybridblas.tuning.measure import bench, flops
+from hybridblas.tuning.measure import flops
 
 
 def operands(routine, n, k, dtype, seed=0):
@@ -50,8 +54,11 @@ def main(argv=None):
     ap.add_argument("--devices", nargs="+", default=None, help="default: cpu and every GPU")
     ap.add_argument("--shares", nargs="+", type=float,
                     default=[0.0, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5])
-    ap.add_argument("--min-time", type=float, default=2.0, help="seconds of repetitions per point")
-    ap.add_argument("--reps", type=int, default=3, help="at least this many timed calls per point")
+    ap.add_argument("--gpu-splits", nargs="*", type=float, default=[],
+                    help="fractions of the GPU work for the first of two GPUs (CPU share 0)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed calls per point, one per round")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed calls per point first (the second one page-locks host operands)")
     ap.add_argument("--json", metavar="PATH", help="write the results here as JSON")
     args = ap.parse_args(argv)
     k = args.k or args.n
@@ -67,32 +74,55 @@ def main(argv=None):
     g_rates = {g: (prof.rate(g, args.routine, np.dtype(args.dtype), max(args.n, k)) if prof else None) or 1.0
                for g in gpus}
     g_sum = sum(g_rates.values())
-    rows = []
-    def point(label, share, ctx):
-        best, median, reps = bench(lambda: run(args.routine, a, b, c, ctx), args.min_time, args.reps)
-        rows.append({"label": label, "cpu_share": share, "best_s": best, "median_s": median, "reps": reps,
-                     "tflops": fl / best / 1e12})
-        print(f"{label:>12s}  share {share if share is not None else float('nan'):6.3f}  "
-              f"{best:8.4f} s  {fl / best / 1e12:7.2f} TFLOP/s", file=sys.stderr, flush=True)
+    points = []   # (label, cpu share, context)
     if gpus:
-        point("gpu-only", 0.0, hb.Context(devices=gpus, strategy="static", rates=g_rates, profile=False))
+        points.append(("gpu-only", 0.0, hb.Context(devices=gpus, strategy="static", rates=g_rates,
+                                                   profile=False)))
     for s in args.shares:
         if not 0 < s < 1 or not gpus:
             continue
         rates = dict(g_rates, **{cpus[0]: s / (1 - s) * g_sum})
-        point("swept", s, hb.Context(devices=names, strategy="static", rates=rates, profile=False))
-    calibrated = None
+        points.append((f"cpu {s:g}", s, hb.Context(devices=names, strategy="static", rates=rates,
+                                                    profile=False)))
+    for f in args.gpu_splits:
+        if len(gpus) != 2 or not 0 < f < 1:
+            ap.error(f"--gpu-splits needs two GPUs and fractions in (0, 1), got {f} with {gpus}")
+        rates = {gpus[0]: f * g_sum, gpus[1]: (1 - f) * g_sum}
+        points.append((f"gpu0 {f:g}", 0.0, hb.Context(devices=gpus, strategy="static", rates=rates,
+                                                       profile=False)))
     if prof is not None:
         size = max(args.n, k)
         calibrated = prof.cpu_share(args.routine, np.dtype(args.dtype), size)
         helps = prof.cpu_helps(args.routine, np.dtype(args.dtype), size)
-        point("calibrated", calibrated if helps is not False else 0.0, hb.Context(devices=names, strategy="static"))
+        points.append(("calibrated", calibrated if helps is not False and calibrated is not None else 0.0,
+                       hb.Context(devices=names, strategy="static")))
+    if not points:
+        ap.error(f"nothing to sweep on {names}: give GPUs, or calibrate a profile first")
+    for _ in range(args.warmup):
+        for _, _, ctx in points:
+            run(args.routine, a, b, c, ctx)
+    times = {label: [] for label, _, _ in points}
+    for r in range(args.rounds):
+        for label, _, ctx in points:
+            t0 = time.perf_counter()
+            run(args.routine, a, b, c, ctx)
+            times[label].append(time.perf_counter() - t0)
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    rows = []
+    for label, share, _ in points:
+        t = sorted(times[label])
+        rows.append({"label": label, "cpu_share": share, "best_s": t[0], "median_s": t[len(t) // 2],
+                     "times_s": times[label], "tflops": fl / t[0] / 1e12})
+        print(f"{label:>12s}  share {share:6.3f}  best {t[0]:8.4f} s  median {t[len(t) // 2]:8.4f} s  "
+              f"{fl / t[0] / 1e12:7.2f} TFLOP/s", file=sys.stderr, flush=True)
     best = min(rows, key=lambda r: r["best_s"])
     cal = next((r for r in rows if r["label"] == "calibrated"), None)
     result = {"date": datetime.date.today().isoformat(), "routine": args.routine, "dtype": args.dtype,
               "n": args.n, "k": k, "devices": names, "profile": str(prof.path) if prof else None,
               "points": rows, "best": best,
-              "calibrated_over_best": cal["best_s"] / best["best_s"] if cal else None}
+              "calibrated_over_best": cal["best_s"] / best["best_s"] if cal else None,
+              "calibrated_over_best_median": (cal["median_s"] / min(r["median_s"] for r in rows)
+                                              if cal else None)}
     print(f"best: {best['label']} share {best['cpu_share']}: {best['best_s']:.4f} s; "
           + (f"calibrated/best = {result['calibrated_over_best']:.3f}" if cal else "no profile: run "
              "`hybridblas-tune calibrate` first"))
