@@ -22,6 +22,13 @@ def execute(problem, ctx):
     devices, rates = _one_device_if_small(problem, devices, rates, ctx)
     problem.extra.setdefault("memory_limit", getattr(ctx, "memory_limit", None))
     problem.extra.setdefault("pin_host", getattr(ctx, "pin_host", False))
+    if len(devices) == 1 and devices[0].kind == "cuda":
+        from .devices import cuda_inline
+        if cuda_inline.applies(problem, devices[0]):
+            cuda_inline.run(problem, devices[0])
+            return "inline"
+    if problem.xp.__name__ == "cupy":
+        problem.extra["caller_events"] = _caller_events(problem)
     strategy = ctx.resolve_strategy(devices)
     with blas_threads.limit(ctx.blas_threads(devices)):
         if strategy == "static":
@@ -33,6 +40,20 @@ def execute(problem, ctx):
     if partials:
         reduce_partials(problem, partials)
     return strategy
+
+
+def _caller_events(problem):
+    """An event on the caller's current stream of every GPU holding an operand: the device runs work on
+    their own non-blocking streams, which must not start before the caller's queued work (e.g. the CuPy
+    kernels that produced A, or the copies the normalisation made) has finished."""
+    import cupy
+    events = []
+    for gpu in sorted({x.device.id for x in [problem.c] + [f.base for f in problem.factors]}):
+        with cupy.cuda.Device(gpu):
+            ev = cupy.cuda.Event(disable_timing=True)
+            ev.record(cupy.cuda.get_current_stream())
+            events.append(ev)
+    return events
 
 
 # ---------------------------------------------------------------- planning

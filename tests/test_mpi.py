@@ -24,7 +24,9 @@ def run_mpi(script, ranks, *args, timeout=240):
     if exe is None:
         pytest.skip("mpi4py or mpiexec not installed (pip install '.[mpi]')")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               # Open MPI refuses to start as root (containers, GPU nodes) without these; MPICH ignores them
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd = [exe, "-n", str(ranks), sys.executable, str(JOBS / script), *map(str, args)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"

@@ -194,6 +194,9 @@ class _CUDARun(DeviceRun):
             self.s_comp = cp.cuda.Stream(non_blocking=True)
             self.s_in = cp.cuda.Stream(non_blocking=True)
             self.s_out = cp.cuda.Stream(non_blocking=True)
+            for ev in problem.extra.get("caller_events", ()):   # the caller's queued work comes first
+                self.s_in.wait_event(ev)
+                self.s_comp.wait_event(ev)
             self.handle = cp.cuda.device.get_cublas_handle()
             self.backend = cublas.Backend(self.handle, self.s_comp)
             self.pool = cp.get_default_memory_pool()

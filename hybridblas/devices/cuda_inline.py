@@ -1,0 +1,86 @@
+"""Small calls on the one GPU that holds every operand: cuBLAS on the caller's current stream.
+
+LOBPCG's Gram matrices (C of 24 x 24, k from 3e4 to 2e6) are microseconds of GPU work. The tiled run
+(three streams, events, a panel cache and a free-memory query per call) cost 0.66 ms per such call in
+float64 and 3 ms in float32 with its k chunks, against 35 us for a cupy matmul
+(benchmarks/bench_small_calls.py, H200). Here such a call is queued on CuPy's current stream, ordered
+with the caller's own work like any CuPy operation, and returns without waiting for the GPU.
+
+Single precision is computed in double precision, the operands widened in slices of k, and rounded
+once: cuBLAS's float32 syrk sums a whole k range in one float32 accumulator (10x the error of CPU BLAS
+on LOBPCG's Gram matrices, docs/performance.md), and on Hopper FP64 runs at the FP32 rate.
+"""
+import dataclasses
+
+import numpy as np
+
+from .. import cublas, plan
+from ..kernels import compute_block, rect_block
+from ..problem import Operand, T
+
+MAX_EDGE = 512              # C at most this wide: one scratch product for gemmt's triangle
+WIDEN_BYTES = 64 << 20      # a k slice of one widened operand holds at most this many bytes
+_WIDE = {np.dtype(np.float32): np.dtype(np.float64), np.dtype(np.complex64): np.dtype(np.complex128)}
+_masks = {}
+
+
+def applies(problem, device):
+    """One GPU, every operand on it, C small, no memory cap or fixed block asked for (those want tiles)."""
+    if device.kind != "cuda" or problem.xp is np or max(problem.m, problem.n) > MAX_EDGE:
+        return False
+    if device.memory_limit or device.block or problem.extra.get("memory_limit") \
+            or problem.extra.get("device_block"):
+        return False
+    return all(x.device.id == device.index for x in [problem.c] + [f.base for f in problem.factors])
+
+
+def run(problem, device):
+    import cupy
+    with cupy.cuda.Device(device.index):
+        backend = cublas.Backend(cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream())
+        wide = _WIDE.get(problem.dtype)
+        if wide is None:
+            _compute(backend, problem, problem.c, problem.beta)
+            return
+        acc = problem.c.astype(wide, order="F")    # the untouched triangle goes back unchanged
+        step = max(1, WIDEN_BYTES // (max(problem.m, problem.n, 1) * wide.itemsize))
+        for k0 in range(0, problem.k, step):
+            k1 = min(problem.k, k0 + step)
+            factors = [_widened_slice(problem, f, fac, k0, k1, wide) for f, fac in enumerate(problem.factors)]
+            part = dataclasses.replace(problem, c=acc, factors=factors, k=k1 - k0, writeback=None)
+            _compute(backend, part, acc, problem.beta if k0 == 0 else 1.0)
+        problem.c[...] = acc
+
+
+def _widened_slice(problem, f, fac, k0, k1, wide):
+    """Factor f's k range [k0, k1) as a double-precision column-major copy with the same op."""
+    right = problem.kind in ("gemm", "gemmt") and f == 1
+    k_on_rows = bool(fac.op & T) != right      # left op(X) is m x k, right op(Y) is k x n
+    part = fac.base[k0:k1, :] if k_on_rows else fac.base[:, k0:k1]
+    return Operand(part.astype(wide, order="F"), fac.op, scratch=True)
+
+
+def _compute(backend, problem, out, beta):
+    if problem.kind == "gemmt":
+        _gemmt_triangle(backend, problem, out, beta)
+    else:
+        compute_block(backend, problem, plan.whole(problem), out, beta)
+
+
+def _gemmt_triangle(backend, problem, out, beta):
+    """gemmt's triangle from one scratch product and a masked copy (C is at most MAX_EDGE wide)."""
+    xp = backend.xp
+    n = problem.m
+    scratch = xp.empty((n, n), dtype=out.dtype, order="F")
+    rect_block(backend, problem.terms(), 0, n, 0, n, 0, problem.k, scratch, 0.0)
+    if beta != 0:
+        scratch += beta * out
+    xp.copyto(out, scratch, where=_mask(xp, n, problem.lower))
+
+
+def _mask(xp, n, lower):
+    key = (xp.cuda.Device().id, n, lower)
+    if key not in _masks:
+        ones = xp.ones((n, n), dtype=bool)
+        _masks[key] = xp.tril(ones) if lower else xp.triu(ones)
+    return _masks[key]
