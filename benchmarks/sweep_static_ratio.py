@@ -82,8 +82,9 @@ def main(argv=None):
         if not 0 < s < 1 or not gpus:
             continue
         rates = dict(g_rates, **{cpus[0]: s / (1 - s) * g_sum})
+        # cpu_min_share=0: without it a share under 5 % would silently run GPU-only
         points.append((f"cpu {s:g}", s, hb.Context(devices=names, strategy="static", rates=rates,
-                                                    profile=False)))
+                                                    profile=False, cpu_min_share=0.0)))
     for f in args.gpu_splits:
         if len(gpus) != 2 or not 0 < f < 1:
             ap.error(f"--gpu-splits needs two GPUs and fractions in (0, 1), got {f} with {gpus}")

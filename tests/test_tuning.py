@@ -136,3 +136,22 @@ def test_module_entry_point(profile_dir):
     show = subprocess.run([sys.executable, "-m", "hybridblas.tuning", "show"],
                           capture_output=True, text=True, timeout=120)
     assert show.returncode == 1 and "not valid YAML" in show.stderr and "Traceback" not in show.stderr
+
+
+def test_share_trials_keep_a_small_cpu_share(profile_dir, fake_cuda, monkeypatch):
+    """A CPU share of ~1 % is timed with the CPU in the call: the scheduler's rule that drops a CPU
+    worth under 5 % must not turn the hybrid trial into a second GPU-only run."""
+    seen = []
+    real = scheduler.static_assignment
+
+    def spy(problem, devices, rates, ctx):
+        seen.append(([d.name for d in devices], rates[0] / sum(rates)))
+        return real(problem, devices, rates, ctx)
+    monkeypatch.setattr(scheduler, "static_assignment", spy)
+    _, log_path, _ = calibrate_to(None, ["cpu", "cuda:0"], tiny(share_factors=(0.02,)))
+    trials = [r for r in json.loads(log_path.read_text())["records"] if r["step"] == "share"]
+    hybrid = [frac for names, frac in seen if names == ["cpu", "cuda:0"]]
+    for trial in trials:                         # herk and gemm
+        share = float(*trial["trials"])
+        assert 0 < share < 0.05
+        assert any(f == pytest.approx(share) for f in hybrid)

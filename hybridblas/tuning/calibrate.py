@@ -183,6 +183,25 @@ def _transfer(name, settings, prog, log):
     return rates
 
 
+def _interleaved(call, contexts, settings):
+    """Best time of ``call`` under each context, the contexts taking turns (a drift of the node's clocks
+    hits them alike): rounds until ``settings.min_time`` has passed per context and at least min_reps + 1."""
+    for ctx in contexts.values():
+        call.run(ctx)                                   # warm-up (and the host operands' pinning)
+    times = {key: [] for key in contexts}
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < settings.min_reps + 1 or time.perf_counter() - start < settings.min_time * len(contexts):
+        for key, ctx in contexts.items():
+            t0 = time.perf_counter()
+            call.run(ctx)
+            times[key].append(time.perf_counter() - t0)
+        rounds += 1
+        if rounds >= 20:
+            break
+    return {key: min(t) for key, t in times.items()}
+
+
 def _shares(cpu, gpus, work, entries, settings, prog, log):
     """The CPU's static share per routine/dtype: time GPU-only vs hybrid around the predicted share."""
     from ..profile import _interp_log
@@ -196,16 +215,17 @@ def _shares(cpu, gpus, work, entries, settings, prog, log):
         cpu_rate *= max(1, cores - len(gpus)) / cores      # in a hybrid call each GPU keeps a core
         seed = cpu_rate / (cpu_rate + g_sum)
         call = Call(routine, n, dt)
-        t_gpu, _, _ = bench(lambda: call.run(_context(gpus, strategy="static", rates=g_rates)),
-                            settings.min_time, settings.min_reps)
-        trials = {}
+        # cpu_min_share=0, min_call_seconds=0: the split itself is what is measured, the scheduler must not
+        # drop a CPU worth a few % or put a short call on one device
+        contexts = {0.0: _context(gpus, strategy="static", rates=g_rates)}
         for f in settings.share_factors:
             s = min(0.95, seed * f)
-            if s <= 0:
-                continue
-            rates = dict(g_rates, **{cpu: s / (1 - s) * g_sum})
-            ctx = _context([cpu] + gpus, strategy="static", rates=rates)
-            trials[s], _, _ = bench(lambda: call.run(ctx), settings.min_time, settings.min_reps)
+            if s > 0:
+                contexts[s] = _context([cpu] + gpus, strategy="static", cpu_min_share=0.0, min_call_seconds=0.0,
+                                       rates=dict(g_rates, **{cpu: s / (1 - s) * g_sum}))
+        timed = _interleaved(call, contexts, settings)
+        t_gpu = timed.pop(0.0)
+        trials = timed
         best = min(trials, key=trials.get) if trials else seed
         t_best = trials.get(best, float("inf"))
         helps = t_best < t_gpu * (1 - settings.helps_margin)
