@@ -3,6 +3,7 @@
 import argparse
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -34,8 +35,9 @@ def _parser():
     b.add_argument("--devices", default="cpu", help="hybridblas devices: cpu, all, gpu, or e.g. cpu,cuda:0")
     b.add_argument("--strategy", default="auto", choices=("static", "dynamic", "auto"))
     b.add_argument("--blas", default="hybridblas", choices=BACKENDS)
-    b.add_argument("--arrays", default="host", choices=("host", "device"),
-                   help="where A, B, X, H, S live (device: cupy on the current GPU)")
+    b.add_argument("--arrays", default="auto", choices=("auto", "host", "device"),
+                   help="where A, B, X, H, S live (device: cupy on this rank's first GPU; auto: there when "
+                        "hybridblas runs on GPUs and they fit in its free memory, else host)")
     b.add_argument("--potential", default="model", choices=("model", "empty"))
     b.add_argument("--v0", type=float, default=0.0, help="interstitial potential (Ha)")
     b.add_argument("--supercell", type=int, nargs=3, default=None, help="override the preset's supercell")
@@ -55,6 +57,27 @@ def gpu_ids(devices):
         from hybridblas.context import cuda_device_count
         return list(range(cuda_device_count()))
     return [int(d.split(":")[1]) for d in devices.split(",") if d.startswith("cuda:")]
+
+
+def auto_arrays(backend, cell, method, batch_atoms=None, max_temp_bytes=None):
+    """'device' when hybridblas runs on GPUs and A, B, X (one batch) and H, S fit in 80 % of the first
+    GPU's free memory (that GPU becomes current: cupy allocates there); else 'host'. On the host the
+    per-atom products and copies between the BLAS calls cost more than the GPUs' BLAS part."""
+    ctx = getattr(backend, "context", None)
+    gpus = [d.index for d in getattr(ctx, "devices", []) if d.kind == "cuda"]
+    if not gpus:
+        return "host"
+    import cupy
+    from .hsdla import _batch_size
+    n_buffers = 3 if method == "refined" else 4
+    atoms = _batch_size(cell, method, batch_atoms, max_temp_bytes)
+    need = 16 * (2 * cell.n_g ** 2 + n_buffers * atoms * cell.n_l * cell.n_g)
+    with cupy.cuda.Device(gpus[0]):
+        free = cupy.cuda.runtime.memGetInfo()[0]
+    if need > 0.8 * free:
+        return "host"
+    cupy.cuda.Device(gpus[0]).use()
+    return "device"
 
 
 def make_backend(blas, devices, strategy, comm=None):
@@ -81,12 +104,16 @@ def _build(args):
     parallel.share_k_independent(cell, comm)
     reports, saved = [], {}
     max_bytes = None if args.max_temp_gib is None else int(args.max_temp_gib * 2 ** 30)
+    arrays = args.arrays if args.arrays != "auto" else auto_arrays(backend, cell, args.method, args.batch_atoms,
+                                                                   max_bytes)
+    log(f"arrays: {arrays}")
+    t_loop = time.perf_counter()
     for ik, k in parallel.my_kpoints(_kpoints(args.kpoints, args.k), comm):
         kc = cell.with_k(k)
         log(f"k-point {ik + 1}/{args.kpoints}: k={k} N_G={kc.n_g}")
         h, s, rep = build_hs(kc, method=args.method, interstitial=args.interstitial,
                              batch_atoms=args.batch_atoms, max_temp_bytes=max_bytes, blas=backend,
-                             arrays=args.arrays, return_report=True,
+                             arrays=arrays, return_report=True,
                              progress=lambda i, n: log(f"  batch {i}/{n} done") if n > 1 else None)
         d = rep.as_dict()
         d["k"] = list(k)
@@ -111,6 +138,9 @@ def _build(args):
         path = args.output if comm is None else f"{args.output.removesuffix('.npz')}.rank{rank}.npz"
         np.savez(path, **saved)
         log(f"wrote H and S to {path}")
+    # this rank's k-point loop (the throughput measure: setup and process start are paid once per run)
+    loop = time.perf_counter() - t_loop
+    loops = comm.gather(loop, root=0) if comm is not None else [loop]
     reports = parallel.gather_reports(reports, comm)
     if rank != 0:
         return 0
@@ -118,8 +148,9 @@ def _build(args):
         for d in reports:
             print(f"k-point {d['k_index'] + 1} on rank {d['rank']}: " + _summary(d))
     if args.json:
-        json.dump({"system": cell.name, "kmax": cell.kmax, "devices": args.devices,
-                   "ranks": comm.Get_size() if comm is not None else 1, "reports": reports},
+        json.dump({"system": cell.name, "kmax": cell.kmax, "devices": args.devices, "arrays": arrays,
+                   "ranks": comm.Get_size() if comm is not None else 1, "loop_seconds": loops,
+                   "kpoints_per_second": args.kpoints / max(loops), "reports": reports},
                   sys.stdout, indent=1)
         print()
     return 0

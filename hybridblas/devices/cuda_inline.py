@@ -18,7 +18,7 @@ from .. import cublas, plan
 from ..kernels import compute_block, rect_block
 from ..problem import Operand, T
 
-MAX_EDGE = 512              # C at most this wide: one scratch product for gemmt's triangle
+MAX_EDGE = 512              # C at most this wide: its triangle comes from one full scratch product
 WIDEN_BYTES = 64 << 20      # a k slice of one widened operand holds at most this many bytes
 _WIDE = {np.dtype(np.float32): np.dtype(np.float64), np.dtype(np.complex64): np.dtype(np.complex128)}
 _masks = {}
@@ -61,26 +61,31 @@ def _widened_slice(problem, f, fac, k0, k1, wide):
 
 
 def _compute(backend, problem, out, beta):
-    if problem.kind == "gemmt":
-        _gemmt_triangle(backend, problem, out, beta)
-    else:
+    if problem.kind == "gemm":
         compute_block(backend, problem, plan.whole(problem), out, beta)
+    else:
+        _triangle(backend, problem, out, beta)
 
 
-def _gemmt_triangle(backend, problem, out, beta):
-    """gemmt's triangle from one scratch product and a masked copy (C is at most MAX_EDGE wide)."""
+def _triangle(backend, problem, out, beta):
+    """The triangle from full products and a masked copy. cuBLAS's syrk/herk run a tall-skinny product
+    (24 x 24 from k = 3e4) without splitting k: 10x slower than a gemm, which does (bench_small_calls.py);
+    C is at most MAX_EDGE wide, so the other triangle's flops cost nothing that shows."""
     xp = backend.xp
     n = problem.m
     scratch = xp.empty((n, n), dtype=out.dtype, order="F")
     rect_block(backend, problem.terms(), 0, n, 0, n, 0, problem.k, scratch, 0.0)
     if beta != 0:
         scratch += beta * out
+    if problem.hermitian:     # herk/her2k leave an exactly real diagonal
+        xp.copyto(scratch, scratch.real, where=_mask(xp, n, None))
     xp.copyto(out, scratch, where=_mask(xp, n, problem.lower))
 
 
 def _mask(xp, n, lower):
+    """Boolean n x n mask on the current GPU: lower or upper triangle, or the diagonal (lower=None)."""
     key = (xp.cuda.Device().id, n, lower)
     if key not in _masks:
         ones = xp.ones((n, n), dtype=bool)
-        _masks[key] = xp.tril(ones) if lower else xp.triu(ones)
+        _masks[key] = xp.eye(n, dtype=bool) if lower is None else (xp.tril(ones) if lower else xp.triu(ones))
     return _masks[key]
