@@ -79,9 +79,11 @@ def right_trsm(w, r):
             wt = w.T
             wt[...] = blas(1.0, rr, wt, side=0, lower=0, trans_a=1, overwrite_b=1)
         return w
-    from cupyx.scipy.linalg import solve_triangular
-    rr = xp.asarray(r, dtype=w.dtype)
-    w[...] = solve_triangular(rr, w.T, trans="T", lower=False).T
+    # On a GPU, w R^{-1} as one tall-skinny gemm with the small inverse (host, float64): cuBLAS's trsm
+    # with a few rows and millions of right-hand sides is slow (benchmarks/bench_dense_steps.py), and
+    # R is well conditioned here (CholQR2's second pass has R ~ I; a bad first R raises before this).
+    rinv = sla.solve_triangular(r, np.eye(r.shape[0]), lower=False)
+    w[...] = w @ xp.asarray(rinv, dtype=w.dtype)
     return w
 
 

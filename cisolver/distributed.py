@@ -42,7 +42,7 @@ class DistributedOperator:
     """y_local = H[lo:hi, :] x for x distributed by rows: gather x (Allgatherv), multiply the local rows.
 
     device: a CUDA device id to hold this rank's rows and vectors there (cupyx CSR); the gather then goes
-    through host memory (hybridblas.distributed.allgather_rows).
+    GPU to GPU through NCCL where CuPy has it (hybridblas.distributed.allgather_rows).
     """
 
     def __init__(self, h_local, lo, hi, n, comm, dtype=None, device=None):

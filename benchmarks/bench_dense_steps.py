@@ -1,0 +1,78 @@
+"""Time each dense step of one LOBPCG iteration on a GPU, for tall blocks like 48Cr's (n ~ 2e6).
+
+The float32 48Cr solve on one H200 spent 33 ms per iteration in its dense steps against 42 ms in SpMM
+(docs/performance-cisolver.md); this names the pieces: Gram products (hybridblas against cupy matmul),
+w R^{-1} (cuBLAS trsm through cupyx against a gemm with the small inverse), the block products and
+copies of the Rayleigh-Ritz update, and one whole CholQR2 / Rayleigh-Ritz call of cisolver.dense.
+
+    PYTHONPATH=. python3 benchmarks/bench_dense_steps.py --rows 1963461 --block 8 --dtype float32 [--json F]
+"""
+import argparse
+import json
+import time
+
+import cupy as cp
+import numpy as np
+import scipy.linalg as sla
+
+import hybridblas as hb
+from cisolver import dense
+
+
+def per_call(fn, reps):
+    fn()
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    cp.cuda.Device().synchronize()
+    return (time.perf_counter() - t0) / reps
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1963461)
+    ap.add_argument("--block", type=int, default=8, help="LOBPCG block size b (S has 3b columns)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    n, b, dt = args.rows, args.block, np.dtype(args.dtype)
+    rng = np.random.default_rng(0)
+    s = cp.asarray(rng.standard_normal((n, 3 * b)).astype(dt))
+    hs = cp.asarray(rng.standard_normal((n, 3 * b)).astype(dt))
+    w = cp.asarray(np.linalg.qr(rng.standard_normal((n, b)))[0].astype(dt))
+    ctx = hb.Context(devices=["cuda:0"])
+    r = sla.cholesky(cp.asnumpy(w.T @ w).astype(np.float64) + np.eye(b), lower=False)
+    rinv = cp.asarray(sla.solve_triangular(r, np.eye(b)), dtype=dt)
+    rr = cp.asarray(r, dtype=dt)
+    cd = cp.asarray(rng.standard_normal((3 * b, b)).astype(dt))
+    hsym = s @ (s.T @ s)            # S^T hsym = (S^T S)^2: symmetric, like S^T H S
+    from cupyx.scipy.linalg import solve_triangular
+    cases = {
+        "gram S^T S, hybridblas syrk": lambda: hb.syrk(1.0, s, trans="T", context=ctx),
+        "gram S^T S, cupy matmul": lambda: s.T @ s,
+        "gram S^T HS, hybridblas gemmt": lambda: hb.gemmt(1.0, s, hs, transa="T", context=ctx),
+        "gram S^T HS, cupy matmul": lambda: s.T @ hs,
+        "w R^-1, cupyx solve_triangular": lambda: solve_triangular(rr, w.T, trans="T", lower=False).T,
+        "w R^-1, gemm with inverse": lambda: w @ rinv,
+        "S C (3b -> b)": lambda: s @ cd,
+        "concatenate [X W P]": lambda: cp.concatenate([s[:, :b], s[:, b:2 * b], s[:, 2 * b:]], axis=1),
+        "project x^T w, to host": lambda: cp.asnumpy(s[:, :b].T @ w),
+        "cholqr2(W) (cisolver.dense)": lambda: dense.cholqr2(w.copy(), context=ctx),
+        "rayleigh_ritz(S, HS) (cisolver.dense)": lambda: dense.rayleigh_ritz(s, hsym, b, context=ctx),
+    }
+    out = {"rows": n, "block": b, "dtype": str(dt), "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+           "ms": {}}
+    print(f"n = {n}, b = {b}, {dt}, {out['device']}")
+    for name, fn in cases.items():
+        ms = per_call(fn, args.reps) * 1e3
+        out["ms"][name] = ms
+        print(f"  {name:40s} {ms:8.3f} ms", flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
