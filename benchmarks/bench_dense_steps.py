@@ -9,24 +9,14 @@ copies of the Rayleigh-Ritz update, and one whole CholQR2 / Rayleigh-Ritz call o
 """
 import argparse
 import json
-import time
 
 import cupy as cp
 import numpy as np
 import scipy.linalg as sla
 
 import hybridblas as hb
+from gpu_timing import per_call
 from cisolver import dense
-
-
-def per_call(fn, reps):
-    fn()
-    cp.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    cp.cuda.Device().synchronize()
-    return (time.perf_counter() - t0) / reps
 
 
 def main():

@@ -11,22 +11,12 @@ import argparse
 import cProfile
 import io
 import pstats
-import time
 
 import cupy as cp
 import numpy as np
 
 import hybridblas as hb
-
-
-def per_call(fn, reps):
-    fn()
-    cp.cuda.Device().synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    cp.cuda.Device().synchronize()
-    return (time.perf_counter() - t0) / reps
+from gpu_timing import per_call
 
 
 def main():

@@ -1,0 +1,15 @@
+"""Timing helper shared by the GPU micro-benchmarks (run as scripts: this folder is on sys.path)."""
+import time
+
+import cupy as cp
+
+
+def per_call(fn, reps):
+    """Seconds per call of fn() on the current GPU: one warm-up call, then reps calls between syncs."""
+    fn()
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    cp.cuda.Device().synchronize()
+    return (time.perf_counter() - t0) / reps
