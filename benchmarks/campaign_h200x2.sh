@@ -39,9 +39,9 @@ gputests) stage gputests ${TESTS_LIMIT:-420} "python3 -m pytest -q -p no:cachepr
 scale) stage scale ${SCALE_LIMIT:-560} "python3 benchmarks/bench_blas_gpu.py --sizes ${SCALE_N:-24576} --modes host --gpu-counts ${COUNTS:-1 2 4} --repeats ${REPEATS:-2} --xt-block 8192 --out $W/scale" ;;
 flapwn) stage flapwn 300 "python3 benchmarks/bench_flapw.py --devices ${FLAPW_DEVICES:-cuda:0 all} --blas hybridblas --systems TiO2 --kmax ${FLAPW_KMAX:-4.0} --arrays device --cublas-peak --out $W/flapw-n" ;;
 tunequick) stage tunequick 200 "mkdir -p $W/prof; export HYBRIDBLAS_PROFILE_DIR=$W/prof; (time python3 -m hybridblas.tuning calibrate --quick --output $W/prof --no-progress) && python3 -m hybridblas.tuning show --json > $W/prof/show.json" ;;
-# still to measure (next session): the size curve on one and two H200s with the pinning default, n = 32768
-# on four, the "auto" policy's first/second/steady calls, FLAPW host-array builds with pinning off/auto/on,
-# one-H200 FLAPW, Kmax 3.5 and the other crystals, the large CI cases on GPUs, the distributed LOBPCG
+# still to measure (after session 3): n = 32768 (scale32, on 2 and 4 GPUs), FLAPW host-array builds with
+# pinning off/auto/on (flapwpin), AuAg and NaCl on GPUs and cuBLASXt at TiO2 Kmax 3.5/4.0 (crystals,
+# flapwxt), 46Ti/47V/48Cr against the peers on GPUs (cibig), and the float32 Gram fix once written (dense)
 small) stage small 90 "python3 benchmarks/bench_small_calls.py --dtype float64 && python3 benchmarks/bench_small_calls.py --dtype float32" ;;
 scale32) stage scale32 560 "python3 benchmarks/bench_blas_gpu.py --sizes 32768 --modes host --gpu-counts ${COUNTS:-1 2 4} --repeats 2 --xt-block 8192 --xt-max-seconds 10 --out $W/scale32" ;;
 flapwpin) stage flapwpin 400 "for p in off auto on; do HYBRIDBLAS_PIN_HOST=\$p python3 benchmarks/bench_flapw.py --devices all --blas hybridblas --systems TiO2 --kmax 3.0 --repeat 3 --out $W/flapw-pin-\$p; done" ;;
@@ -55,5 +55,6 @@ dense) stage dense 90 "python3 benchmarks/bench_dense_steps.py --rows 1963461 --
 # a one-GPU profile (the node's first GPU only)
 tune1) stage tune1 150 "mkdir -p $W/prof1; export HYBRIDBLAS_PROFILE_DIR=$W/prof1 CUDA_VISIBLE_DEVICES=0; (time python3 -m hybridblas.tuning calibrate --quick --output $W/prof1 --no-progress) && python3 -m hybridblas.tuning show --json > $W/prof1/show.json" ;;
 curve2) stage curve2 ${CURVE_LIMIT:-240} "python3 benchmarks/bench_blas_gpu.py --sizes ${CURVE_SIZES:-4096 8192 16384} --modes host --gpu-counts 1 2 --repeats 1 --xt-block 8192 --xt-max-seconds 5 --out $W/curve2" ;;
+flapwxt) stage flapwxt 400 "python3 benchmarks/bench_flapw.py --devices all --blas cublasxt --systems TiO2 --kmax 3.5 4.0 --out $W/flapw-xt" ;;
 esac; done
 echo "=== done $(date +%T)"
