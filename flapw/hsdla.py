@@ -189,7 +189,7 @@ def _refined_batch(rep, be, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w,
     with rep.stage("zherk S+=XᴴX", flops("zherk", n_g, w), blas=True, sync=sync):
         be.herk(1.0, x.T, 1.0, s)
     with _small(rep, "T·A, T·B (zgemm)", n_g, n_l, 2 * len(atoms), sync):
-        _ta_plus_half_tb(x, a, b, atoms, cls_of, dev_t, n_l)
+        _ta_plus_half_tb(xp, x, a, b, atoms, cls_of, dev_t, n_l)
     with rep.stage("zher2k H=XᴴB+BᴴX", flops("zher2k", n_g, w), blas=True, sync=sync):
         be.her2k(1.0, x.T, b.T, beta, h)
     with _small(rep, "T^AA·A (zgemm)", n_g, n_l, len(atoms), sync):
@@ -200,13 +200,13 @@ def _refined_batch(rep, be, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w,
         be.herkx(1.0, a.T, x.T, 1.0, h)
 
 
-def _ta_plus_half_tb(out, a, b, atoms, cls_of, dev_t, n_l):
+def _ta_plus_half_tb(xp, out, a, b, atoms, cls_of, dev_t, n_l):
     """Per atom: out = T^BA A + ½ T^BB B (column blocks of the stacked, transposed coefficients);
     ``out`` may be ``a`` itself (Algorithm 1 overwrites A, Algorithm 3 writes X)."""
     def one(sl, at):
         t = dev_t[cls_of[at]]
         out[:, sl] = a[:, sl] @ t["tba_t"] + b[:, sl] @ t["half_tbb_t"]
-    _each_atom(np if isinstance(out, np.ndarray) else None, atoms, n_l, one)
+    _each_atom(xp, atoms, n_l, one)
 
 
 def _each_atom(xp, atoms, n_l, fn):
@@ -244,7 +244,7 @@ def _original_batch(rep, be, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w
         a_hat[...] = a
         b_hat[...] = b
     with _small(rep, "T·A, T·B (zgemm)", n_g, n_l, 2 * len(atoms), sync):
-        _ta_plus_half_tb(a, a, b, atoms, cls_of, dev_t, n_l)
+        _ta_plus_half_tb(xp, a, a, b, atoms, cls_of, dev_t, n_l)
     with rep.stage("zher2k H=ZᴴB+BᴴZ", flops("zher2k", n_g, w), blas=True, sync=sync):
         be.her2k(1.0, a.T, b.T, beta, h)
     a, b = a_hat, b_hat                      # restore (the backups are the original A and B)

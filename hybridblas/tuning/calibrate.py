@@ -217,15 +217,14 @@ def _shares(cpu, gpus, work, entries, settings, prog, log):
         call = Call(routine, n, dt)
         # cpu_min_share=0, min_call_seconds=0: the split itself is what is measured, the scheduler must not
         # drop a CPU worth a few % or put a short call on one device
-        contexts = {0.0: _context(gpus, strategy="static", rates=g_rates)}
+        contexts = {0.0: _context(gpus, strategy="static", rates=g_rates, min_call_seconds=0.0)}
         for f in settings.share_factors:
             s = min(0.95, seed * f)
             if s > 0:
                 contexts[s] = _context([cpu] + gpus, strategy="static", cpu_min_share=0.0, min_call_seconds=0.0,
                                        rates=dict(g_rates, **{cpu: s / (1 - s) * g_sum}))
-        timed = _interleaved(call, contexts, settings)
-        t_gpu = timed.pop(0.0)
-        trials = timed
+        trials = _interleaved(call, contexts, settings)     # {share: best seconds}, 0.0 = GPU-only
+        t_gpu = trials.pop(0.0)
         best = min(trials, key=trials.get) if trials else seed
         t_best = trials.get(best, float("inf"))
         helps = t_best < t_gpu * (1 - settings.helps_margin)
