@@ -176,6 +176,10 @@ def test_cli_json_output_and_solve(tmp_path, capsys):
     data = np.load(out)
     assert data["H_1"].shape[0] == doc["reports"][1]["N_G"]
     assert np.allclose(data["S_0"], data["S_0"].conj().T)
+    # --arrays auto on a CPU context keeps host arrays; the k-point loop is timed for the throughput
+    assert doc["arrays"] == "host"
+    assert len(doc["loop_seconds"]) == 1 and doc["loop_seconds"][0] > 0
+    assert doc["kpoints_per_second"] == pytest.approx(2 / doc["loop_seconds"][0])
 
 
 def test_cli_table_and_errors(capsys):
