@@ -68,10 +68,9 @@ def auto_arrays(backend, cell, method, batch_atoms=None, max_temp_bytes=None):
     if not gpus:
         return "host"
     import cupy
-    from .hsdla import _batch_size
-    n_buffers = 3 if method == "refined" else 4
+    from .hsdla import _batch_size, buffers_per_atom
     atoms = _batch_size(cell, method, batch_atoms, max_temp_bytes)
-    need = 16 * (2 * cell.n_g ** 2 + n_buffers * atoms * cell.n_l * cell.n_g)
+    need = 16 * (2 * cell.n_g ** 2 + buffers_per_atom(method) * atoms * cell.n_l * cell.n_g)
     with cupy.cuda.Device(gpus[0]):
         free = cupy.cuda.runtime.memGetInfo()[0]
     if need > 0.8 * free:

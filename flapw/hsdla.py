@@ -36,6 +36,11 @@ def _sync(xp):
     return lambda: xp.cuda.get_current_stream().synchronize()
 
 
+def buffers_per_atom(method):
+    """N_L x N_G buffers a batch holds per atom: A, B, X (refined) or A, B and their backups (original)."""
+    return 3 if method == "refined" else 4
+
+
 def _batch_size(cell, method, batch_atoms, max_temp_bytes):
     n_a = cell.n_atoms
     if batch_atoms is not None:
@@ -43,8 +48,7 @@ def _batch_size(cell, method, batch_atoms, max_temp_bytes):
             raise ValueError(f"batch_atoms must be a positive integer, got {batch_atoms!r}")
         return min(int(batch_atoms), n_a)
     if max_temp_bytes is not None:
-        n_buffers = 3 if method == "refined" else 4
-        per_atom = n_buffers * _C16 * cell.n_l * cell.n_g
+        per_atom = buffers_per_atom(method) * _C16 * cell.n_l * cell.n_g
         nb = int(max_temp_bytes // per_atom)
         if nb < 1:
             raise ValueError(f"max_temp_bytes={max_temp_bytes!r} is below one atom's buffers "

@@ -73,6 +73,13 @@ class Operand:
         return Operand(self.base[r0:r1, c0:c1], self.op, self.scratch)
 
 
+def k_axis(kind, f, op):
+    """Axis of factor f's column-major base that runs along the inner dimension k: the left factor's
+    op(X) is m x k, the right one's (gemm/gemmt factor 1) op(Y) is k x n."""
+    right = kind in ("gemm", "gemmt") and f == 1
+    return 0 if bool(op & T) != right else 1
+
+
 def is_column_major(x):
     """True when BLAS can read x as a column-major matrix with a leading dimension."""
     rows, cols = x.shape

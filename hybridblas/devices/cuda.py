@@ -22,7 +22,7 @@ from .. import cublas, cuda_transfer, host_pinning
 from ..cuda_panels import Panel, PanelCache, join_share, leave_share
 from ..kernels import rect_block
 from ..plan import make_task, with_k
-from ..problem import Operand, T
+from ..problem import Operand, T, k_axis
 from .base import Device, DeviceRun, register
 
 MAX_BLOCK = 4096
@@ -230,7 +230,7 @@ class _CUDARun(DeviceRun):
             self.partial = None
             self.scratch = None
             self.masks = None
-            self.kaxis = [self._kaxis(f, op.op) for f, op in enumerate(problem.factors)]
+            self.kaxis = [k_axis(problem.kind, f, fac.op) for f, fac in enumerate(problem.factors)]
             self.fallbacks = 0
             self.stats = collections.Counter()
             if self.host and problem.extra.get("pin_host"):
@@ -267,11 +267,6 @@ class _CUDARun(DeviceRun):
         item = self.problem.dtype.itemsize
         scratch = min(GEMMT_LEAF, self.nb) ** 2 * item if self.problem.kind == "gemmt" else 0
         return max(self.budget - (WINDOW + 2) * self.nb * self.nb * item - scratch, 0)
-
-    def _kaxis(self, f, op):
-        right = self.problem.kind in ("gemm", "gemmt") and f == 1
-        trans = bool(op & T)
-        return (0 if not trans else 1) if right else (1 if not trans else 0)
 
     # ------------------------------------------------------------------ DeviceRun
     def launch(self, task):

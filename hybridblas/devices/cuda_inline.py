@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import cublas, plan
 from ..kernels import compute_block, rect_block
-from ..problem import Operand, T
+from ..problem import Operand, k_axis
 
 MAX_EDGE = 512              # C at most this wide: its triangle comes from one full scratch product
 WIDEN_BYTES = 64 << 20      # a k slice of one widened operand holds at most this many bytes
@@ -57,9 +57,7 @@ def run(problem, device):
 
 def _widened_slice(problem, f, fac, k0, k1, wide):
     """Factor f's k range [k0, k1) as a double-precision column-major copy with the same op."""
-    right = problem.kind in ("gemm", "gemmt") and f == 1
-    k_on_rows = bool(fac.op & T) != right      # left op(X) is m x k, right op(Y) is k x n
-    part = fac.base[k0:k1, :] if k_on_rows else fac.base[:, k0:k1]
+    part = fac.base[k0:k1, :] if k_axis(problem.kind, f, fac.op) == 0 else fac.base[:, k0:k1]
     return Operand(part.astype(wide, order="F"), fac.op, scratch=True)
 
 
