@@ -131,6 +131,22 @@ def gemm(handle, stream_ptr, c, alpha, x, y, beta):
          s(beta, dt), _ptr(c), _i(leading_dim(c)))
 
 
+def gemm_strided_batched(handle, stream_ptr, parts, alpha, x, stride_x, y, stride_y, beta):
+    """parts[b] <- alpha op(x_b) op(y_b) + beta parts[b] for every b: ``parts`` is a C-ordered cupy array
+    (batch, n, m), i.e. column-major m x n blocks; x_b starts ``stride_x`` elements after x_(b-1)."""
+    batch, n, m = parts.shape
+    if batch == 0 or m == 0 or n == 0:
+        return
+    dt = parts.dtype
+    s = _Scalars()
+    i64 = ctypes.c_longlong
+    call(f"cublas{_PREFIX[dt]}gemmStridedBatched", handle, stream_ptr,
+         _i(_op(x.op, False)), _i(_op(y.op, False)), _i(m), _i(n), _i(x.cols),
+         s(alpha, dt), _ptr(x.base), _i(leading_dim(x.base)), i64(stride_x),
+         _ptr(y.base), _i(leading_dim(y.base)), i64(stride_y),
+         s(beta, dt), _ptr(parts), _i(m), i64(m * n), _i(batch))
+
+
 def rank_k(handle, stream_ptr, kind, c, lower, alpha, factors, beta):
     """Native herk/syrk/her2k/syr2k on a diagonal block; the factors share one op (N, or C/T)."""
     n = c.shape[0]

@@ -6,23 +6,21 @@ float64 and 3 ms in float32 with its k chunks, against 35 us for a cupy matmul
 (benchmarks/bench_small_calls.py, H200). Here such a call is queued on CuPy's current stream, ordered
 with the caller's own work like any CuPy operation, and returns without waiting for the GPU.
 
-Single precision is computed in double precision, the operands widened in slices of k, and rounded
-once: cuBLAS's float32 syrk sums a whole k range in one float32 accumulator (10x the error of CPU BLAS
-on LOBPCG's Gram matrices, docs/performance.md). Measured cost: at k = 28503 163 us per call (cupy's
-sgemm 20 us); at k = 1.96e6 (48Cr) 2.7 ms for S^T S against 0.45 ms for cupy's sgemm
-(bench_dense_steps.py). Next step, not yet proven on a GPU: k chunks as one strided-batched sgemm with
-the partial sums added in double.
+Single precision sums k in chunks of CHUNK terms, each chunk one sgemm of a strided-batched call, and
+adds the chunks' partial products in double before rounding once: cuBLAS's own float32 gemm/syrk sums
+a whole k range in one float32 accumulator (10x the error of CPU BLAS on LOBPCG's Gram matrices,
+docs/performance.md), and widening the operands to double first cost 6x a float32 gemm at 48Cr's
+k = 1.96e6 (bench_dense_steps.py).
 """
-import dataclasses
-
 import numpy as np
 
 from .. import cublas, plan
 from ..kernels import compute_block, rect_block
-from ..problem import Operand, k_axis
+from ..problem import leading_dim
 
 MAX_EDGE = 512              # C at most this wide: its triangle comes from one full scratch product
-WIDEN_BYTES = 64 << 20      # a k slice of one widened operand holds at most this many bytes
+CHUNK = 512                 # single-precision k terms summed in float32 before going into double
+PARTIALS_BYTES = 64 << 20   # partial products held at once (one strided-batched call fills them)
 _WIDE = {np.dtype(np.float32): np.dtype(np.float64), np.dtype(np.complex64): np.dtype(np.complex128)}
 _masks = {}
 
@@ -41,31 +39,59 @@ def run(problem, device):
     import cupy
     with cupy.cuda.Device(device.index):
         backend = cublas.Backend(cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream())
-        wide = _WIDE.get(problem.dtype)
-        if wide is None:
-            _compute(backend, problem, problem.c, problem.beta)
-            return
-        acc = problem.c.astype(wide, order="F")    # the untouched triangle goes back unchanged
-        step = max(1, WIDEN_BYTES // (max(problem.m, problem.n, 1) * wide.itemsize))
-        for k0 in range(0, problem.k, step):
-            k1 = min(problem.k, k0 + step)
-            factors = [_widened_slice(problem, f, fac, k0, k1, wide) for f, fac in enumerate(problem.factors)]
-            part = dataclasses.replace(problem, c=acc, factors=factors, k=k1 - k0, writeback=None)
-            _compute(backend, part, acc, problem.beta if k0 == 0 else 1.0)
-        problem.c[...] = acc
+        if problem.dtype in _WIDE:
+            _store(cupy, problem, problem.c, _chunked_full(backend, problem))
+        elif problem.kind == "gemm":
+            compute_block(backend, problem, plan.whole(problem), problem.c, problem.beta)
+        else:
+            _triangle(backend, problem, problem.c, problem.beta)
 
 
-def _widened_slice(problem, f, fac, k0, k1, wide):
-    """Factor f's k range [k0, k1) as a double-precision column-major copy with the same op."""
-    part = fac.base[k0:k1, :] if k_axis(problem.kind, f, fac.op) == 0 else fac.base[:, k0:k1]
-    return Operand(part.astype(wide, order="F"), fac.op, scratch=True)
+def _chunked_full(backend, problem):
+    """The full m x n of sum_t coef_t op(X_t) op(Y_t) + beta C in double, from single-precision chunks."""
+    xp = backend.xp
+    m, n, k = problem.m, problem.n, problem.k
+    wide = _WIDE[problem.dtype]
+    full = xp.zeros((m, n), dtype=wide, order="F")
+    if m == 0 or n == 0:
+        return full
+    if problem.beta != 0:       # beta = 0 never reads C (it may hold anything, NaN included)
+        full += problem.beta * problem.c
+    terms = problem.terms()
+    chunks = k // CHUNK
+    per_call = max(1, PARTIALS_BYTES // (m * n * problem.dtype.itemsize))
+    for c0 in range(0, chunks, per_call):
+        c1 = min(chunks, c0 + per_call)
+        parts = xp.empty((c1 - c0, n, m), dtype=problem.dtype)    # column-major m x n blocks
+        for t, (coef, x, y) in enumerate(terms):
+            k0 = c0 * CHUNK     # the first chunk of this call; the strides reach the others
+            xb, yb = x.block(0, m, k0, k0 + CHUNK), y.block(k0, k0 + CHUNK, 0, n)
+            cublas.gemm_strided_batched(backend.handle, backend.stream.ptr, parts, coef,
+                                        xb, _chunk_stride(xb, left=True), yb, _chunk_stride(yb, left=False),
+                                        0.0 if t == 0 else 1.0)
+        full += parts.sum(axis=0, dtype=wide).T
+    if chunks * CHUNK < k:      # the last k terms, fewer than CHUNK
+        tail = xp.empty((m, n), dtype=problem.dtype, order="F")
+        rect_block(backend, terms, 0, m, 0, n, chunks * CHUNK, k, tail, 0.0)
+        full += tail
+    return full
 
 
-def _compute(backend, problem, out, beta):
+def _chunk_stride(x, left):
+    """Elements between the starts of consecutive CHUNK-long k ranges of operand x: op(x) is m x k when
+    ``left``, k x n otherwise; k runs along the base's unit-stride axis 0 or its leading-dimension axis 1."""
+    k_on_axis0 = x.trans if left else not x.trans
+    return CHUNK if k_on_axis0 else CHUNK * leading_dim(x.base)
+
+
+def _store(xp, problem, out, full):
+    """Round ``full`` into out: all of it for gemm, else its triangle (herk/her2k with a real diagonal)."""
     if problem.kind == "gemm":
-        compute_block(backend, problem, plan.whole(problem), out, beta)
-    else:
-        _triangle(backend, problem, out, beta)
+        out[...] = full
+        return
+    if problem.hermitian:
+        xp.copyto(full, full.real, where=_mask(xp, problem.m, None))
+    xp.copyto(out, full, where=_mask(xp, problem.m, problem.lower))
 
 
 def _triangle(backend, problem, out, beta):
@@ -78,9 +104,7 @@ def _triangle(backend, problem, out, beta):
     rect_block(backend, problem.terms(), 0, n, 0, n, 0, problem.k, scratch, 0.0)
     if beta != 0:
         scratch += beta * out
-    if problem.hermitian:     # herk/her2k leave an exactly real diagonal
-        xp.copyto(scratch, scratch.real, where=_mask(xp, n, None))
-    xp.copyto(out, scratch, where=_mask(xp, n, problem.lower))
+    _store(xp, problem, out, scratch)
 
 
 def _mask(xp, n, lower):
