@@ -26,14 +26,17 @@ def synchronize(xp):
 
 
 class Timer:
-    """Accumulates wall seconds per named phase; syncs the device so GPU time is charged correctly."""
+    """Accumulates wall seconds per named phase; syncs the device so GPU time is charged correctly.
+
+    ``phase("dense", "rayleigh_ritz")`` charges both "dense" and "dense:rayleigh_ritz"."""
 
     def __init__(self, xp=np):
         self.xp = xp
         self.seconds = {}
 
-    def phase(self, name):
+    def phase(self, name, part=None):
         timer = self
+        names = [name] if part is None else [name, f"{name}:{part}"]
 
         class _Phase:
             def __enter__(self):
@@ -42,5 +45,7 @@ class Timer:
 
             def __exit__(self, *exc):
                 synchronize(timer.xp)
-                timer.seconds[name] = timer.seconds.get(name, 0.0) + time.perf_counter() - self.t0
+                took = time.perf_counter() - self.t0
+                for key in names:
+                    timer.seconds[key] = timer.seconds.get(key, 0.0) + took
         return _Phase()

@@ -109,11 +109,11 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
             out = allreduce(np.ascontiguousarray(out), comm)
         return xp.asarray(out, dtype=dtype)
 
-    with timer.phase("dense"):
+    with timer.phase("dense", "start"):
         dense.cholqr2(x, context=context, comm=comm)
     with timer.phase("spmm"):
         hx = op.matmat(x)
-    with timer.phase("dense"):
+    with timer.phase("dense", "start"):
         theta, c, allv = dense.rayleigh_ritz(x, hx, b, context=context, comm=comm)
         cd = xp.asarray(c, dtype=dtype)
         x, hx = x @ cd, hx @ cd
@@ -122,7 +122,7 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
     history, restarts, it = [], 0, 0
     converged = np.zeros(b, dtype=bool)
     for it in range(1, maxiter + 1):
-        with timer.phase("dense"):
+        with timer.phase("dense", "residual"):
             r = hx - x * xp.asarray(theta, dtype=dtype)[None, :]
             rel = norms(r) / norm_est
         history.append(rel.copy())
@@ -135,7 +135,7 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         with timer.phase("precond"):
             w = r[:, active]
             w = precond.apply(w, theta[active]) if precond is not None else xp.ascontiguousarray(w)
-        with timer.phase("dense"):
+        with timer.phase("dense", "orthonormalise_w"):
             # W ⟂ X (twice), then orthonormal: keeps S^T S well conditioned
             for _ in range(2):
                 w -= x @ project(x, w)
@@ -147,8 +147,8 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
                 w = xp.asarray(np.linalg.qr(to_host(w))[0], dtype=dtype)
         with timer.phase("spmm"):
             hw = op.matmat(w)
-        with timer.phase("dense"):
-            pa = hpa = None
+        pa = hpa = None
+        with timer.phase("dense", "orthonormalise_p"):
             if p is not None:
                 pa, hpa = xp.ascontiguousarray(p[:, active]), xp.ascontiguousarray(hp[:, active])
                 try:
@@ -156,6 +156,7 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
                 except dense.NotPositiveDefinite:
                     pa = hpa = None
                     restarts += 1
+        with timer.phase("dense", "rayleigh_ritz"):
             for attempt in (0, 1):
                 blocks = [x, w] + ([pa] if pa is not None else [])
                 hblocks = [hx, hw] + ([hpa] if pa is not None else [])
@@ -169,6 +170,7 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
                     pa = hpa = None     # recover: drop P and retry with [X, W]
                     restarts += 1
             norm_est = max(norm_est, float(np.abs(allv).max()))
+        with timer.phase("dense", "update"):
             cd = xp.asarray(c, dtype=dtype)
             nx, nw = b, len(active)
             cw = cd[nx:nx + nw]

@@ -94,6 +94,9 @@ def test_lobpcg_agrees_with_eigsh_and_eigh(storage, rng):
     np.testing.assert_allclose(res.eigenvalues, ws, rtol=1e-8, atol=0)
     overlap = np.abs(v[:, :5].T @ res.eigenvectors)        # phase-invariant eigenvector check
     np.testing.assert_allclose(overlap, np.eye(5), atol=1e-5)
+    parts = {k: v for k, v in res.seconds.items() if k.startswith("dense:")}   # the dense time, split
+    assert {"dense:start", "dense:orthonormalise_w", "dense:rayleigh_ritz", "dense:update"} <= set(parts)
+    assert sum(parts.values()) == pytest.approx(res.seconds["dense"], rel=1e-9)
 
 
 def test_lobpcg_float32_and_reproducible(rng):
