@@ -19,19 +19,6 @@ from gpu_timing import per_call
 from cisolver import dense
 
 
-def chunked_gram(x, y, chunk=1024):
-    """x^T y for C-ordered tall x, y: k in chunks of ``chunk`` as one batched matmul, partials summed in
-    double (what the library's single-precision inline path might do instead of widening)."""
-    k = x.shape[0] // chunk * chunk
-    xr = x[:k].reshape(-1, chunk, x.shape[1])
-    yr = y[:k].reshape(-1, chunk, y.shape[1])
-    parts = cp.matmul(xr.transpose(0, 2, 1), yr)
-    total = parts.astype(np.float64).sum(axis=0)
-    if k < x.shape[0]:
-        total += (x[k:].T @ y[k:]).astype(np.float64)
-    return total
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1963461)
@@ -65,9 +52,6 @@ def main():
         "cholqr2(W) (cisolver.dense)": lambda: dense.cholqr2(w.copy(), context=ctx),
         "rayleigh_ritz(S, HS) (cisolver.dense)": lambda: dense.rayleigh_ritz(s, hsym, b, context=ctx),
     }
-    if dt == np.float32:   # a candidate for the float32 Gram: k chunks as one batched sgemm, partials in double
-        cases["gram S^T S, chunked batched sgemm"] = lambda: chunked_gram(s, s)
-        cases["gram S^T HS, chunked batched sgemm"] = lambda: chunked_gram(s, hs)
     out = {"rows": n, "block": b, "dtype": str(dt), "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
            "ms": {}, "gram_rel_error": {}}
     print(f"n = {n}, b = {b}, {dt}, {out['device']}")
@@ -80,8 +64,6 @@ def main():
     low = np.tril(np.ones(ref.shape, bool))
     ways = {"hybridblas gemmt": lambda: hb.gemmt(1.0, s, hs, transa="T", context=ctx),
             "cupy matmul": lambda: s.T @ hs}
-    if dt == np.float32:
-        ways["chunked batched sgemm"] = lambda: chunked_gram(s, hs)
     for name, fn in ways.items():
         got = cp.asnumpy(fn()).astype(np.float64)
         err = float(np.abs(got[low] - ref[low]).max() / np.abs(ref).max())
