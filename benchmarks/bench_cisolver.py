@@ -42,7 +42,9 @@ def _timed(fn):
     return out, time.perf_counter() - t0
 
 
-def run_case(name, nev, tol, devices, dtype, maxiter, threads, log):
+def run_case(name, nev, tol, devices, dtype, maxiter, threads, log, path, meta, gpu_only=False):
+    """One case, every solver; the JSON at ``path`` is rewritten after each run, so a run cut short by a
+    time limit keeps what finished."""
     inter_name, z, n = CASES[name]
     prob = hamiltonian.ShellModelProblem(snt.read_snt(resolve_interaction(inter_name)), z, n)
     (hu, info), t_build = _timed(lambda: prob.build(storage="upper", dtype=dtype, n_threads=threads))
@@ -51,62 +53,63 @@ def run_case(name, nev, tol, devices, dtype, maxiter, threads, log):
     x0 = np.random.default_rng(2024).standard_normal((info.dimension, b)).astype(dtype)
     rec = {"case": name, "interaction": inter_name, "protons": z, "neutrons": n, "dimension": info.dimension,
            "nnz_upper": info.nnz_stored, "build_seconds": t_build, "build_detail": info.seconds,
-           "nev": nev, "block_size": b, "tol": tol, "dtype": str(np.dtype(dtype)), "runs": []}
+           "nev": nev, "block_size": b, "tol": tol, "dtype": str(np.dtype(dtype)), "runs": [], "meta": meta}
+
+    def record(entry):
+        rec["runs"].append(entry)
+        with open(path, "w") as fh:
+            json.dump(rec, fh, indent=1)
 
     def ours(label, devs, storage, h):
         op = SymmetricOperator(h, storage=storage, devices=devs)
         res, t = _timed(lambda: lobpcg(op, nev, block_size=b, x0=x0, tol=tol, maxiter=maxiter, dtype=dtype))
         it = max(res.iterations, 1)
-        rec["runs"].append({"solver": label, "seconds": t, "iterations": res.iterations,
-                            "converged": res.converged, "energies": res.eigenvalues.tolist(),
-                            "residuals": res.residual_norms.tolist(),
-                            "per_iteration": {k: v / it for k, v in res.seconds.items()}})
+        record({"solver": label, "seconds": t, "iterations": res.iterations, "converged": res.converged,
+                "energies": res.eigenvalues.tolist(), "residuals": res.residual_norms.tolist(),
+                "per_iteration": {k: v / it for k, v in res.seconds.items()}})
         log(f"  {label}: {t:.2f}s, {res.iterations} it, {res.eigenvalues[:3]}")
 
-    ours("cisolver-cpu-upper", "cpu", "upper", hu)
+    def peer(label, fn):
+        try:
+            w, t = _timed(fn)
+            record({"solver": label, "seconds": t, "energies": np.sort(w)[:nev].tolist()})
+            log(f"  {label}: {t:.2f}s")
+        except Exception as exc:     # a peer failing is a result, not a crash
+            record({"solver": label, "error": repr(exc)})
+
+    gpus = [] if devices == "cpu" else list(devices)
     if 2 * info.nnz_stored > 2**31 - 1:      # full CSR needs int64 indices (48Cr): ours on upper storage only
         log("  full storage exceeds int32 CSR; peers and full-storage runs skipped for this case")
-        if devices != "cpu":
-            ours("cisolver-gpu1-upper", devices[:1], "upper", hu)
-            if len(devices) >= 2:
-                ours("cisolver-gpu2-upper", devices[:2], "upper", hu)
+        for count in (1, 2)[:len(gpus)]:
+            ours(f"cisolver-gpu{count}-upper", gpus[:count], "upper", hu)
+        if not gpu_only:
+            ours("cisolver-cpu-upper", "cpu", "upper", hu)
         return rec
     hf = (hu + hu.T - sp.diags(hu.diagonal())).tocsr()
-    ours("cisolver-cpu-full", "cpu", "full", hf)
-
-    # scipy lobpcg: same matrix, same start block, relative tolerance set to match ours roughly
-    try:
-        (w, _), t = _timed(lambda: spla.lobpcg(hf, x0.copy(), tol=tol * 100, largest=False,
-                                                maxiter=maxiter, verbosityLevel=0))
-        rec["runs"].append({"solver": "scipy-lobpcg", "seconds": t, "energies": np.sort(w)[:nev].tolist()})
-        log(f"  scipy lobpcg: {t:.2f}s")
-    except Exception as exc:     # a peer failing is a result, not a crash
-        rec["runs"].append({"solver": "scipy-lobpcg", "error": repr(exc)})
-    (w, _), t = _timed(lambda: spla.eigsh(hf, k=nev, which="SA", v0=x0[:, 0].astype(np.float64), tol=1e-10))
-    rec["runs"].append({"solver": "scipy-eigsh", "seconds": t, "energies": np.sort(w).tolist()})
-    log(f"  scipy eigsh: {t:.2f}s")
-
-    if devices != "cpu":
+    # GPU runs first: a time limit then cuts the slow CPU peers, not the GPU results
+    if gpus:
         import cupy
         import cupyx.scipy.sparse as csp
         import cupyx.scipy.sparse.linalg as csla
-        ngpu = len(devices)
-        ours("cisolver-gpu1", devices[:1], "full", hf)
-        if ngpu >= 2:
-            ours("cisolver-gpu2", devices[:2], "full", hf)
-            ours("cisolver-gpu2-upper", devices[:2], "upper", hu)
-        with cupy.cuda.Device(devices[0]):
-            hg = csp.csr_matrix(hf)
-            xg = cupy.asarray(x0)
-            try:
-                (w, _), t = _timed(lambda: csla.lobpcg(hg, xg.copy(), tol=tol * 100, largest=False,
-                                                        maxiter=maxiter))
-                cupy.cuda.Device().synchronize()
-                rec["runs"].append({"solver": "cupyx-lobpcg", "seconds": t,
-                                    "energies": np.sort(cupy.asnumpy(w))[:nev].tolist()})
-                log(f"  cupyx lobpcg: {t:.2f}s")
-            except Exception as exc:
-                rec["runs"].append({"solver": "cupyx-lobpcg", "error": repr(exc)})
+        ours("cisolver-gpu1", gpus[:1], "full", hf)
+        if len(gpus) >= 2:
+            ours("cisolver-gpu2", gpus[:2], "full", hf)
+            ours("cisolver-gpu2-upper", gpus[:2], "upper", hu)
+        with cupy.cuda.Device(gpus[0]):
+            hg, xg = csp.csr_matrix(hf), cupy.asarray(x0)
+
+            def cupyx_lobpcg():
+                w = csla.lobpcg(hg, xg.copy(), tol=tol * 100, largest=False, maxiter=maxiter)[0]
+                return cupy.asnumpy(w)        # waits for the GPU
+            peer("cupyx-lobpcg", cupyx_lobpcg)
+    if gpu_only:
+        return rec
+    # CPU peers on the same matrix and start block; lobpcg's tolerance is absolute, scaled to match ours
+    peer("scipy-eigsh", lambda: spla.eigsh(hf, k=nev, which="SA", v0=x0[:, 0].astype(np.float64), tol=1e-10)[0])
+    ours("cisolver-cpu-upper", "cpu", "upper", hu)
+    peer("scipy-lobpcg", lambda: spla.lobpcg(hf, x0.copy(), tol=tol * 100, largest=False, maxiter=maxiter,
+                                             verbosityLevel=0)[0])
+    ours("cisolver-cpu-full", "cpu", "full", hf)
     return rec
 
 
@@ -120,6 +123,7 @@ def main(argv=None):
     ap.add_argument("--maxiter", type=int, default=500)
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     ap.add_argument("--threads", type=int, default=None, help="threads for the Hamiltonian build")
+    ap.add_argument("--gpu-only", action="store_true", help="skip the CPU solvers (ours and the peers)")
     args = ap.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     bad = [c for c in cases if c not in CASES]
@@ -136,11 +140,9 @@ def main(argv=None):
             "python": platform.python_version(), "numpy": np.__version__, "devices": devices,
             "command": " ".join(sys.argv)}
     for c in cases:
-        rec = run_case(c, args.nev, args.tol, devices, np.dtype(args.dtype), args.maxiter, args.threads,
-                       lambda m: print(m, flush=True))
-        rec["meta"] = meta
-        with open(os.path.join(args.out, f"cisolver_{c}.json"), "w") as fh:
-            json.dump(rec, fh, indent=1)
+        run_case(c, args.nev, args.tol, devices, np.dtype(args.dtype), args.maxiter, args.threads,
+                 lambda m: print(m, flush=True), os.path.join(args.out, f"cisolver_{c}.json"), meta,
+                 gpu_only=args.gpu_only)
     return 0
 
 
