@@ -47,8 +47,8 @@ scale32) stage scale32 560 "python3 benchmarks/bench_blas_gpu.py --sizes 32768 -
 flapwpin) stage flapwpin 400 "for p in off auto on; do HYBRIDBLAS_PIN_HOST=\$p python3 benchmarks/bench_flapw.py --devices all --blas hybridblas --systems TiO2 --kmax 3.0 --repeat 3 --out $W/flapw-pin-\$p; done" ;;
 curve) stage curve 400 "python3 benchmarks/bench_blas_gpu.py --sizes 8192 16384 32768 --modes host device --xt-block 0 8192 --out $W/curve" ;;
 flapw1) stage flapw1 300 "python3 benchmarks/bench_flapw.py --devices cuda:0 all --blas hybridblas --systems TiO2 --kmax 2.5 3.0 3.5 4.0 --arrays device --cublas-peak --out $W/flapw-all" ;;
-crystals) stage crystals 300 "python3 benchmarks/bench_flapw.py --devices all --blas hybridblas cublasxt --systems AuAg NaCl --kmax 3.0 4.0 --arrays device --out $W/flapw-crystals" ;;
-cibig) stage cibig ${CI_LIMIT:-400} "python3 benchmarks/bench_cisolver.py --devices all --cases ${CI_CASES:-24Mg,46Ti,47V} --out $W/ci-big" ;;
+crystals) stage crystals 300 "python3 benchmarks/bench_flapw.py --devices all --blas hybridblas --systems AuAg NaCl --kmax 3.0 4.0 --arrays device --out $W/flapw-crystals-device && python3 benchmarks/bench_flapw.py --devices all --blas hybridblas cublasxt --systems AuAg NaCl --kmax 3.0 4.0 --out $W/flapw-crystals-host" ;;
+cibig) stage cibig ${CI_LIMIT:-400} "python3 benchmarks/bench_cisolver.py --devices all --cases ${CI_CASES:-24Mg,46Ti,47V} ${CI_FLAGS:-} --out $W/ci-big" ;;
 ci48) stage ci48 150 "python3 benchmarks/bench_cisolver.py --devices all --gpu-only --cases 48Cr --dtype float32 --tol 1e-5 --out $W/ci-48cr" ;;
 mpici) stage mpici 500 "$MPI_SETUP export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; python3 -m cisolver spectrum --interaction gxpf1a --protons 4 --neutrons 4 --nev 5 --dtype float32 --tol 1e-5 --devices 0 --json > $W/mpici-1.json; mpiexec -n 2 python3 -m cisolver spectrum --interaction gxpf1a --protons 4 --neutrons 4 --nev 5 --dtype float32 --tol 1e-5 --devices all --json > $W/mpici-2.json; python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py -k gpu" ;;
 # the dense steps of a LOBPCG iteration at 48Cr's size, piece by piece (one GPU)
@@ -56,6 +56,6 @@ dense) stage dense 90 "python3 benchmarks/bench_dense_steps.py --rows 1963461 --
 # a one-GPU profile (the node's first GPU only)
 tune1) stage tune1 150 "mkdir -p $W/prof1; export HYBRIDBLAS_PROFILE_DIR=$W/prof1 CUDA_VISIBLE_DEVICES=0; (time python3 -m hybridblas.tuning calibrate --quick --output $W/prof1 --no-progress) && python3 -m hybridblas.tuning show --json > $W/prof1/show.json" ;;
 curve2) stage curve2 ${CURVE_LIMIT:-240} "python3 benchmarks/bench_blas_gpu.py --sizes ${CURVE_SIZES:-4096 8192 16384} --modes host --gpu-counts 1 2 --repeats 1 --xt-block 8192 --xt-max-seconds 5 --out $W/curve2" ;;
-flapwxt) stage flapwxt 400 "python3 benchmarks/bench_flapw.py --devices all --blas cublasxt --systems TiO2 --kmax 3.5 4.0 --out $W/flapw-xt" ;;
+flapwxt) stage flapwxt ${XT_LIMIT:-500} "python3 benchmarks/bench_flapw.py --devices all --blas hybridblas cublasxt --systems TiO2 --kmax ${XT_KMAX:-3.5 4.0} --out $W/flapw-xt" ;;
 esac; done
 echo "=== done $(date +%T)"

@@ -20,6 +20,21 @@ def to_host(a):
     return a.get() if is_device(a) else np.asarray(a)
 
 
+def column_sumsq(block):
+    """Sum of squares of each column of a tall block, as a float64 host array.
+
+    On a GPU, cupy's reduction over axis 0 of a C-ordered n x 8 block gives one thread block per column
+    and took 11 ms at n = 1.96e6 (48Cr, H200); a product with a vector of ones runs at bandwidth."""
+    if not is_device(block):
+        return np.einsum("ij,ij->j", block, block, dtype=np.float64)
+    import cupy
+    sq = block.astype(np.float64)
+    sq *= sq
+    if block.shape[0] == 0:
+        return np.zeros(block.shape[1])
+    return (cupy.ones(block.shape[0], dtype=np.float64) @ sq).get()
+
+
 def synchronize(xp):
     if xp is not np:
         xp.cuda.get_current_stream().synchronize()

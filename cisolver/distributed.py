@@ -74,6 +74,6 @@ class DistributedOperator:
 
 def colnorms(r, comm, xp=np):
     """2-norms of the columns of a row-distributed block."""
-    from .arrays import to_host
-    sq = to_host(xp.sum(r * r, axis=0)).astype(np.float64)
+    from .arrays import column_sumsq
+    sq = column_sumsq(r)
     return np.sqrt(allreduce(np.ascontiguousarray(sq), comm))

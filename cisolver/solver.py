@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import dense
-from .arrays import Timer, module_of, to_host
+from .arrays import Timer, column_sumsq, module_of, to_host
 
 
 @dataclass
@@ -98,12 +98,12 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
 
     def norms(block):
         if comm is None:
-            return to_host(xp.linalg.norm(block, axis=0)).astype(np.float64)
+            return np.sqrt(column_sumsq(block))
         from .distributed import colnorms
         return colnorms(block, comm, xp)
 
     def project(a, b_):
-        out = to_host(a.T @ b_)
+        out = dense.cross(a, b_, context=context)
         if comm is not None:
             from .distributed import allreduce
             out = allreduce(np.ascontiguousarray(out), comm)
@@ -172,14 +172,8 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
             norm_est = max(norm_est, float(np.abs(allv).max()))
         with timer.phase("dense", "update"):
             cd = xp.asarray(c, dtype=dtype)
-            nx, nw = b, len(active)
-            cw = cd[nx:nx + nw]
-            p = w @ cw
-            hp = hw @ cw
-            if pa is not None:
-                cp = cd[nx + nw:]
-                p += pa @ cp
-                hp += hpa @ cp
+            # P = W C2 + P C3 = S[:, b:] C[b:] (and the same for HP): one product each
+            p, hp = s[:, b:] @ cd[b:], hs[:, b:] @ cd[b:]
             x, hx = s @ cd, hs @ cd
     # honest final residuals: one explicit product (the recurrences may drift, notably in float32)
     with timer.phase("spmm"):
