@@ -55,15 +55,6 @@ def gram(a, b=None, context=None, comm=None):
     return low + np.tril(low, -1).T
 
 
-def cross(a, b, context=None):
-    """a^T b for tall a, b as a host array. On a GPU through hybridblas: cuBLAS sums a k of 2e6 for an
-    8 x 8 result slowly (0.36 ms at 48Cr, H200) and, in float32, in one accumulator; hybridblas splits k
-    (float32 partials added in double). On the CPU numpy's matmul is the fastest (no threads needed)."""
-    if is_device(a):
-        return to_host(hb.gemm(1.0, a, b, transa="T", context=context))
-    return a.T @ b
-
-
 def cholesky_upper(g, what="S^T S"):
     """Upper Cholesky factor R (g = R^T R); raises NotPositiveDefinite on failure."""
     try:

@@ -103,7 +103,7 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         return colnorms(block, comm, xp)
 
     def project(a, b_):
-        out = dense.cross(a, b_, context=context)
+X
         if comm is not None:
             from .distributed import allreduce
             out = allreduce(np.ascontiguousarray(out), comm)
@@ -172,8 +172,16 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
             norm_est = max(norm_est, float(np.abs(allv).max()))
         with timer.phase("dense", "update"):
             cd = xp.asarray(c, dtype=dtype)
-            # P = W C2 + P C3 = S[:, b:] C[b:] (and the same for HP): one product each
-            p, hp = s[:, b:] @ cd[b:], hs[:, b:] @ cd[b:]
+            # P = W C2 + P C3 (and HP alike) from the contiguous blocks: S[:, b:] @ C[b:] in one product
+            # reads a strided view and cost 0.5 ms more per iteration at 48Cr on an H200
+            nx, nw = b, len(active)
+            cw = cd[nx:nx + nw]
+            p = w @ cw
+            hp = hw @ cw
+            if pa is not None:
+                cp = cd[nx + nw:]
+                p += pa @ cp
+                hp += hpa @ cp
             x, hx = s @ cd, hs @ cd
     # honest final residuals: one explicit product (the recurrences may drift, notably in float32)
     with timer.phase("spmm"):
