@@ -81,13 +81,14 @@ def right_trsm(w, r):
     return w
 
 
-def cholqr2(w, hw=None, context=None, comm=None):
-    """Orthonormalise the columns of w in place by Cholesky-QR twice; hw (= H w) gets the same R^{-1}.
+def cholqr2(w, hw=None, context=None, comm=None, passes=2):
+    """Orthonormalise the columns of w in place by Cholesky-QR twice (``passes``); hw (= H w) gets the
+    same R^{-1}.
 
     Returns the combined upper factor R (w_in = w_out R).
     """
     r_total = np.eye(w.shape[1])
-    for _ in range(2):
+    for _ in range(passes):
         r = cholesky_upper(gram(w, context=context, comm=comm), "W^T W")
         right_trsm(w, r)
         if hw is not None:
@@ -96,17 +97,48 @@ def cholqr2(w, hw=None, context=None, comm=None):
     return r_total
 
 
+def orthonormalise_against(x, w, context=None, comm=None, passes=2):
+    """W <- W minus its X components, then orthonormal, in place; X has orthonormal columns.
+
+    Each pass computes X^T W and W^T W and takes them to the host together. By Pythagoras,
+    (W - X X^T W)^T (W - X X^T W) = W^T W - (X^T W)^T (X^T W), so one Cholesky factor R of that serves,
+    and W <- (W - X X^T W) R^{-1}. Two passes is block classical Gram-Schmidt with the Pythagorean inner
+    product (BCGS-PIP2). One trip to the host per pass, where projection then CholQR2 took four.
+    W is LOBPCG's residual, nearly orthogonal to the Ritz vectors X already, so the subtraction loses
+    nothing to cancellation.
+    """
+    xp = module_of(w)
+    for _ in range(passes):
+        xw = x.T @ w                                   # queued; gram's trip to the host waits for it
+        ww = gram(w, context=context, comm=comm)
+        xw = to_host(xw).astype(np.float64)
+        if comm is not None:
+            from hybridblas.distributed import allreduce
+            xw = allreduce(np.ascontiguousarray(xw), comm)
+        r = cholesky_upper(ww - xw.T @ xw, "W^T W after projection")
+        rinv = sla.solve_triangular(r, np.eye(r.shape[0]), lower=False)
+        w[...] = w @ xp.asarray(rinv, dtype=w.dtype) - x @ xp.asarray(xw @ rinv, dtype=w.dtype)
+    return w
+
+
 def rayleigh_ritz(s, hs, n_keep, context=None, comm=None):
     """Smallest n_keep eigenpairs of (S^T H S, S^T S): Cholesky of S^T S, then a standard eigh.
 
+    S^T S is scaled to a unit diagonal first (Jacobi), so columns of very different lengths (a P
+    block that is not normalised) do not make the Cholesky fail.
     Returns (theta, C, all_theta); raises NotPositiveDefinite when S^T S is ill-conditioned.
     """
     g = gram(s, hs, context=context, comm=comm)
     o = gram(s, context=context, comm=comm)
+    d = np.diag(o)
+    if not (d > 0).all():
+        raise NotPositiveDefinite(f"S^T S has a non-positive diagonal entry ({d.min():.3g})")
+    d = 1.0 / np.sqrt(d)
+    g, o = g * np.outer(d, d), o * np.outer(d, d)
     r = cholesky_upper(o)
     # A = R^{-T} G R^{-1}; eigenvectors C = R^{-1} Y
     a = sla.solve_triangular(r, sla.solve_triangular(r, g, trans="T").T, trans="T").T
     a = 0.5 * (a + a.T)
     vals, vecs = np.linalg.eigh(a)
-    c = sla.solve_triangular(r, vecs[:, :n_keep])
+    c = d[:, None] * sla.solve_triangular(r, vecs[:, :n_keep])
     return vals[:n_keep], c, vals

@@ -138,14 +138,15 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
             w = r[:, active]
             w = precond.apply(w, theta[active]) if precond is not None else xp.ascontiguousarray(w)
         with timer.phase("dense", "orthonormalise_w"):
-            # W ⟂ X (twice), then orthonormal: keeps S^T S well conditioned
-            for _ in range(2):
-                w -= x @ project(x, w)
+            # W ⟂ X, then orthonormal (keeps S^T S well conditioned): two passes of one product pair
+            # and one host trip each (BCGS-PIP2, dense.orthonormalise_against)
             try:
-                dense.cholqr2(w, context=context, comm=comm)
+                dense.orthonormalise_against(x, w, context=context, comm=comm)
             except dense.NotPositiveDefinite:
                 if comm is not None:
                     raise
+                for _ in range(2):                   # W (nearly) rank deficient: project, then a QR
+                    w -= x @ project(x, w)
                 w = xp.asarray(np.linalg.qr(to_host(w))[0], dtype=dtype)
         with timer.phase("spmm"):
             hw = op.matmat(w)
@@ -153,8 +154,11 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         with timer.phase("dense", "orthonormalise_p"):
             if p is not None:
                 pa, hpa = xp.ascontiguousarray(p[:, active]), xp.ascontiguousarray(hp[:, active])
+                # one Cholesky-QR pass: P only needs unit, well separated columns for the Rayleigh-Ritz
+                # Cholesky (which also rescales S^T S); a second pass changed no iteration count on
+                # 44Ti, 24Mg, 28Si, 46Ti in float32 and float64 and cost a host trip and two products
                 try:
-                    dense.cholqr2(pa, hpa, context=context, comm=comm)
+                    dense.cholqr2(pa, hpa, context=context, comm=comm, passes=1)
                 except dense.NotPositiveDefinite:
                     pa = hpa = None
                     restarts += 1

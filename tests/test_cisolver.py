@@ -131,6 +131,39 @@ def test_cholqr2_and_rank_deficiency(rng):
         dense.cholqr2(bad)
 
 
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 2e-6)])
+def test_orthonormalise_against_x(dtype, tol, rng):
+    """BCGS-PIP2: W loses its X part, becomes orthonormal, and spans what (I - X X^T) W spanned."""
+    x = np.linalg.qr(rng.standard_normal((4000, 8)))[0].astype(dtype)
+    w0 = (rng.standard_normal((4000, 5)) + 3.0 * x[:, :5] + 0.01 * x[:, 5:6]).astype(dtype)
+    w = w0.copy()
+    dense.orthonormalise_against(x, w)
+    assert np.abs(x.T @ w).max() <= tol
+    np.testing.assert_allclose(w.T @ w, np.eye(5), atol=tol)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    target = w0 - x64 @ (x64.T @ w0)                      # what the projection should keep
+    coef = np.linalg.lstsq(w64, target, rcond=None)[0]
+    assert np.abs(w64 @ coef - target).max() <= 50 * tol * np.abs(target).max()
+
+
+def test_orthonormalise_against_rejects_w_inside_span_x(rng):
+    x = np.linalg.qr(rng.standard_normal((500, 6)))[0]
+    with pytest.raises(dense.NotPositiveDefinite):
+        dense.orthonormalise_against(x, x[:, :2] @ rng.standard_normal((2, 3)))
+
+
+def test_rayleigh_ritz_ignores_column_scaling(rng):
+    """S^T S is scaled to a unit diagonal before its Cholesky: a column 1e-11 long changes nothing
+    (unscaled, its Cholesky factor looks singular and the call raises)."""
+    a = _random_symmetric(300, rng).toarray()
+    s = np.linalg.qr(rng.standard_normal((300, 12)))[0]
+    theta, c, _ = dense.rayleigh_ritz(s, a @ s, 4)
+    scaled = s * np.array([1.0] * 11 + [1e-11])
+    theta_s, c_s, _ = dense.rayleigh_ritz(scaled, a @ scaled, 4)
+    np.testing.assert_allclose(theta_s, theta, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(np.abs((scaled @ c_s).T @ (s @ c)), np.eye(4), atol=1e-8)
+
+
 @needs_data
 def test_tile_preconditioner_solves_its_tiles_exactly():
     prob = _problem("usdb.snt", 2, 2)
