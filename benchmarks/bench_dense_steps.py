@@ -19,6 +19,13 @@ from gpu_timing import per_call
 from cisolver import dense
 
 
+def _project_then_cholqr2(x, w, ctx):
+    """The W step as it was in session 3: W -= X (X^T W) twice, then CholQR2 (four host trips)."""
+    for _ in range(2):
+        w -= x @ cp.asarray(cp.asnumpy(x.T @ w))
+    return dense.cholqr2(w, context=ctx)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1963461)
@@ -38,6 +45,7 @@ def main():
     rr = cp.asarray(r, dtype=dt)
     cd = cp.asarray(rng.standard_normal((3 * b, b)).astype(dt))
     hsym = s @ (s.T @ s)            # S^T hsym = (S^T S)^2: symmetric, like S^T H S
+    x = cp.asarray(np.linalg.qr(rng.standard_normal((n, b)))[0].astype(dt))    # Ritz vectors
     from cupyx.scipy.linalg import solve_triangular
     cases = {
         "gram S^T S, hybridblas syrk": lambda: hb.syrk(1.0, s, trans="T", context=ctx),
@@ -50,6 +58,9 @@ def main():
         "concatenate [X W P]": lambda: cp.concatenate([s[:, :b], s[:, b:2 * b], s[:, 2 * b:]], axis=1),
         "project x^T w, to host": lambda: cp.asnumpy(s[:, :b].T @ w),
         "cholqr2(W) (cisolver.dense)": lambda: dense.cholqr2(w.copy(), context=ctx),
+        "one CholQR pass of P, HP (cisolver.dense)": lambda: dense.cholqr2(w.copy(), w.copy(), context=ctx, passes=1),
+        "W ⟂ X: project twice + cholqr2 (session 3)": lambda: _project_then_cholqr2(x, w.copy(), ctx),
+        "W ⟂ X: BCGS-PIP2 (cisolver.dense)": lambda: dense.orthonormalise_against(x, w.copy(), context=ctx),
         "rayleigh_ritz(S, HS) (cisolver.dense)": lambda: dense.rayleigh_ritz(s, hsym, b, context=ctx),
     }
     out = {"rows": n, "block": b, "dtype": str(dt), "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
