@@ -61,30 +61,47 @@ def hermitian_fill(c, xp=np, block=None):
     """Copy the conjugate of the strict lower triangle into the upper one, in place; real diagonal.
 
     On the host the transposing copy goes tile by tile (128: cache-sized, 8x faster than whole panels
-    at N_G = 3650); on a GPU the rest of each 2048-wide column panel is one cuBLAS geam (Fortran-ordered
-    arrays; others take the strided copy).
+    at N_G = 3650), the column panels spread over the cores (one core took 6.3 s for TiO2 Kmax 4.0's H
+    and S). On a GPU the rest of each 2048-wide column panel is one cuBLAS geam (Fortran-ordered arrays;
+    others take the strided copy).
     """
     n = c.shape[0]
-    tile = block or (128 if xp is np else 2048)
-    on_gpu = xp is not np
-    if on_gpu:
-        from hybridblas.cublas import conj_transpose_into
+    if xp is np:
+        tile = block or 128
+        _on_host_cores([(j0, min(n, j0 + tile)) for j0 in range(0, n, tile)],
+                       lambda panel: _fill_host_panel(c, *panel, tile))
+    else:
+        _fill_on_gpu(c, xp, block or 2048)
+    idx = xp.arange(n)
+    c[idx, idx] = c[idx, idx].real
+    return c
+
+
+def _fill_host_panel(c, j0, j1, tile):
+    """Diagonal block j0:j1, then the upper rows j0:j1 right of it from the lower column panel. Panels
+    can run at once: each writes only its own rows of the upper triangle and reads only its diagonal
+    block and strictly lower blocks, which no panel writes."""
+    d = c[j0:j1, j0:j1]
+    c[j0:j1, j0:j1] = np.tril(d) + np.tril(d, -1).conj().T
+    for i0 in range(j1, c.shape[0], tile):
+        i1 = min(c.shape[0], i0 + tile)
+        c[j0:j1, i0:i1] = c[i0:i1, j0:j1].conj().T
+
+
+def _fill_on_gpu(c, xp, tile):
+    from hybridblas.cublas import conj_transpose_into
+    n = c.shape[0]
     for j0 in range(0, n, tile):
         j1 = min(n, j0 + tile)
         d = c[j0:j1, j0:j1]
         c[j0:j1, j0:j1] = xp.tril(d) + xp.tril(d, -1).conj().T
-        if on_gpu and j1 < n and c.flags.f_contiguous:
+        if j1 < n and c.flags.f_contiguous:
             # the rest of the column panel in one cuBLAS geam: a strided conj().T copy ran at ~1/100
             # of the memory bandwidth (0.66 s of an 8.2 s TiO2 Kmax 4.0 build on two H200s)
             conj_transpose_into(c[j0:j1, j1:n], c[j1:n, j0:j1])
             continue
-        step = tile if xp is np else n      # GPU: the rest of the column panel in one copy
-        for i0 in range(j1, n, step):
-            i1 = min(n, i0 + step)
-            c[j0:j1, i0:i1] = c[i0:i1, j0:j1].conj().T
-    idx = xp.arange(n)
-    c[idx, idx] = c[idx, idx].real
-    return c
+        if j1 < n:       # the rest of the column panel in one copy
+            c[j0:j1, j1:n] = c[j1:n, j0:j1].conj().T
 
 
 def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_atoms=None,
@@ -155,8 +172,9 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
         a, b = view(a_buf), view(b_buf)
         with rep.stage("matching A, B", sync=sync):
             ph = phases(basis, cell.structure.positions[atoms], xp)
-            fill_coefficients(a, fa, ph, sp_of[atoms], n_l)
-            fill_coefficients(b, fb, ph, sp_of[atoms], n_l)
+            each = _on_host_cores if xp is np else None
+            fill_coefficients(a, fa, ph, sp_of[atoms], n_l, each)
+            fill_coefficients(b, fb, ph, sp_of[atoms], n_l, each)
         beta = 0.0 if ib == 0 else 1.0
         args = (rep, backend, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w, sync, xp)
         if method == "refined":
@@ -219,14 +237,25 @@ def _each_atom(xp, atoms, n_l, fn):
     elementwise operations use one core (TiO2 Kmax 2.5: 9.4 s of host zgemm and 1.6 s of scaling per
     k-point on 32 cores, one after the other). On a GPU they are queued in order on the stream."""
     slices = [(slice(j * n_l, (j + 1) * n_l), at) for j, at in enumerate(atoms)]
-    if xp is not np or len(slices) < 2:
+    if xp is not np:
         for sl, at in slices:
             fn(sl, at)
         return
+    _on_host_cores(slices, lambda job: fn(*job))
+
+
+def _on_host_cores(jobs, fn):
+    """fn(job) for every job on a pool of the host's cores, one BLAS thread each (numpy's elementwise
+    operations and copies release the GIL)."""
+    jobs = list(jobs)
+    if len(jobs) < 2:
+        for job in jobs:
+            fn(job)
+        return
     from concurrent.futures import ThreadPoolExecutor
     from hybridblas import blas_threads
-    with blas_threads.limit(1), ThreadPoolExecutor(min(len(slices), blas_threads.available_cores())) as pool:
-        list(pool.map(lambda job: fn(*job), slices))
+    with blas_threads.limit(1), ThreadPoolExecutor(min(len(jobs), blas_threads.available_cores())) as pool:
+        list(pool.map(fn, jobs))
 
 
 def _cholesky_factors(tmats, xp):

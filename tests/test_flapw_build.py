@@ -193,10 +193,27 @@ def test_cli_table_and_errors(capsys):
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 130, 257])
-@pytest.mark.parametrize("block", [None, 64, 2048])
-def test_hermitian_fill_tiles(n, block, rng):
+@pytest.mark.parametrize("block", [None, 16, 64, 2048])
+@pytest.mark.parametrize("order", ["F", "C"])
+def test_hermitian_fill_tiles(n, block, order, rng, monkeypatch):
     from flapw.hsdla import hermitian_fill
-    x = np.asfortranarray(rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n)))
+    from hybridblas import blas_threads
+    monkeypatch.setattr(blas_threads, "available_cores", lambda: 4)      # panels on 4 threads at once
+    x = np.array(rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n)), order=order)
     want = np.tril(x) + np.tril(x, -1).conj().T
     want[np.diag_indices(n)] = want.diagonal().real
     np.testing.assert_array_equal(hermitian_fill(x, block=block), want)
+
+
+def test_threaded_coefficient_fill_equals_the_plain_one(rng):
+    """A, B columns written by atom on several threads are the same as one product per atom."""
+    from flapw.hsdla import _on_host_cores
+    from flapw.matching import fill_coefficients
+    n_g, n_l, n_atoms = 301, 9, 7
+    factors = [rng.standard_normal((n_g, n_l)) + 1j * rng.standard_normal((n_g, n_l)) for _ in range(2)]
+    phase = np.exp(1j * rng.uniform(0, 6.3, (n_g, n_atoms)))
+    species = np.array([0, 1, 1, 0, 1, 0, 0])
+    want = np.hstack([factors[s] * phase[:, [j]] for j, s in enumerate(species)])
+    for each in (None, _on_host_cores):
+        out = np.full((n_g, n_atoms * n_l), np.nan, complex)
+        np.testing.assert_array_equal(fill_coefficients(out, factors, phase, species, n_l, each), want)
