@@ -53,6 +53,8 @@ ci48) stage ci48 150 "python3 benchmarks/bench_cisolver.py --devices all --gpu-o
 mpici) stage mpici 500 "$MPI_SETUP export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; python3 -m cisolver spectrum --interaction gxpf1a --protons 4 --neutrons 4 --nev 5 --dtype float32 --tol 1e-5 --devices 0 --json > $W/mpici-1.json; mpiexec -n 2 python3 -m cisolver spectrum --interaction gxpf1a --protons 4 --neutrons 4 --nev 5 --dtype float32 --tol 1e-5 --devices all --json > $W/mpici-2.json; python3 -m pytest -q -p no:cacheprovider tests/test_mpi.py -k gpu" ;;
 # the dense steps of a LOBPCG iteration at 48Cr's size, piece by piece (one GPU)
 dense) stage dense 90 "python3 benchmarks/bench_dense_steps.py --rows 1963461 --block 8 --dtype float32 --json $W/dense-f32.json && python3 benchmarks/bench_dense_steps.py --rows 1963461 --block 8 --dtype float64 --json $W/dense-f64.json" ;;
+# host-side profile of the dense steps (cProfile) on a cheap-SpMM matrix of 48Cr's size and of 24Mg's
+profdense) stage profdense 150 "python3 benchmarks/profile_lobpcg_dense.py --rows 1963461 --dtype float32 && python3 benchmarks/profile_lobpcg_dense.py --rows 28503 --dtype float64" ;;
 # a one-GPU profile (the node's first GPU only)
 tune1) stage tune1 150 "mkdir -p $W/prof1; export HYBRIDBLAS_PROFILE_DIR=$W/prof1 CUDA_VISIBLE_DEVICES=0; (time python3 -m hybridblas.tuning calibrate --quick --output $W/prof1 --no-progress) && python3 -m hybridblas.tuning show --json > $W/prof1/show.json" ;;
 curve2) stage curve2 ${CURVE_LIMIT:-240} "python3 benchmarks/bench_blas_gpu.py --sizes ${CURVE_SIZES:-4096 8192 16384} --modes host --gpu-counts 1 2 --repeats 1 --xt-block 8192 --xt-max-seconds 5 --out $W/curve2" ;;

@@ -1,0 +1,57 @@
+"""Where the host time of LOBPCG's dense steps goes on a GPU: cProfile over a few iterations.
+
+The dense steps have a floor of ~5.6 ms per iteration on an H200 even for 24Mg (n = 28503), where the data
+are tiny (docs/performance.md, session 4): host round trips, kernel launches and Python. This runs ours
+on a synthetic symmetric matrix whose SpMM is cheap (a few nonzeros per row), so the profile is the dense
+steps, and prints the per-step times and the functions with the most own time.
+
+    PYTHONPATH=. python3 benchmarks/profile_lobpcg_dense.py --rows 1963461 --dtype float32 [--iterations 20]
+"""
+import argparse
+import cProfile
+import io
+import pstats
+
+import numpy as np
+import scipy.sparse as sp
+
+from cisolver import lobpcg
+from cisolver.operators import SymmetricOperator
+
+
+def synthetic(n, dtype, seed=0):
+    """Tridiagonal-plus-random symmetric matrix: a spread spectrum, ~5 nonzeros per row."""
+    rng = np.random.default_rng(seed)
+    main = np.sort(rng.uniform(-50.0, 50.0, n))
+    off = rng.uniform(-1.0, 1.0, n - 1)
+    h = sp.diags([off, main, off], [-1, 0, 1], format="csr")
+    extra = sp.random(n, n, density=2.0 / n, random_state=rng, format="csr")
+    return (h + 0.1 * (extra + extra.T)).tocsr().astype(dtype)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1963461)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--devices", default="0", help="GPU ids, comma separated, or cpu")
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    dtype = np.dtype(args.dtype)
+    devices = "cpu" if args.devices == "cpu" else [int(d) for d in args.devices.split(",")]
+    op = SymmetricOperator(synthetic(args.rows, dtype), storage="full", devices=devices)
+    run = lambda: lobpcg(op, 5, block_size=8, tol=1e-30, maxiter=args.iterations, dtype=dtype, seed=1)  # noqa: E731
+    run()                                       # warm-up: kernels compiled and loaded
+    prof = cProfile.Profile()
+    res = prof.runcall(run)
+    it = max(res.iterations, 1)
+    print(f"n = {args.rows}, {dtype}, devices {args.devices}, {it} iterations; ms per iteration:")
+    for key, value in sorted(res.seconds.items()):
+        print(f"  {key:28s} {value / it * 1e3:8.3f}")
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(args.top)
+    print(text.getvalue())
+
+
+if __name__ == "__main__":
+    main()
