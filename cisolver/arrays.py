@@ -27,11 +27,11 @@ def column_sumsq(block):
     and took 11 ms at n = 1.96e6 (48Cr, H200); a product with a vector of ones runs at bandwidth."""
     if not is_device(block):
         return np.einsum("ij,ij->j", block, block, dtype=np.float64)
+    if block.shape[0] == 0:
+        return np.zeros(block.shape[1])
     import cupy
     sq = block.astype(np.float64)
     sq *= sq
-    if block.shape[0] == 0:
-        return np.zeros(block.shape[1])
     return (cupy.ones(block.shape[0], dtype=np.float64) @ sq).get()
 
 

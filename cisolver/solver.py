@@ -103,8 +103,6 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         return colnorms(block, comm, xp)
 
     def project(a, b_):
-        # cupy's matmul, not hybridblas: at 48Cr on an H200 the whole W step took 2.7 ms per iteration
-        # this way and 3.0 ms with hb.gemm (its per-call overhead outweighs its faster split-k kernel)
         out = to_host(a.T @ b_)
         if comm is not None:
             from .distributed import allreduce
