@@ -21,7 +21,7 @@ def to_host(a):
 
 
 def column_sumsq(block):
-    """Sum of squares of each column of a tall block, as a float64 host array.
+    """Sum of squares of each column of a tall real block, as a float64 host array.
 
     On a GPU, cupy's reduction over axis 0 of a C-ordered n x 8 block gives one thread block per column
     and took 11 ms at n = 1.96e6 (48Cr, H200); a product with a vector of ones runs at bandwidth."""

@@ -97,18 +97,27 @@ def cholqr2(w, hw=None, context=None, comm=None, passes=2):
     return r_total
 
 
+CANCELLATION = 1e-2   # below this share of a column's length outside span(X), project explicitly first
+
+
 def orthonormalise_against(x, w, context=None, comm=None, passes=2):
     """W <- W minus its X components, then orthonormal, in place; X has orthonormal columns.
 
     Each pass computes X^T W and W^T W and takes them to the host together. By Pythagoras,
     (W - X X^T W)^T (W - X X^T W) = W^T W - (X^T W)^T (X^T W), so one Cholesky factor R of that serves,
     and W <- (W - X X^T W) R^{-1}. Two passes is block classical Gram-Schmidt with the Pythagorean inner
-    product (BCGS-PIP2). One trip to the host per pass, where projection then CholQR2 took four.
-    W is LOBPCG's residual, nearly orthogonal to the Ritz vectors X already, so the subtraction loses
-    nothing to cancellation.
+    product (BCGS-PIP2): one trip to the host per pass, where projection then CholQR2 took four.
+    Without a preconditioner W is LOBPCG's residual, nearly orthogonal to the Ritz vectors X. A
+    preconditioned W can lie mostly in span(X); the subtraction would then cancel, so when a column keeps
+    less than CANCELLATION of its squared length outside X, that pass only projects (W -= X X^T W), and
+    the Pythagorean passes follow (at most two such projections). A column that projection leaves at
+    rounding level lies in span(X): NotPositiveDefinite.
     """
     xp = module_of(w)
-    for _ in range(passes):
+    floor = (100 * np.finfo(w.dtype).eps) ** 2     # squared length left by rounding alone
+    done = projected = 0
+    first = None
+    while done < passes:
         # queued; gram's trip to the host waits for it. cupy's matmul, not hybridblas: with hb.gemm the
         # W step took 3.0 ms per iteration at 48Cr on an H200, 2.7 ms this way (per-call overhead)
         xw = x.T @ w
@@ -117,9 +126,20 @@ def orthonormalise_against(x, w, context=None, comm=None, passes=2):
         if comm is not None:
             from hybridblas.distributed import allreduce
             xw = allreduce(np.ascontiguousarray(xw), comm)
-        r = cholesky_upper(ww - xw.T @ xw, "W^T W after projection")
+        if first is None:
+            first = np.diag(ww).copy()
+        elif done == 0 and (np.diag(ww) < floor * first).any():     # measured after explicit projection
+            left = (np.diag(ww) / first).min()
+            raise NotPositiveDefinite(f"a column of W lies in span(X) to rounding ({left:.2e} of it is left)")
+        outside = ww - xw.T @ xw
+        if projected < 2 and (np.diag(outside) < CANCELLATION * np.diag(ww)).any():
+            w -= x @ xp.asarray(xw, dtype=w.dtype)
+            projected += 1
+            continue
+        r = cholesky_upper(outside, "W^T W after projection")
         rinv = sla.solve_triangular(r, np.eye(r.shape[0]), lower=False)
         w[...] = w @ xp.asarray(rinv, dtype=w.dtype) - x @ xp.asarray(xw @ rinv, dtype=w.dtype)
+        done += 1
     return w
 
 

@@ -72,7 +72,7 @@ class DistributedOperator:
     __matmul__ = matmat
 
 
-def colnorms(r, comm, xp=np):
+def colnorms(r, comm):
     """2-norms of the columns of a row-distributed block."""
     from .arrays import column_sumsq
     sq = column_sumsq(r)

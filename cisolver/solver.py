@@ -100,7 +100,7 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         if comm is None:
             return np.sqrt(column_sumsq(block))
         from .distributed import colnorms
-        return colnorms(block, comm, xp)
+        return colnorms(block, comm)
 
     def project(a, b_):
         out = to_host(a.T @ b_)

@@ -146,6 +146,21 @@ def test_orthonormalise_against_x(dtype, tol, rng):
     assert np.abs(w64 @ coef - target).max() <= 50 * tol * np.abs(target).max()
 
 
+@pytest.mark.parametrize("dtype,outside,tol", [(np.float32, 1e-3, 2e-6), (np.float64, 1e-5, 1e-12)])
+def test_orthonormalise_against_w_mostly_inside_span_x(dtype, outside, tol, rng):
+    """A preconditioned W can lie mostly in span(X): W^T W - (X^T W)^T X^T W would cancel, so the pass
+    projects explicitly first (review finding: the Cholesky failed here)."""
+    x = np.linalg.qr(rng.standard_normal((20000, 8)))[0]
+    perp = rng.standard_normal((20000, 5))
+    perp -= x @ (x.T @ perp)
+    perp /= np.linalg.norm(perp, axis=0)
+    w = (x[:, :5] @ rng.standard_normal((5, 5)) + outside * perp).astype(dtype)
+    x = x.astype(dtype)
+    dense.orthonormalise_against(x, w)
+    assert np.abs(x.T @ w).max() <= tol
+    np.testing.assert_allclose(w.T @ w, np.eye(5), atol=tol)
+
+
 def test_orthonormalise_against_rejects_w_inside_span_x(rng):
     x = np.linalg.qr(rng.standard_normal((500, 6)))[0]
     with pytest.raises(dense.NotPositiveDefinite):

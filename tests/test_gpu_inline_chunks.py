@@ -9,6 +9,7 @@ import pytest
 import hybridblas as hb
 from blas_cases import ROUTINES, call_routine, make_case, triangle_mask
 from test_gpu import LAYOUTS, check, to_device
+from test_gpu_streams import _opened
 
 pytestmark = pytest.mark.gpu
 
@@ -26,6 +27,7 @@ def _trans_choices(name, dtype):
 def test_chunked_single_precision_matches_double_reference(name, dtype, partials_bytes, rng, monkeypatch):
     from hybridblas.devices import cuda_inline
     monkeypatch.setattr(cuda_inline, "PARTIALS_BYTES", partials_bytes)
+    opened = _opened(monkeypatch)                                   # tiled runs; the inline path opens none
     chunk = cuda_inline.CHUNK
     ctx = hb.Context(devices=["cuda:0"])
     for trans in _trans_choices(name, dtype):
@@ -40,6 +42,7 @@ def test_chunked_single_precision_matches_double_reference(name, dtype, partials
             out = call_routine(name, alpha, ops, beta, c, trans, lower, ctx)
             where = f"{name} {''.join(trans)} k={k} beta={beta} partials_bytes={partials_bytes}"
             check(name, out, expected, c0, lower, tol, where, alpha, beta, k)
+    assert opened == []
 
 
 def test_chunked_float32_gram_is_within_a_few_roundings(rng):

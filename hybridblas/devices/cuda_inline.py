@@ -56,7 +56,7 @@ def _chunked_full(backend, problem):
     if m == 0 or n == 0:
         return full
     if problem.beta != 0:       # beta = 0 never reads C (it may hold anything, NaN included)
-        full += problem.beta * problem.c
+        full += problem.beta * problem.c.astype(wide)   # widened first: beta C rounds once, in full
     terms = problem.terms()
     chunks = k // CHUNK
     per_call = max(1, PARTIALS_BYTES // (m * n * problem.dtype.itemsize))
