@@ -41,17 +41,17 @@ def main():
     run("gpu default", [0])
     run("gpu ctx cuda:0 min_call 0", [0], context=hb.Context(devices=["cuda:0"], min_call_seconds=0))
     run("gpu ctx cuda:0 static", [0], context=hb.Context(devices=["cuda:0"]))
-    original = dense._hb_or_device
+    original = dense._lower_product
     try:
-        def float64_on_host(kind, a, b, context):
+        def float64_on_host(a, b, context):
             a64 = cp.asnumpy(a).astype(np.float64)
             return a64.T @ (a64 if b is None else cp.asnumpy(b).astype(np.float64))
-        dense._hb_or_device = float64_on_host
+        dense._lower_product = float64_on_host
         run("gpu, Gram in float64 on host", [0])
-        dense._hb_or_device = lambda kind, a, b, context: a.T @ (a if b is None else b)
+        dense._lower_product = lambda a, b, context: a.T @ (a if b is None else b)
         run("gpu, Gram by cupy matmul (float32)", [0])
     finally:
-        dense._hb_or_device = original
+        dense._lower_product = original
 
     # the kernel alone: a float32 Gram matrix with k = 28503, k chunks of 1024 against one chunk
     rng = np.random.default_rng(1)

@@ -1,41 +1,34 @@
 """Dense steps of LOBPCG: tall-skinny Gram products through hybridblas (split-K syrk / gemmt) and
 Cholesky-QR (CholQR2: syrk, potrf, trsm).  The small k x k work is done on the host in float64."""
-import warnings
 
 import numpy as np
 import scipy.linalg as sla
 
 import hybridblas as hb
 
-from .arrays import is_device, module_of, to_host
+from .arrays import module_of, to_host
 
 
 class NotPositiveDefinite(np.linalg.LinAlgError):
     """S^T S (or W^T W) is not numerically positive definite."""
 
 
-_HB_ACCEPTS_DEVICE = None   # learnt on first use: does hybridblas take cupy operands yet?
-
-
-def _hb_or_device(kind, a, b, context):
-    """Lower triangle of a^T a (syrk) or a^T b (gemmt) via hybridblas; for cupy operands fall back to
-    cuBLAS matmul while hybridblas has no GPU device (the fallback is announced once)."""
-    global _HB_ACCEPTS_DEVICE
-    if is_device(a) and _HB_ACCEPTS_DEVICE is not True:
-        if _HB_ACCEPTS_DEVICE is None:
-            try:
-                out = hb.syrk(1.0, a, trans="T", context=context) if kind == "syrk" else \
-                    hb.gemmt(1.0, a, b, transa="T", context=context)
-                _HB_ACCEPTS_DEVICE = True
-                return out
-            except (TypeError, ValueError, NotImplementedError) as exc:
-                _HB_ACCEPTS_DEVICE = False
-                warnings.warn(f"cisolver: hybridblas does not take GPU arrays yet ({exc}); Gram products "
-                              f"use cupy matmul (cuBLAS) instead", RuntimeWarning, stacklevel=3)
-        return a.T @ (a if kind == "syrk" else b)
-    if kind == "syrk":
+def _lower_product(a, b, context):
+    """Lower triangle of a^T a (b None) or a^T b through hybridblas: split-K syrk / gemmt, on the CPU or,
+    for cupy operands, queued on the caller's stream without waiting."""
+    if b is None:
         return hb.syrk(1.0, a, trans="T", context=context)
     return hb.gemmt(1.0, a, b, transa="T", context=context)
+
+
+def _symmetric_host(c, comm):
+    """The float64 host copy of a lower-triangle product, summed over ranks, with its upper mirrored."""
+    c = to_host(c).astype(np.float64)
+    if comm is not None:
+        from hybridblas.distributed import allreduce
+        c = allreduce(np.ascontiguousarray(c), comm)
+    low = np.tril(c)
+    return low + np.tril(low, -1).T
 
 
 def gram(a, b=None, context=None, comm=None):
@@ -46,13 +39,7 @@ def gram(a, b=None, context=None, comm=None):
     Only the lower triangle is computed (the library writes one triangle); the upper is mirrored.
     For a^T b this assumes a^T b is symmetric, true for S^T (H S) with symmetric H.
     """
-    c = _hb_or_device("syrk" if b is None else "gemmt", a, b, context)
-    c = to_host(c).astype(np.float64)
-    if comm is not None:
-        from hybridblas.distributed import allreduce
-        c = allreduce(np.ascontiguousarray(c), comm)
-    low = np.tril(c)
-    return low + np.tril(low, -1).T
+    return _symmetric_host(_lower_product(a, b, context), comm)
 
 
 def cholesky_upper(g, what="S^T S"):
@@ -150,8 +137,8 @@ def rayleigh_ritz(s, hs, n_keep, context=None, comm=None):
     block that is not normalised) do not make the Cholesky fail.
     Returns (theta, C, all_theta); raises NotPositiveDefinite when S^T S is ill-conditioned.
     """
-    g = gram(s, hs, context=context, comm=comm)
-    o = gram(s, context=context, comm=comm)
+    g, o = _lower_product(s, hs, context), _lower_product(s, None, context)   # both queued, then one wait
+    g, o = _symmetric_host(g, comm), _symmetric_host(o, comm)
     d = np.diag(o)
     if not (d > 0).all():
         raise NotPositiveDefinite(f"S^T S has a non-positive diagonal entry ({d.min():.3g})")
