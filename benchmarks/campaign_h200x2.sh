@@ -58,6 +58,6 @@ profdense) stage profdense 150 "python3 benchmarks/profile_lobpcg_dense.py --row
 # a one-GPU profile (the node's first GPU only)
 tune1) stage tune1 150 "mkdir -p $W/prof1; export HYBRIDBLAS_PROFILE_DIR=$W/prof1 CUDA_VISIBLE_DEVICES=0; (time python3 -m hybridblas.tuning calibrate --quick --output $W/prof1 --no-progress) && python3 -m hybridblas.tuning show --json > $W/prof1/show.json" ;;
 curve2) stage curve2 ${CURVE_LIMIT:-240} "python3 benchmarks/bench_blas_gpu.py --sizes ${CURVE_SIZES:-4096 8192 16384} --modes host --gpu-counts 1 2 --repeats 1 --xt-block 8192 --xt-max-seconds 5 --out $W/curve2" ;;
-flapwxt) stage flapwxt ${XT_LIMIT:-500} "python3 benchmarks/bench_flapw.py --devices all --blas hybridblas cublasxt --systems TiO2 --kmax ${XT_KMAX:-3.5 4.0} --out $W/flapw-xt" ;;
+flapwxt) stage flapwxt ${XT_LIMIT:-500} "python3 benchmarks/bench_flapw.py --devices all --blas ${XT_BLAS:-hybridblas cublasxt} --systems TiO2 --kmax ${XT_KMAX:-3.5 4.0} --out $W/flapw-xt" ;;
 esac; done
 echo "=== done $(date +%T)"
