@@ -39,9 +39,9 @@ gputests) stage gputests ${TESTS_LIMIT:-420} "python3 -m pytest -q -p no:cachepr
 scale) stage scale ${SCALE_LIMIT:-560} "python3 benchmarks/bench_blas_gpu.py --sizes ${SCALE_N:-24576} --modes host --gpu-counts ${COUNTS:-1 2 4} --repeats ${REPEATS:-2} --xt-block 8192 --out $W/scale" ;;
 flapwn) stage flapwn 300 "python3 benchmarks/bench_flapw.py --devices ${FLAPW_DEVICES:-cuda:0 all} --blas hybridblas --systems TiO2 --kmax ${FLAPW_KMAX:-4.0} --arrays device --cublas-peak --out $W/flapw-n" ;;
 tunequick) stage tunequick 200 "mkdir -p $W/prof; export HYBRIDBLAS_PROFILE_DIR=$W/prof; (time python3 -m hybridblas.tuning calibrate --quick --output $W/prof --no-progress) && python3 -m hybridblas.tuning show --json > $W/prof/show.json" ;;
-# still to measure (after session 3): n = 32768 (scale32, on 2 and 4 GPUs), FLAPW host-array builds with
-# pinning off/auto/on (flapwpin), AuAg and NaCl on GPUs and cuBLASXt at TiO2 Kmax 3.5/4.0 (crystals,
-# flapwxt), 46Ti/47V against the peers on GPUs (cibig) and 48Cr on one and two GPUs (ci48)
+# still to measure (after session 4): the cisolver dense steps after BCGS-PIP2 and one-pass P (gputests,
+# profdense, dense, ci48, cibig with CI_FLAGS=--gpu-only), the threaded host stages of FLAPW host-array
+# builds (flapwxt with XT_BLAS=hybridblas XT_KMAX=4.0), pinning off/auto/on (flapwpin), n = 32768 (scale32)
 small) stage small 90 "python3 benchmarks/bench_small_calls.py --dtype float64 && python3 benchmarks/bench_small_calls.py --dtype float32" ;;
 scale32) stage scale32 560 "python3 benchmarks/bench_blas_gpu.py --sizes 32768 --modes host --gpu-counts ${COUNTS:-1 2 4} --repeats 2 --xt-block 8192 --xt-max-seconds 10 --out $W/scale32" ;;
 flapwpin) stage flapwpin 400 "for p in off auto on; do HYBRIDBLAS_PIN_HOST=\$p python3 benchmarks/bench_flapw.py --devices all --blas hybridblas --systems TiO2 --kmax 3.0 --repeat 3 --out $W/flapw-pin-\$p; done" ;;
