@@ -11,10 +11,15 @@ adds the chunks' partial products in double before rounding once: cuBLAS's own f
 a whole k range in one float32 accumulator (10x the error of CPU BLAS on LOBPCG's Gram matrices,
 docs/performance.md), and widening the operands to double first cost 6x a float32 gemm at 48Cr's
 k = 1.96e6 (bench_dense_steps.py).
+
+float32 products whose operands are row-major tall blocks (LOBPCG's S^T S) go to cuda_skinny instead:
+one kernel that streams k once and sums in double (faster than these chunks, whose batched calls leave
+the host busy, and 10x more accurate).
 """
 import numpy as np
 
 from .. import cublas, plan
+from . import cuda_skinny
 from ..kernels import compute_block, rect_block
 from ..problem import leading_dim
 
@@ -38,6 +43,9 @@ def applies(problem, device):
 def run(problem, device):
     import cupy
     with cupy.cuda.Device(device.index):
+        if cuda_skinny.applies(problem):       # float32 row-major tall blocks: one pass, summed in double
+            cuda_skinny.run(problem)
+            return
         backend = cublas.Backend(cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream())
         if problem.dtype in _WIDE:
             _store(cupy, problem, problem.c, _chunked_full(backend, problem))
