@@ -91,58 +91,103 @@ def cholqr2(w, hw=None, context=None, comm=None, passes=2):
     return r_total
 
 
+def cross(a, b, context=None, comm=None):
+    """a^T b as a float64 host array (a, b tall, rows over MPI ranks summed by one Allreduce when ``comm``)."""
+    out = to_host(hb.gemm(1.0, a, b, transa="T", context=context)).astype(np.float64)
+    if comm is not None:
+        from hybridblas.distributed import allreduce
+        out = allreduce(np.ascontiguousarray(out), comm)
+    return out
+
+
+def scaled_cholesky(g, what):
+    """Upper R with g = R^T R, from the Cholesky of g scaled to a unit diagonal (Jacobi): columns of very
+    different lengths (a preconditioned W beside unit P columns) are not mistaken for a singular g."""
+    d = np.diag(g)
+    if not (d > 0).all():
+        raise NotPositiveDefinite(f"{what} has a non-positive diagonal entry ({d.min():.3g})")
+    d = np.sqrt(d)
+    return cholesky_upper(g / np.outer(d, d), what) * d[None, :]
+
+
 CANCELLATION = 1e-2   # below this share of a column's length outside span(X), project explicitly first
 
 
-def orthonormalise_against(x, w, context=None, comm=None, passes=2):
-    """W <- W minus its X components, then orthonormal, in place; X has orthonormal columns.
+def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2):
+    """V = s[:, b:] made orthonormal and orthogonal to X = s[:, :b] (orthonormal), in place; V = [P W]
+    with P its first ``n_p`` columns, and hs[:, b:b + n_p] (H P) follows P by the same coefficients.
 
-    Each pass computes X^T W and W^T W and takes them to the host together. By Pythagoras,
-    (W - X X^T W)^T (W - X X^T W) = W^T W - (X^T W)^T (X^T W), so one Cholesky factor R of that serves,
-    and W <- (W - X X^T W) R^{-1}. Two passes is block classical Gram-Schmidt with the Pythagorean inner
-    product (BCGS-PIP2): one trip to the host per pass, where projection then CholQR2 took four.
-    Without a preconditioner W is LOBPCG's residual, nearly orthogonal to the Ritz vectors X. A
-    preconditioned W can lie mostly in span(X); the subtraction would then cancel, so when a column keeps
-    less than CANCELLATION of its squared length outside X, that pass only projects (W -= X X^T W), and
-    the Pythagorean passes follow (at most two such projections). A column that projection leaves at
-    rounding level lies in span(X): NotPositiveDefinite.
+    Each pass takes S^T V = [X^T V; V^T V] to the host in one product and one trip. By Pythagoras,
+    (V - X X^T V)^T (V - X X^T V) = V^T V - (X^T V)^T (X^T V), so one Cholesky factor R of that serves, and
+    V <- V R^{-1} - X (X^T V R^{-1}) is a triangular multiply in place and one product (cisolver.blocks,
+    one cuBLAS call each on a GPU). Two passes is block
+    classical Gram-Schmidt with the Pythagorean inner product (BCGS-PIP2). R is upper triangular, so the
+    new P columns combine only X and P: H P follows from H X and H P, and H W is left to the caller.
+    A V that lies mostly in span(X) would cancel in the subtraction, so when a column keeps less than
+    CANCELLATION of its squared length outside X, that pass only projects (V -= X X^T V), and the
+    Pythagorean passes follow (at most two such projections). A column that projection leaves at rounding
+    level lies in span(X): NotPositiveDefinite, as when V itself is (numerically) rank deficient.
     """
-    xp = module_of(w)
-    floor = (100 * np.finfo(w.dtype).eps) ** 2     # squared length left by rounding alone
+    from .blocks import subtract_product, times_upper
+    floor = (100 * np.finfo(s.dtype).eps) ** 2     # squared length left by rounding alone
     done = projected = 0
     first = None
+    x, v, hx, hp = s[:, :b], s[:, b:], hs[:, :b], hs[:, b:b + n_p]
     while done < passes:
-        # queued; gram's trip to the host waits for it. cupy's matmul, not hybridblas: with hb.gemm the
-        # W step took 3.0 ms per iteration at 48Cr on an H200, 2.7 ms this way (per-call overhead)
-        xw = x.T @ w
-        ww = gram(w, context=context, comm=comm)
-        xw = to_host(xw).astype(np.float64)
-        if comm is not None:
-            from hybridblas.distributed import allreduce
-            xw = allreduce(np.ascontiguousarray(xw), comm)
+        y = cross(s, v, context=context, comm=comm)
+        xv, vv = y[:b], y[b:]
+        vv = 0.5 * (vv + vv.T)
         if first is None:
-            first = np.diag(ww).copy()
-        elif done == 0 and (np.diag(ww) < floor * first).any():     # measured after explicit projection
-            left = (np.diag(ww) / first).min()
+            first = np.diag(vv).copy()
+        elif done == 0 and (np.diag(vv) < floor * first).any():     # measured after explicit projection
+            left = (np.diag(vv) / first).min()
             raise NotPositiveDefinite(f"a column of W lies in span(X) to rounding ({left:.2e} of it is left)")
-        outside = ww - xw.T @ xw
-        if projected < 2 and (np.diag(outside) < CANCELLATION * np.diag(ww)).any():
-            w -= x @ xp.asarray(xw, dtype=w.dtype)
+        outside = vv - xv.T @ xv
+        if projected < 2 and (np.diag(outside) < CANCELLATION * np.diag(vv)).any():
+            subtract_product(v, x, xv)                                  # V -= X X^T V
+            if n_p:
+                subtract_product(hp, hx, xv[:, :n_p])
             projected += 1
             continue
-        r = cholesky_upper(outside, "W^T W after projection")
-        rinv = inverse_upper(r)
-        w[...] = w @ xp.asarray(rinv, dtype=w.dtype) - x @ xp.asarray(xw @ rinv, dtype=w.dtype)
+        rinv = inverse_upper(scaled_cholesky(outside, "W^T W after projection"))
+        # (V - X X^T V) R^{-1} = V R^{-1} - X (X^T V R^{-1}); R^{-1} upper, so P's columns take X and P only
+        times_upper(v, rinv)
+        subtract_product(v, x, xv @ rinv)
+        if n_p:
+            times_upper(hp, rinv[:n_p, :n_p])
+            subtract_product(hp, hx, xv[:, :n_p] @ rinv[:n_p, :n_p])
         done += 1
-    return w
+    return s
 
 
-def rayleigh_ritz(s, hs, n_keep, context=None, comm=None):
+def next_p_coefficients(c_x, g, b):
+    """Coefficients Z of the next search directions P = S Z, and which columns of P are usable.
+
+    LOBPCG's P is the part of the new X that came from W and the old P: S C_X with X's rows of C_X zeroed.
+    Removing its component along the new X (in the S^T S inner product ``g``) and scaling each column to
+    unit length changes nothing in span([X P]), but leaves P orthogonal to X and normalised, so the next
+    orthonormalisation starts from well-scaled columns and needs no trip of its own (the idea of Hetmaniuk
+    and Lehoucq 2006 and Duersch et al. 2018: keep the basis orthogonal through the small coefficients).
+    A column that is rounding noise after the removal is marked unusable.
+    """
+    z = np.array(c_x, dtype=np.float64)
+    z[:b] = 0.0
+    before = np.sqrt(np.maximum(np.einsum("ij,ij->j", z, g @ z), 0.0))
+    z -= c_x @ (c_x.T @ (g @ z))
+    after = np.sqrt(np.maximum(np.einsum("ij,ij->j", z, g @ z), 0.0))
+    usable = after > 1e3 * np.finfo(np.float64).eps * np.maximum(before, np.finfo(np.float64).tiny)
+    z[:, usable] /= after[usable]
+    z[:, ~usable] = 0.0
+    return z, usable
+
+
+def rayleigh_ritz(s, hs, n_keep, context=None, comm=None, with_gram=False):
     """Smallest n_keep eigenpairs of (S^T H S, S^T S): Cholesky of S^T S, then a standard eigh.
 
     S^T S is scaled to a unit diagonal first (Jacobi), so columns of very different lengths (a P
     block that is not normalised) do not make the Cholesky fail.
-    Returns (theta, C, all_theta); raises NotPositiveDefinite when S^T S is ill-conditioned.
+    Returns (theta, C, all_theta), and S^T S last when ``with_gram``; raises NotPositiveDefinite when
+    S^T S is ill-conditioned.
     """
     g, o = _lower_product(s, hs, context), _lower_product(s, None, context)   # both queued, then one wait
     g, o = _symmetric_host(g, comm), _symmetric_host(o, comm)
@@ -157,4 +202,6 @@ def rayleigh_ritz(s, hs, n_keep, context=None, comm=None):
     a = 0.5 * (a + a.T)
     vals, vecs = np.linalg.eigh(a)
     c = d[:, None] * sla.solve_triangular(r, vecs[:, :n_keep])
+    if with_gram:
+        return vals[:n_keep], c, vals, o / np.outer(d, d)
     return vals[:n_keep], c, vals

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import dense
 from .arrays import Timer, column_sumsq, module_of, to_host
+from .blocks import product_into
 
 
 @dataclass
@@ -22,6 +23,14 @@ class LobpcgResult:
     seconds: dict = field(default_factory=dict)
     history: list = field(default_factory=list)   # per iteration: relative residuals of the block
     restarts: int = 0                              # iterations where P had to be dropped
+
+
+def _orthonormalise_on_host(s, b, k, xp, dtype, project):
+    """Last resort for a W that is (nearly) rank deficient: project it off X twice and take a host QR."""
+    x, w = s[:, :b], xp.ascontiguousarray(s[:, b:k])
+    for _ in range(2):
+        w -= x @ project(x, w)
+    s[:, b:k] = xp.asarray(np.linalg.qr(to_host(w))[0], dtype=dtype)
 
 
 def _as_operator(h, dtype):
@@ -115,15 +124,21 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         hx = op.matmat(x)
     with timer.phase("dense", "start"):
         theta, c, allv = dense.rayleigh_ritz(x, hx, b, context=context, comm=comm)
-        cd = xp.asarray(c, dtype=dtype)
-        x, hx = x @ cd, hx @ cd
+        # S = [X | P | W] and H S in one row-major buffer each: the Gram products read a column range
+        # (no concatenation), and every update writes one in place (cisolver.blocks); the new X and P
+        # go to a second pair of buffers (they are made from the whole of the first), then the pairs swap
+        s, hs, s_next, hs_next = (xp.empty((hi - lo, 3 * b), dtype=dtype) for _ in range(4))
+        product_into(s[:, :b], x, c)
+        product_into(hs[:, :b], hx, c)
+        r = xp.empty((hi - lo, b), dtype=dtype)
+        del x, hx
     norm_est = max(np.abs(allv).max(), np.finfo(np.float64).tiny)
-    p = hp = None
+    p_usable = np.zeros(b, dtype=bool)       # columns of s[:, b:2b] that hold a search direction
     history, restarts, it = [], 0, 0
     converged = np.zeros(b, dtype=bool)
     for it in range(1, maxiter + 1):
         with timer.phase("dense", "residual"):
-            r = hx - x * xp.asarray(theta, dtype=dtype)[None, :]
+            xp.subtract(hs[:, :b], s[:, :b] * xp.asarray(theta, dtype=dtype)[None, :], out=r)
             rel = norms(r) / norm_est
         history.append(rel.copy())
         converged = rel <= tol
@@ -132,61 +147,54 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         if converged[:nev].all():
             break
         active = np.nonzero(~converged)[0]
+        n_w = len(active)
         with timer.phase("precond"):
-            w = r[:, active]
-            w = precond.apply(w, theta[active]) if precond is not None else xp.ascontiguousarray(w)
-        with timer.phase("dense", "orthonormalise_w"):
-            # W ⟂ X, then orthonormal (keeps S^T S well conditioned): two passes of one product pair
-            # and one host trip each (BCGS-PIP2, dense.orthonormalise_against)
+            w = r if n_w == b else r[:, active]
+            w = precond.apply(w, theta[active]) if precond is not None else w
+        with timer.phase("dense", "orthonormalise"):
+            # P of the active columns (usable ones) next to X, then W: S = [X | P_a | W]
+            keep = active[p_usable[active]]
+            n_p = len(keep)
+            if n_p and not np.array_equal(keep, np.arange(n_p)):
+                s[:, b:b + n_p], hs[:, b:b + n_p] = s[:, b + keep], hs[:, b + keep]
+            k = b + n_p + n_w
+            s[:, b + n_p:k] = w
+            # [P W] orthonormal and orthogonal to X: two passes, one product and one host trip each
             try:
-                dense.orthonormalise_against(x, w, context=context, comm=comm)
+                dense.orthonormalise_tail(s[:, :k], hs[:, :k], b, n_p, context=context, comm=comm)
             except dense.NotPositiveDefinite:
-                if comm is not None:
-                    raise
-                for _ in range(2):                   # W (nearly) rank deficient: project, then a QR
-                    w -= x @ project(x, w)
-                w = xp.asarray(np.linalg.qr(to_host(w))[0], dtype=dtype)
-        with timer.phase("spmm"):
-            hw = op.matmat(w)
-        pa = hpa = None
-        with timer.phase("dense", "orthonormalise_p"):
-            if p is not None:
-                pa, hpa = xp.ascontiguousarray(p[:, active]), xp.ascontiguousarray(hp[:, active])
-                # one Cholesky-QR pass: P only needs unit, well separated columns for the Rayleigh-Ritz
-                # Cholesky (which also rescales S^T S); a second pass changed no iteration count on
-                # 44Ti, 24Mg, 28Si, 46Ti in float32 and float64 and cost a host trip and two products
+                if n_p:                              # P (nearly) dependent on W: drop P, W alone
+                    n_p, k, restarts = 0, b + n_w, restarts + 1
+                    s[:, b:k] = s[:, k + len(keep) - n_w:k + len(keep)].copy()
                 try:
-                    dense.cholqr2(pa, hpa, context=context, comm=comm, passes=1)
+                    dense.orthonormalise_tail(s[:, :k], hs[:, :k], b, 0, context=context, comm=comm)
                 except dense.NotPositiveDefinite:
-                    pa = hpa = None
-                    restarts += 1
-        with timer.phase("dense", "rayleigh_ritz"):
-            for attempt in (0, 1):
-                blocks = [x, w] + ([pa] if pa is not None else [])
-                hblocks = [hx, hw] + ([hpa] if pa is not None else [])
-                s, hs = xp.concatenate(blocks, axis=1), xp.concatenate(hblocks, axis=1)
-                try:
-                    theta, c, allv = dense.rayleigh_ritz(s, hs, b, context=context, comm=comm)
-                    break
-                except dense.NotPositiveDefinite:
-                    if pa is None:
+                    if comm is not None:
                         raise
-                    pa = hpa = None     # recover: drop P and retry with [X, W]
-                    restarts += 1
+                    _orthonormalise_on_host(s, b, k, xp, dtype, project)
+        with timer.phase("spmm"):
+            hs[:, b + n_p:k] = op.matmat(s[:, b + n_p:k])
+        with timer.phase("dense", "rayleigh_ritz"):
+            try:
+                theta, c, allv, g = dense.rayleigh_ritz(s[:, :k], hs[:, :k], b, context=context, comm=comm,
+                                                        with_gram=True)
+            except dense.NotPositiveDefinite:
+                if n_p == 0:
+                    raise
+                # recover: drop P and retry with [X, W]
+                s[:, b:b + n_w], hs[:, b:b + n_w] = s[:, k - n_w:k].copy(), hs[:, k - n_w:k].copy()
+                n_p, k, restarts = 0, b + n_w, restarts + 1
+                theta, c, allv, g = dense.rayleigh_ritz(s[:, :k], hs[:, :k], b, context=context, comm=comm,
+                                                        with_gram=True)
             norm_est = max(norm_est, float(np.abs(allv).max()))
         with timer.phase("dense", "update"):
-            cd = xp.asarray(c, dtype=dtype)
-            # P = W C2 + P C3 (and HP alike) from the contiguous blocks: S[:, b:] @ C[b:] in one product
-            # reads a strided view and cost 0.5 ms more per iteration at 48Cr on an H200
-            nx, nw = b, len(active)
-            cw = cd[nx:nx + nw]
-            p = w @ cw
-            hp = hw @ cw
-            if pa is not None:
-                cp = cd[nx + nw:]
-                p += pa @ cp
-                hp += hpa @ cp
-            x, hx = s @ cd, hs @ cd
+            # new X = S C and P = S Z (orthogonal to X, unit columns)
+            z, p_usable = dense.next_p_coefficients(c, g, b)
+            both = np.hstack([c, z])
+            product_into(s_next[:, :2 * b], s[:, :k], both)
+            product_into(hs_next[:, :2 * b], hs[:, :k], both)
+            s, s_next, hs, hs_next = s_next, s, hs_next, hs
+    x = xp.ascontiguousarray(s[:, :b])
     # honest final residuals: one explicit product (the recurrences may drift, notably in float32)
     with timer.phase("spmm"):
         hx_true = op.matmat(x[:, :nev])

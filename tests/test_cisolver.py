@@ -95,7 +95,7 @@ def test_lobpcg_agrees_with_eigsh_and_eigh(storage, rng):
     overlap = np.abs(v[:, :5].T @ res.eigenvectors)        # phase-invariant eigenvector check
     np.testing.assert_allclose(overlap, np.eye(5), atol=1e-5)
     parts = {k: v for k, v in res.seconds.items() if k.startswith("dense:")}   # the dense time, split
-    assert {"dense:start", "dense:orthonormalise_w", "dense:rayleigh_ritz", "dense:update"} <= set(parts)
+    assert {"dense:start", "dense:orthonormalise", "dense:rayleigh_ritz", "dense:update"} <= set(parts)
     assert sum(parts.values()) == pytest.approx(res.seconds["dense"], rel=1e-9)
 
 
@@ -131,13 +131,26 @@ def test_cholqr2_and_rank_deficiency(rng):
         dense.cholqr2(bad)
 
 
+def _against(x, w, p=None, hp=None, hx=None):
+    """[X | P | W] in one row-major buffer (as the solver keeps it), then orthonormalise_tail on it."""
+    blocks_ = [x] + ([p] if p is not None else []) + [w]
+    s = np.ascontiguousarray(np.hstack(blocks_))
+    hs = np.full_like(s, np.nan)
+    n_p = 0 if p is None else p.shape[1]
+    if hp is not None:
+        hs[:, :x.shape[1] + n_p] = np.hstack([hx, hp])
+    dense.orthonormalise_tail(s, hs, x.shape[1], n_p)
+    return s, hs
+
+
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 2e-6)])
-def test_orthonormalise_against_x(dtype, tol, rng):
+def test_orthonormalise_tail_against_x(dtype, tol, rng):
     """BCGS-PIP2: W loses its X part, becomes orthonormal, and spans what (I - X X^T) W spanned."""
     x = np.linalg.qr(rng.standard_normal((4000, 8)))[0].astype(dtype)
     w0 = (rng.standard_normal((4000, 5)) + 3.0 * x[:, :5] + 0.01 * x[:, 5:6]).astype(dtype)
-    w = w0.copy()
-    dense.orthonormalise_against(x, w)
+    s, _ = _against(x, w0)
+    np.testing.assert_array_equal(s[:, :8], x)                  # X untouched
+    w = s[:, 8:]
     assert np.abs(x.T @ w).max() <= tol
     np.testing.assert_allclose(w.T @ w, np.eye(5), atol=tol)
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
@@ -146,8 +159,27 @@ def test_orthonormalise_against_x(dtype, tol, rng):
     assert np.abs(w64 @ coef - target).max() <= 50 * tol * np.abs(target).max()
 
 
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 3e-6)])
+def test_orthonormalise_tail_takes_p_along_with_hp(dtype, tol, rng):
+    """V = [P W] orthonormal and orthogonal to X; H P follows P by the same coefficients (P's new columns
+    combine X and P only), so H P stays H times P; a W of very different length is no obstacle."""
+    n = 3000
+    a = _random_symmetric(n, rng).toarray()
+    x = np.linalg.qr(rng.standard_normal((n, 6)))[0]
+    p = rng.standard_normal((n, 3)) + 0.5 * x[:, :3]
+    w = 1e-6 * rng.standard_normal((n, 4))
+    s, hs = _against(x.astype(dtype), w.astype(dtype), p.astype(dtype), (a @ p).astype(dtype), (a @ x).astype(dtype))
+    s64 = s.astype(np.float64)
+    np.testing.assert_allclose(s64.T @ s64, np.eye(13), atol=tol)
+    p_new = s64[:, 6:9]
+    scale = np.abs(a).max() * np.sqrt(n)
+    assert np.abs(hs[:, 6:9] - (a @ p_new)).max() <= 200 * tol * scale
+    coef = np.linalg.lstsq(np.hstack([x, p_new]), p, rcond=None)[0]   # span([X P]) unchanged
+    assert np.abs(np.hstack([x, p_new]) @ coef - p).max() <= 100 * tol * np.abs(p).max()
+
+
 @pytest.mark.parametrize("dtype,outside,tol", [(np.float32, 1e-3, 2e-6), (np.float64, 1e-5, 1e-12)])
-def test_orthonormalise_against_w_mostly_inside_span_x(dtype, outside, tol, rng):
+def test_orthonormalise_tail_w_mostly_inside_span_x(dtype, outside, tol, rng):
     """A preconditioned W can lie mostly in span(X): W^T W - (X^T W)^T X^T W would cancel, so the pass
     projects explicitly first (review finding: the Cholesky failed here)."""
     x = np.linalg.qr(rng.standard_normal((20000, 8)))[0]
@@ -156,15 +188,67 @@ def test_orthonormalise_against_w_mostly_inside_span_x(dtype, outside, tol, rng)
     perp /= np.linalg.norm(perp, axis=0)
     w = (x[:, :5] @ rng.standard_normal((5, 5)) + outside * perp).astype(dtype)
     x = x.astype(dtype)
-    dense.orthonormalise_against(x, w)
+    s, _ = _against(x, w)
+    w = s[:, 8:]
     assert np.abs(x.T @ w).max() <= tol
     np.testing.assert_allclose(w.T @ w, np.eye(5), atol=tol)
 
 
-def test_orthonormalise_against_rejects_w_inside_span_x(rng):
+def test_orthonormalise_tail_rejects_w_inside_span_x(rng):
     x = np.linalg.qr(rng.standard_normal((500, 6)))[0]
     with pytest.raises(dense.NotPositiveDefinite):
-        dense.orthonormalise_against(x, x[:, :2] @ rng.standard_normal((2, 3)))
+        _against(x, x[:, :2] @ rng.standard_normal((2, 3)))
+    with pytest.raises(dense.NotPositiveDefinite):              # P and W the same directions
+        p = rng.standard_normal((500, 2))
+        _against(x, p @ rng.standard_normal((2, 2)), p, p, x)
+
+
+def test_next_p_is_orthogonal_to_the_new_x_and_unit(rng):
+    """P = S Z from next_p_coefficients: orthogonal to X = S C, unit columns, and span([X P]) is that of
+    LOBPCG's usual [X, S C with X's rows zeroed]; a column with no P part is marked unusable."""
+    n, b = 2000, 4
+    a = _random_symmetric(n, rng).toarray()
+    s = rng.standard_normal((n, 3 * b)) * np.linspace(0.5, 2.0, 3 * b)      # not orthonormal
+    theta, c, _, g = dense.rayleigh_ritz(s, a @ s, b, with_gram=True)
+    z, usable = dense.next_p_coefficients(c, g, b)
+    assert usable.all()
+    x_new, p_new = s @ c, s @ z
+    np.testing.assert_allclose(x_new.T @ p_new, 0.0, atol=1e-10)
+    np.testing.assert_allclose(np.linalg.norm(p_new, axis=0), 1.0, rtol=1e-10)
+    p_std = s[:, b:] @ c[b:]
+    coef = np.linalg.lstsq(np.hstack([x_new, p_new]), p_std, rcond=None)[0]
+    assert np.abs(np.hstack([x_new, p_new]) @ coef - p_std).max() <= 1e-9 * np.abs(p_std).max()
+    # an orthonormal S (g = I) and a new X whose first column is X's own first column: no P there
+    start = rng.standard_normal((3 * b, b))
+    start[:, 0] = np.eye(3 * b)[0]
+    c_x = np.linalg.qr(start)[0]
+    z, usable = dense.next_p_coefficients(c_x, np.eye(3 * b), b)
+    assert list(usable) == [False, True, True, True]
+    assert (z[:, 0] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_block_updates_on_column_ranges_of_a_row_major_buffer(dtype, rng):
+    from cisolver.blocks import product_into, subtract_product, times_upper
+    buf = rng.standard_normal((301, 24)).astype(dtype)
+    other = np.full((301, 24), np.nan, dtype=dtype)
+    ref = buf.astype(np.float64)
+    tol = 50 * np.finfo(dtype).eps
+    m = rng.standard_normal((20, 16))
+    product_into(other[:, 4:20], buf[:, :20], m)                        # into another buffer's columns
+    np.testing.assert_allclose(other[:, 4:20], ref[:, :20] @ m, rtol=0, atol=tol * np.abs(ref[:, :20] @ m).max())
+    assert np.isnan(other[:, :4]).all() and np.isnan(other[:, 20:]).all()
+    m2 = rng.standard_normal((8, 16))
+    subtract_product(buf[:, 8:24], buf[:, :8], m2)                     # out and a: disjoint columns
+    expected = ref[:, 8:24] - ref[:, :8] @ m2
+    np.testing.assert_allclose(buf[:, 8:24], expected, rtol=0, atol=tol * np.abs(expected).max())
+    u = np.triu(rng.standard_normal((16, 16))) + 4 * np.eye(16)
+    before = buf[:, 8:24].astype(np.float64)
+    times_upper(buf[:, 8:24], u + np.tril(np.ones((16, 16)), -1))     # below the diagonal is ignored
+    np.testing.assert_allclose(buf[:, 8:24], before @ u, rtol=0, atol=tol * np.abs(before @ u).max())
+    np.testing.assert_array_equal(buf[:, :8], ref[:, :8].astype(dtype))
+    with pytest.raises(ValueError, match="does not fit"):
+        product_into(other[:, :3], buf[:, :20], m)
 
 
 def test_rayleigh_ritz_ignores_column_scaling(rng):
