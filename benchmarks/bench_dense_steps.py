@@ -1,9 +1,10 @@
 """Time each dense step of one LOBPCG iteration on a GPU, for tall blocks like 48Cr's (n ~ 2e6).
 
 The float32 48Cr solve on one H200 spent 33 ms per iteration in its dense steps against 42 ms in SpMM
-(docs/performance-cisolver.md); this names the pieces: Gram products (hybridblas against cupy matmul),
-w R^{-1} (cuBLAS trsm through cupyx against a gemm with the small inverse), the block products and
-copies of the Rayleigh-Ritz update, and one whole CholQR2 / Rayleigh-Ritz call of cisolver.dense.
+(docs/performance-cisolver.md); this names the pieces: Gram products (hybridblas against cupy matmul, on
+the row-major S buffer and on strided column ranges of it), w R^{-1} (cuBLAS trsm through cupyx against
+a gemm with the small inverse), the block updates (cupy matmul against cisolver.blocks, one cuBLAS call on the strided ranges), and whole
+CholQR2 / orthonormalisation / Rayleigh-Ritz calls of cisolver.dense.
 
     PYTHONPATH=. python3 benchmarks/bench_dense_steps.py --rows 1963461 --block 8 --dtype float32 [--json F]
 """
@@ -17,6 +18,7 @@ import scipy.linalg as sla
 import hybridblas as hb
 from gpu_timing import per_call
 from cisolver import dense
+from cisolver.blocks import product_into
 
 
 def _project_then_cholqr2(x, w, ctx):
@@ -24,6 +26,12 @@ def _project_then_cholqr2(x, w, ctx):
     for _ in range(2):
         w -= x @ cp.asarray(cp.asnumpy(x.T @ w))
     return dense.cholqr2(w, context=ctx)
+
+
+def _orthonormalise_tail(buf, hbuf, b, ctx):
+    """One W step of the solver: [P W] of the buffer orthonormalised against X, in place (after the first
+    call [P W] is orthonormal already; the passes do the same work)."""
+    return dense.orthonormalise_tail(buf, hbuf, b, b, context=ctx)
 
 
 def main():
@@ -47,6 +55,14 @@ def main():
     hsym = s @ (s.T @ s)            # S^T hsym = (S^T S)^2: symmetric, like S^T H S
     x = cp.asarray(np.linalg.qr(rng.standard_normal((n, b)))[0].astype(dt))    # Ritz vectors
     from cupyx.scipy.linalg import solve_triangular
+    # the solver's buffer [X | P | W]: X orthonormal, P and W random
+    buf = cp.concatenate([x, cp.asarray(rng.standard_normal((n, 2 * b)).astype(dt))], axis=1)
+    hbuf = buf.copy()
+    cz = rng.standard_normal((3 * b, 2 * b)) / np.sqrt(3 * b)
+    cz_dev = cp.asarray(cz, dtype=dt)
+    theta = rng.standard_normal(b)
+    theta_dev = cp.asarray(theta, dtype=dt)
+    res = cp.empty((n, b), dtype=dt)
     cases = {
         "gram S^T S, hybridblas syrk": lambda: hb.syrk(1.0, s, trans="T", context=ctx),
         "gram S^T S, cupy matmul": lambda: s.T @ s,
@@ -60,7 +76,14 @@ def main():
         "cholqr2(W) (cisolver.dense)": lambda: dense.cholqr2(w.copy(), context=ctx),
         "one CholQR pass of P, HP (cisolver.dense)": lambda: dense.cholqr2(w.copy(), w.copy(), context=ctx, passes=1),
         "W ⟂ X: project twice + cholqr2 (session 3)": lambda: _project_then_cholqr2(x, w.copy(), ctx),
-        "W ⟂ X: BCGS-PIP2 (cisolver.dense)": lambda: dense.orthonormalise_against(x, w.copy(), context=ctx),
+        "[P W] ⟂ X: BCGS-PIP2 on the buffer (cisolver.dense)": lambda: _orthonormalise_tail(buf, hbuf, b, ctx),
+        "gram [X P W]^T [P W], hybridblas gemm": lambda: hb.gemm(1.0, buf, buf[:, b:], transa="T", context=ctx),
+        "gram [X P W]^T [P W], cupy matmul": lambda: buf.T @ buf[:, b:],
+        "update [X P] <- S [C Z], cupy matmul + copy": lambda: buf[:, :2 * b].__setitem__(Ellipsis, buf @ cz_dev),
+        "update [X P] <- S [C Z], blocks.product_into": lambda: product_into(hbuf[:, :2 * b], buf, cz),
+        "residual HX - X theta, cupy": lambda: hs[:, :b] - s[:, :b] * theta_dev[None, :],
+        "residual HX - X theta, cupy subtract into r": lambda: cp.subtract(hs[:, :b], s[:, :b] * theta_dev[None, :],
+                                                                          out=res),
         "rayleigh_ritz(S, HS) (cisolver.dense)": lambda: dense.rayleigh_ritz(s, hsym, b, context=ctx),
     }
     out = {"rows": n, "block": b, "dtype": str(dt), "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),

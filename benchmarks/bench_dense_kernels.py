@@ -1,0 +1,98 @@
+"""GPU time (CUDA events) and host time per launch of the dense-step kernels at 48Cr's size, against
+cupy (cuBLAS) on the same data: hybridblas's Gram products with its tall-skinny kernel
+(devices/cuda_skinny.py) and without it (the cuBLAS inline path), and cisolver's block update
+(cisolver/blocks.py). bench_dense_steps.py times whole calls, which can be bound by the host; this
+separates the two.
+
+    PYTHONPATH=. python3 benchmarks/bench_dense_kernels.py [--rows 1963461] [--json out.json]
+"""
+import argparse
+import json
+import time
+
+import cupy as cp
+import numpy as np
+
+import hybridblas as hb
+from cisolver.blocks import product_into
+
+
+def gpu_and_host_us(fn, reps=50):
+    fn()
+    cp.cuda.Device().synchronize()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(reps):
+        fn()
+    stop.record()
+    host = (time.perf_counter() - t0) / reps
+    stop.synchronize()
+    gpu_total = cp.cuda.get_elapsed_time(start, stop) * 1e-3 / reps
+    gpu_each = []                       # one call alone between events: the GPU's own time
+    for _ in range(5):
+        cp.cuda.Device().synchronize()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        gpu_each.append(cp.cuda.get_elapsed_time(start, stop) * 1e-3)
+    return {"host_us": host * 1e6, "pipelined_us": gpu_total * 1e6, "alone_us": min(gpu_each) * 1e6}
+
+
+def _no_skinny(call):
+    from hybridblas.devices import cuda_skinny
+    keep = cuda_skinny.applies
+    cuda_skinny.applies = lambda problem: False
+    try:
+        return call()
+    finally:
+        cuda_skinny.applies = keep
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1963461)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    n, b = args.rows, 8
+    out = {}
+    for dt in (np.float32, np.float64):
+        rng = np.random.default_rng(0)
+        s = cp.asarray(rng.standard_normal((n, 3 * b)).astype(dt))
+        hs = cp.asarray(rng.standard_normal((n, 3 * b)).astype(dt))
+        res = cp.empty((n, b), dtype=dt)
+        cz = rng.standard_normal((3 * b, 2 * b)) / np.sqrt(3 * b)
+        cz_dev = cp.asarray(cz, dtype=dt)
+        theta = rng.standard_normal(b)
+        theta_dev = cp.asarray(theta, dtype=dt)
+        ctx = hb.Context(devices=["cuda:0"])
+        nbytes = s.nbytes
+        cases = {
+            "S^T S hb.syrk (skinny)": lambda: hb.syrk(1.0, s, trans="T", context=ctx),
+            "S^T S hb.syrk (cuBLAS inline path)": lambda: _no_skinny(lambda: hb.syrk(1.0, s, trans="T", context=ctx)),
+            "S^T S cupy": lambda: s.T @ s,
+            "S^T HS hb.gemmt (skinny)": lambda: hb.gemmt(1.0, s, hs, transa="T", context=ctx),
+            "S^T HS hb.gemmt (cuBLAS inline path)": lambda: _no_skinny(lambda: hb.gemmt(1.0, s, hs, transa="T", context=ctx)),
+            "S^T HS cupy": lambda: s.T @ hs,
+            "S^T [P W] hb.gemm (skinny)": lambda: hb.gemm(1.0, s, s[:, b:], transa="T", context=ctx),
+            "update HS[:, :16] <- S C, blocks.product_into": lambda: product_into(hs[:, :2 * b], s, cz),
+            "update S C, cupy matmul (no copy back)": lambda: s @ cz_dev,
+            "residual, cupy subtract into r": lambda: cp.subtract(hs[:, :b], s[:, :b] * theta_dev[None, :], out=res),
+            "copy S (read + write, bandwidth reference)": lambda: s.copy(),
+        }
+        name = np.dtype(dt).name
+        out[name] = {}
+        print(f"== n = {n}, {name}, S = {nbytes / 1e6:.0f} MB, {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
+        for label, fn in cases.items():
+            r = gpu_and_host_us(fn)
+            out[name][label] = r
+            print(f"  {label:44s} host {r['host_us']:7.1f} us   pipelined {r['pipelined_us']:7.1f} us   "
+                  f"alone {r['alone_us']:7.1f} us", flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
