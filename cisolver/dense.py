@@ -122,7 +122,8 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2):
     V <- V R^{-1} - X (X^T V R^{-1}) is a triangular multiply in place and one product (cisolver.blocks,
     one cuBLAS call each on a GPU). Two passes is block
     classical Gram-Schmidt with the Pythagorean inner product (BCGS-PIP2). R is upper triangular, so the
-    new P columns combine only X and P: H P follows from H X and H P, and H W is left to the caller.
+    new P columns combine only X and P: H P follows from H X and H P (once, for all passes together),
+    and H W is left to the caller.
     A V that lies mostly in span(X) would cancel in the subtraction, so when a column keeps less than
     CANCELLATION of its squared length outside X, that pass only projects (V -= X X^T V), and the
     Pythagorean passes follow (at most two such projections). A column that projection leaves at rounding
@@ -133,6 +134,9 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2):
     done = projected = 0
     first = None
     x, v, hx, hp = s[:, :b], s[:, b:], hs[:, :b], hs[:, b:b + n_p]
+    # H P is updated once at the end: every pass maps P to P U - X A (U upper triangular), and passes
+    # compose as U = U1 U2, A = A1 U2 + A2, since X and H X do not change
+    u_p, a_p = np.eye(n_p), np.zeros((b, n_p))
     while done < passes:
         y = cross(s, v, context=context, comm=comm)
         xv, vv = y[:b], y[b:]
@@ -145,18 +149,18 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2):
         outside = vv - xv.T @ xv
         if projected < 2 and (np.diag(outside) < CANCELLATION * np.diag(vv)).any():
             subtract_product(v, x, xv)                                  # V -= X X^T V
-            if n_p:
-                subtract_product(hp, hx, xv[:, :n_p])
+            a_p += xv[:, :n_p]
             projected += 1
             continue
         rinv = inverse_upper(scaled_cholesky(outside, "W^T W after projection"))
         # (V - X X^T V) R^{-1} = V R^{-1} - X (X^T V R^{-1}); R^{-1} upper, so P's columns take X and P only
         times_upper(v, rinv)
         subtract_product(v, x, xv @ rinv)
-        if n_p:
-            times_upper(hp, rinv[:n_p, :n_p])
-            subtract_product(hp, hx, xv[:, :n_p] @ rinv[:n_p, :n_p])
+        u_p, a_p = u_p @ rinv[:n_p, :n_p], a_p @ rinv[:n_p, :n_p] + xv[:, :n_p] @ rinv[:n_p, :n_p]
         done += 1
+    if n_p:
+        times_upper(hp, u_p)
+        subtract_product(hp, hx, a_p)
     return s
 
 
