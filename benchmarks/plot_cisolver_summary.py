@@ -1,0 +1,89 @@
+"""One picture of the CI eigensolver against its peers, from bench_cisolver.py JSON of several campaigns.
+
+    PYTHONPATH=. python3 benchmarks/plot_cisolver_summary.py --out docs/img/cisolver_peers.png
+
+Left: time to 5 converged pairs against the M-scheme dimension (24Mg, 46Ti, 47V in float64, 48Cr in
+float32), every solver on the same matrix and start block. GPU series are from session 5's last run
+(2×H200); the CPU series from session 4's run on the same node's 32 cores (the CPU code was the same
+apart from the dense-step layout). Right: the dense steps' share of an iteration on one H200, session 4's
+code and now, measured the same day, with the goal of 10 %.
+"""
+import argparse
+import glob
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+NOW = ["h200x2-2026-11-22-s5/run8-cublas-updates-final"]
+BEFORE = ["h200x2-2026-11-22-s5/run1-s4code-tests-prof-ci"]
+CPU = ["h200x2-2026-11-22-s4/run2-ci48-cibig"]
+TIMES = [  # label, folders, solver name in the JSON, style
+    ("ours, 1 H200", NOW, "cisolver-gpu1", "C0o-"),
+    ("ours, 2 H200", NOW, "cisolver-gpu2", "C1s-"),
+    ("cupyx lobpcg, 1 H200", NOW, "cupyx-lobpcg", "C3^--"),
+    ("ours, CPU (32 cores)", CPU, "cisolver-cpu-upper", "C2o:"),
+    ("scipy eigsh, CPU", CPU, "scipy-eigsh", "C4v:"),
+    ("scipy lobpcg, CPU", CPU, "scipy-lobpcg", "C5d:"),
+]
+
+
+def runs(folders):
+    """{(case, solver): (dimension, run record)} from every case JSON under the folders."""
+    out = {}
+    for folder in folders:
+        for path in glob.glob(os.path.join(RESULTS, folder, "ci-*", "cisolver_*.json")):
+            with open(path) as fh:
+                rec = json.load(fh)
+            for r in rec["runs"]:
+                if "seconds" in r:
+                    out[(rec["case"], r["solver"])] = (rec["dimension"], r)
+    return out
+
+
+def dense_share(r):
+    pi = r.get("per_iteration", {})
+    total = pi.get("spmm", 0.0) + pi.get("precond", 0.0) + pi.get("dense", 0.0)
+    return 100.0 * pi.get("dense", 0.0) / total if total else None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="docs/img/cisolver_peers.png")
+    args = ap.parse_args(argv)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label, folders, solver, style in TIMES:
+        pts = sorted((dim, r["seconds"]) for (case, s), (dim, r) in runs(folders).items() if s == solver)
+        if pts:
+            left.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("M-scheme dimension (24Mg, 46Ti, 47V, 48Cr)")
+    left.set_ylabel("seconds to 5 pairs")
+    left.set_title("LOBPCG against its peers, same matrix and start")
+    left.grid(alpha=0.3, which="both")
+    left.legend(fontsize=8, loc="lower right")
+    for label, folders, style in (("session 4 code", BEFORE, "C7s--"), ("now", NOW, "C0o-")):
+        pts = sorted((dim, dense_share(r)) for (case, s), (dim, r) in runs(folders).items()
+                     if s == "cisolver-gpu1" and dense_share(r) is not None)
+        right.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+    right.axhline(10.0, color="k", lw=0.8, ls=":", label="goal (10 %)")
+    right.set_xscale("log")
+    right.set_ylim(0, 100)
+    right.set_xlabel("M-scheme dimension")
+    right.set_ylabel("dense steps, % of an iteration")
+    right.set_title("one H200: dense steps against SpMM")
+    right.grid(alpha=0.3, which="both")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    fig.savefig(args.out, dpi=110)
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
