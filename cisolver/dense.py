@@ -137,30 +137,32 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2):
     # H P is updated once at the end: every pass maps P to P U - X A (U upper triangular), and passes
     # compose as U = U1 U2, A = A1 U2 + A2, since X and H X do not change
     u_p, a_p = np.eye(n_p), np.zeros((b, n_p))
-    while done < passes:
-        y = cross(s, v, context=context, comm=comm)
-        xv, vv = y[:b], y[b:]
-        vv = 0.5 * (vv + vv.T)
-        if first is None:
-            first = np.diag(vv).copy()
-        elif done == 0 and (np.diag(vv) < floor * first).any():     # measured after explicit projection
-            left = (np.diag(vv) / first).min()
-            raise NotPositiveDefinite(f"a column of W lies in span(X) to rounding ({left:.2e} of it is left)")
-        outside = vv - xv.T @ xv
-        if projected < 2 and (np.diag(outside) < CANCELLATION * np.diag(vv)).any():
-            subtract_product(v, x, xv)                                  # V -= X X^T V
-            a_p += xv[:, :n_p]
-            projected += 1
-            continue
-        rinv = inverse_upper(scaled_cholesky(outside, "W^T W after projection"))
-        # (V - X X^T V) R^{-1} = V R^{-1} - X (X^T V R^{-1}); R^{-1} upper, so P's columns take X and P only
-        times_upper(v, rinv)
-        subtract_product(v, x, xv @ rinv)
-        u_p, a_p = u_p @ rinv[:n_p, :n_p], a_p @ rinv[:n_p, :n_p] + xv[:, :n_p] @ rinv[:n_p, :n_p]
-        done += 1
-    if n_p:
-        times_upper(hp, u_p)
-        subtract_product(hp, hx, a_p)
+    try:
+        while done < passes:
+            y = cross(s, v, context=context, comm=comm)
+            xv, vv = y[:b], y[b:]
+            vv = 0.5 * (vv + vv.T)
+            if first is None:
+                first = np.diag(vv).copy()
+            elif done == 0 and (np.diag(vv) < floor * first).any():     # measured after explicit projection
+                left = (np.diag(vv) / first).min()
+                raise NotPositiveDefinite(f"a column of W lies in span(X) to rounding ({left:.2e} of it is left)")
+            outside = vv - xv.T @ xv
+            if projected < 2 and (np.diag(outside) < CANCELLATION * np.diag(vv)).any():
+                subtract_product(v, x, xv)                                  # V -= X X^T V
+                a_p += xv[:, :n_p]
+                projected += 1
+                continue
+            rinv = inverse_upper(scaled_cholesky(outside, "W^T W after projection"))
+            # (V - X X^T V) R^{-1} = V R^{-1} - X (X^T V R^{-1}); R^{-1} upper: P's columns take X and P only
+            times_upper(v, rinv)
+            subtract_product(v, x, xv @ rinv)
+            u_p, a_p = u_p @ rinv[:n_p, :n_p], a_p @ rinv[:n_p, :n_p] + xv[:, :n_p] @ rinv[:n_p, :n_p]
+            done += 1
+    finally:
+        if n_p:             # also when a pass failed: H P must match the P that the passes before it left
+            times_upper(hp, u_p)
+            subtract_product(hp, hx, a_p)
     return s
 
 

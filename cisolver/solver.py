@@ -25,12 +25,38 @@ class LobpcgResult:
     restarts: int = 0                              # iterations where P had to be dropped
 
 
-def _orthonormalise_on_host(s, b, k, xp, dtype, project):
-    """Last resort for a W that is (nearly) rank deficient: project it off X twice and take a host QR."""
-    x, w = s[:, :b], xp.ascontiguousarray(s[:, b:k])
+def _orthonormalise_on_host(s, q, k, xp, dtype, project):
+    """Last resort for a W = s[:, q:k] that is (nearly) rank deficient: project it off s[:, :q] twice
+    and take a host QR."""
+    basis, w = s[:, :q], xp.ascontiguousarray(s[:, q:k])
     for _ in range(2):
-        w -= x @ project(x, w)
-    s[:, b:k] = xp.asarray(np.linalg.qr(to_host(w))[0], dtype=dtype)
+        w -= basis @ project(basis, w)
+    s[:, q:k] = xp.asarray(np.linalg.qr(to_host(w))[0], dtype=dtype)
+
+
+def _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm, on_host):
+    """[P W] failed to orthonormalise together: find which part is at fault (returns the new n_p and
+    restart count). P alone first: if it is fine, W is (nearly) rank deficient and gets the host QR
+    against [X P], keeping P; if P alone fails too, P is dropped (a restart) and W, restored from the
+    preconditioner's output (a failed pass may have mixed P into it), is orthonormalised against X alone."""
+    n_w = k - b - n_p
+    w_alone_failed = n_p == 0                # the failed call was W alone already
+    if n_p:
+        try:
+            dense.orthonormalise_tail(s[:, :b + n_p], hs[:, :b + n_p], b, n_p, context=context, comm=comm)
+        except dense.NotPositiveDefinite:
+            n_p, restarts = 0, restarts + 1
+    s[:, b + n_p:b + n_p + n_w] = w
+    if n_p == 0 and not w_alone_failed:
+        try:
+            dense.orthonormalise_tail(s[:, :b + n_w], hs[:, :b + n_w], b, 0, context=context, comm=comm)
+            return n_p, restarts
+        except dense.NotPositiveDefinite:
+            pass
+    if comm is not None:
+        raise dense.NotPositiveDefinite("W is rank deficient on a distributed run (no host QR there)")
+    on_host(b + n_p, b + n_p + n_w)
+    return n_p, restarts
 
 
 def _as_operator(h, dtype):
@@ -163,15 +189,10 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
             try:
                 dense.orthonormalise_tail(s[:, :k], hs[:, :k], b, n_p, context=context, comm=comm)
             except dense.NotPositiveDefinite:
-                if n_p:                              # P (nearly) dependent on W: drop P, W alone
-                    n_p, k, restarts = 0, b + n_w, restarts + 1
-                    s[:, b:k] = s[:, k + len(keep) - n_w:k + len(keep)].copy()
-                try:
-                    dense.orthonormalise_tail(s[:, :k], hs[:, :k], b, 0, context=context, comm=comm)
-                except dense.NotPositiveDefinite:
-                    if comm is not None:
-                        raise
-                    _orthonormalise_on_host(s, b, k, xp, dtype, project)
+                n_p, restarts = _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm,
+                                                      lambda q, kk: _orthonormalise_on_host(s, q, kk, xp, dtype,
+                                                                                            project))
+                k = b + n_p + n_w
         with timer.phase("spmm"):
             hs[:, b + n_p:k] = op.matmat(s[:, b + n_p:k])
         with timer.phase("dense", "rayleigh_ritz"):

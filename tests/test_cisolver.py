@@ -203,6 +203,99 @@ def test_orthonormalise_tail_rejects_w_inside_span_x(rng):
         _against(x, p @ rng.standard_normal((2, 2)), p, p, x)
 
 
+def test_orthonormalise_tail_keeps_hp_with_p_when_a_later_pass_fails(rng, monkeypatch):
+    """A failure in the second pass (after the first changed P) still leaves H P equal to H times P:
+    the solver then orthonormalises P alone from there (review finding)."""
+    n = 2000
+    a = _random_symmetric(n, rng).toarray()
+    x = np.linalg.qr(rng.standard_normal((n, 6)))[0]
+    p = rng.standard_normal((n, 3)) + 0.5 * x[:, :3]
+    w = rng.standard_normal((n, 4))
+    calls = []
+    real = dense.scaled_cholesky
+
+    def second_fails(g, what):
+        calls.append(what)
+        if len(calls) == 2:
+            raise dense.NotPositiveDefinite("forced in the second pass")
+        return real(g, what)
+    monkeypatch.setattr(dense, "scaled_cholesky", second_fails)
+    with pytest.raises(dense.NotPositiveDefinite, match="forced"):
+        _against(x, w, p, a @ p, a @ x)
+    s = np.ascontiguousarray(np.hstack([x, p, w]))
+    hs = np.hstack([a @ x, a @ p, np.full_like(w, np.nan)])
+    calls.clear()
+    with pytest.raises(dense.NotPositiveDefinite):
+        dense.orthonormalise_tail(s, hs, 6, 3)
+    assert not np.allclose(s[:, 6:9], p)                           # the first pass did change P
+    np.testing.assert_allclose(hs[:, 6:9], a @ s[:, 6:9], atol=1e-10 * np.abs(a).max() * np.sqrt(n))
+
+
+def _lowest(a, k):
+    return np.linalg.eigh(a.toarray())[0][:k]
+
+
+def test_lobpcg_keeps_p_when_the_preconditioner_gives_a_rank_deficient_w(rng):
+    """Two equal columns of W: the W part is at fault, so W gets the host QR and P stays (review finding:
+    P was dropped every such iteration, 4x the iterations)."""
+    class Duplicating:
+        def apply(self, r, theta):
+            w = np.array(r)
+            if w.shape[1] >= 2:
+                w[:, -1] = w[:, 0]
+            return w
+    a = _random_symmetric(600, rng)
+    plain = lobpcg(a, 4, tol=1e-9, maxiter=500, seed=3)
+    res = lobpcg(a, 4, tol=1e-9, maxiter=500, seed=3, precond=Duplicating())
+    assert res.converged and res.restarts == 0
+    assert res.iterations <= 2 * plain.iterations
+    np.testing.assert_allclose(res.eigenvalues, _lowest(a, 4), rtol=1e-8)
+
+
+def test_lobpcg_recovers_when_p_must_be_dropped(rng, monkeypatch):
+    """Forced failures of every [P W] orthonormalisation with P, and of the first Rayleigh-Ritz calls with
+    P: P is dropped (counted as restarts), W is orthonormalised alone, and the eigenpairs are still right."""
+    a = _random_symmetric(600, rng)
+    real_tail, real_rr = dense.orthonormalise_tail, dense.rayleigh_ritz
+    rr_failures = []
+
+    def tail_fails_with_p(s, hs, b, n_p, **kw):
+        if n_p:
+            raise dense.NotPositiveDefinite("forced: P")
+        return real_tail(s, hs, b, n_p, **kw)
+
+    def rr_fails_with_p(s, hs, n_keep, **kw):
+        if s.shape[1] == 3 * n_keep and len(rr_failures) < 3:
+            rr_failures.append(s.shape)
+            raise dense.NotPositiveDefinite("forced: S^T S")
+        return real_rr(s, hs, n_keep, **kw)
+
+    monkeypatch.setattr(dense, "orthonormalise_tail", tail_fails_with_p)
+    res = lobpcg(a, 4, tol=1e-9, maxiter=800, seed=3)
+    assert res.converged and res.restarts > 0
+    np.testing.assert_allclose(res.eigenvalues, _lowest(a, 4), rtol=1e-8)
+    monkeypatch.setattr(dense, "orthonormalise_tail", real_tail)
+    monkeypatch.setattr(dense, "rayleigh_ritz", rr_fails_with_p)
+    res = lobpcg(a, 4, tol=1e-9, maxiter=800, seed=3)
+    assert len(rr_failures) == 3 and res.converged and res.restarts >= 3
+    np.testing.assert_allclose(res.eigenvalues, _lowest(a, 4), rtol=1e-8)
+
+
+def test_lobpcg_with_unusable_p_columns(rng, monkeypatch):
+    """A P column marked unusable is left out of S (the others keep theirs)."""
+    a = _random_symmetric(600, rng)
+    real = dense.next_p_coefficients
+
+    def first_unusable(c_x, g, b):
+        z, usable = real(c_x, g, b)
+        z[:, 0], usable[0] = 0.0, False
+        return z, usable
+    monkeypatch.setattr(dense, "next_p_coefficients", first_unusable)
+    res = lobpcg(a, 4, tol=1e-9, maxiter=800, seed=3)
+    assert res.converged
+    np.testing.assert_allclose(res.eigenvalues, _lowest(a, 4), rtol=1e-8)
+
+
 def test_next_p_is_orthogonal_to_the_new_x_and_unit(rng):
     """P = S Z from next_p_coefficients: orthogonal to X = S C, unit columns, and span([X P]) is that of
     LOBPCG's usual [X, S C with X's rows zeroed]; a column with no P part is marked unusable."""
