@@ -69,6 +69,35 @@ def test_odd_mass_twice_m_and_bad_input():
         _problem("usdb.snt", 13, 2)
 
 
+@needs_data
+@pytest.mark.parametrize("name,z,n", [("usdb.snt", 2, 3), ("usdb.snt", 1, 4), ("ckpot.snt", 3, 4),
+                                      ("gxpf1a.snt", 1, 2), ("kb3g.snt", 2, 1)])
+def test_mirror_nuclei_have_the_same_spectrum(name, z, n):
+    """These interactions conserve isospin and carry no Coulomb term, so swapping the valence protons and
+    neutrons (21Ne <-> 21Na, ...) must leave the spectrum unchanged: the proton and neutron code paths
+    (jumps, spectators, the p-n factorisation) have to agree."""
+    spectra = []
+    for zz, nn in ((z, n), (n, z)):
+        h, info = _problem(name, zz, nn).build()
+        spectra.append(np.linalg.eigh(h.toarray())[0])
+    assert spectra[0].shape == spectra[1].shape
+    np.testing.assert_allclose(spectra[0], spectra[1], atol=1e-10, rtol=0)
+
+
+@needs_data
+def test_spectrum_does_not_depend_on_m():
+    """20Ne with 2M = 0, 2 and 4: each M-scheme space holds exactly the states with J >= M, with the
+    same energies (rotational invariance of H), and the J labels count them."""
+    spectra, labels = {}, {}
+    for m in (0, 2, 4):
+        prob = _problem("usdb.snt", 2, 2, m)
+        w, v = np.linalg.eigh(prob.build()[0].toarray())
+        spectra[m], labels[m] = w, angmom.j_from_j2(angmom.expectation_j2(prob, v))
+    for low, high in ((0, 2), (2, 4)):
+        assert (labels[low] >= high // 2).sum() == len(spectra[high])
+        np.testing.assert_allclose(spectra[low][labels[low] >= high // 2], spectra[high], atol=1e-10, rtol=0)
+
+
 def test_bad_snt_file(tmp_path):
     f = tmp_path / "bad.snt"
     f.write_text("! comment\n 1 1 8 8\n 1 0 2 3 -1\n")
