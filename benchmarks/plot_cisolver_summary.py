@@ -17,6 +17,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from plotting import save  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 NOW = ["h200x2-2026-11-22-s5/run8-cublas-updates-final"]
@@ -79,10 +80,7 @@ def main(argv=None):
     right.set_title("one H200: dense steps against SpMM")
     right.grid(alpha=0.3, which="both")
     right.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    fig.savefig(args.out, dpi=110)
-    print(args.out)
+    save(fig, args.out)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from plotting import save  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 SERIES = [
@@ -60,10 +61,7 @@ def main(argv=None):
         ax.grid(alpha=0.3, which="both")
     axes[0].set_ylabel("TFLOP/s (LAWN 41)")
     axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    fig.savefig(args.out, dpi=110)
-    print(args.out)
+    save(fig, args.out)
 
 
 if __name__ == "__main__":
