@@ -1,7 +1,10 @@
 """LOBPCG for the lowest eigenpairs of a sparse symmetric H (paper Algorithm 1).
 
 X, W = K^{-1} R, P; the only sparse product per iteration is H W (HX and HP follow the
-recurrences (8)–(9)). Rayleigh–Ritz and Cholesky-QR use hybridblas for the tall-skinny Gram products.
+recurrences (8)–(9)). S = [X | P | W] and H S are column ranges of one row-major buffer each. P comes
+from the Ritz coefficients, orthogonal to the new X and normalised (dense.next_p_coefficients); [P W] is
+made orthonormal against X by BCGS-PIP2 (dense.orthonormalise_tail). Rayleigh–Ritz and the
+orthonormalisation take their tall-skinny Gram products from hybridblas.
 Converged columns are soft-locked: they stay in the Rayleigh–Ritz basis but get no new W or P.
 """
 from dataclasses import dataclass, field
