@@ -201,13 +201,13 @@ def rayleigh_ritz(s, hs, n_keep, context=None, comm=None, with_gram=False):
     if not (d > 0).all():
         raise NotPositiveDefinite(f"S^T S has a non-positive diagonal entry ({d.min():.3g})")
     d = 1.0 / np.sqrt(d)
-    g, o = g * np.outer(d, d), o * np.outer(d, d)
-    r = cholesky_upper(o)
+    scale = np.outer(d, d)
+    r = cholesky_upper(o * scale)
     # A = R^{-T} G R^{-1}; eigenvectors C = R^{-1} Y
-    a = sla.solve_triangular(r, sla.solve_triangular(r, g, trans="T").T, trans="T").T
+    a = sla.solve_triangular(r, sla.solve_triangular(r, g * scale, trans="T").T, trans="T").T
     a = 0.5 * (a + a.T)
     vals, vecs = np.linalg.eigh(a)
     c = d[:, None] * sla.solve_triangular(r, vecs[:, :n_keep])
     if with_gram:
-        return vals[:n_keep], c, vals, o / np.outer(d, d)
+        return vals[:n_keep], c, vals, o
     return vals[:n_keep], c, vals
