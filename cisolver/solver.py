@@ -28,16 +28,17 @@ class LobpcgResult:
     restarts: int = 0                              # iterations where P had to be dropped
 
 
-def _orthonormalise_on_host(s, q, k, xp, dtype, project):
-    """Last resort for a W = s[:, q:k] that is (nearly) rank deficient: project it off s[:, :q] twice
-    and take a host QR."""
+def _orthonormalise_on_host(s, q, k):
+    """Last resort for a W = s[:, q:k] that is (nearly) rank deficient, serial runs only: project it off
+    s[:, :q] twice and take a host QR."""
+    xp = module_of(s)
     basis, w = s[:, :q], xp.ascontiguousarray(s[:, q:k])
     for _ in range(2):
-        w -= basis @ project(basis, w)
-    s[:, q:k] = xp.asarray(np.linalg.qr(to_host(w))[0], dtype=dtype)
+        w -= basis @ (basis.T @ w)
+    s[:, q:k] = xp.asarray(np.linalg.qr(to_host(w))[0], dtype=s.dtype)
 
 
-def _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm, on_host):
+def _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm):
     """[P W] failed to orthonormalise together: find which part is at fault (returns the new n_p and
     restart count). P alone first: if it is fine, W is (nearly) rank deficient and gets the host QR
     against [X P], keeping P; if P alone fails too, P is dropped (a restart) and W, restored from the
@@ -58,7 +59,7 @@ def _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm, on_host)
             pass
     if comm is not None:
         raise dense.NotPositiveDefinite("W is rank deficient on a distributed run (no host QR there)")
-    on_host(b + n_p, b + n_p + n_w)
+    _orthonormalise_on_host(s, b + n_p, b + n_p + n_w)
     return n_p, restarts
 
 
@@ -140,13 +141,6 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         from .distributed import colnorms
         return colnorms(block, comm)
 
-    def project(a, b_):
-        out = to_host(a.T @ b_)
-        if comm is not None:
-            from .distributed import allreduce
-            out = allreduce(np.ascontiguousarray(out), comm)
-        return xp.asarray(out, dtype=dtype)
-
     with timer.phase("dense", "start"):
         dense.cholqr2(x, context=context, comm=comm)
     with timer.phase("spmm"):
@@ -192,9 +186,7 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
             try:
                 dense.orthonormalise_tail(s[:, :k], hs[:, :k], b, n_p, context=context, comm=comm)
             except dense.NotPositiveDefinite:
-                n_p, restarts = _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm,
-                                                      lambda q, kk: _orthonormalise_on_host(s, q, kk, xp, dtype,
-                                                                                            project))
+                n_p, restarts = _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm)
                 k = b + n_p + n_w
         with timer.phase("spmm"):
             hs[:, b + n_p:k] = op.matmat(s[:, b + n_p:k])
