@@ -111,9 +111,18 @@ def scaled_cholesky(g, what):
 
 
 CANCELLATION = 1e-2   # below this share of a column's length outside span(X), project explicitly first
+# adaptive: one pass is enough when it leaves [X V] this close to orthonormal (u kappa^2 below)
+SINGLE_PASS_LOSS = 1e-4
 
 
-def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2):
+def predicted_loss(outside, dtype):
+    """Loss of orthogonality one Cholesky-QR pass leaves (unit roundoff times the condition number of the
+    Jacobi-scaled Gram matrix, i.e. u kappa(R)^2; Yamamoto et al. 2015)."""
+    d = np.sqrt(np.diag(outside))
+    return 0.5 * np.finfo(dtype).eps * np.linalg.cond(outside / np.outer(d, d))
+
+
+def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2, adaptive=False):
     """V = s[:, b:] made orthonormal and orthogonal to X = s[:, :b] (orthonormal), in place; V = [P W]
     with P its first ``n_p`` columns, and hs[:, b:b + n_p] (H P) follows P by the same coefficients.
 
@@ -128,6 +137,9 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2):
     CANCELLATION of its squared length outside X, that pass only projects (V -= X X^T V), and the
     Pythagorean passes follow (at most two such projections). A column that projection leaves at rounding
     level lies in span(X): NotPositiveDefinite, as when V itself is (numerically) rank deficient.
+    ``adaptive``: stop after the first pass when it leaves [X V] orthonormal to SINGLE_PASS_LOSS
+    (predicted_loss), which LOBPCG's Rayleigh-Ritz tolerates (it factors S^T S itself): the second pass's
+    product, host trip and updates are then saved. Returns the number of passes made.
     """
     from .blocks import subtract_product, times_upper
     floor = (100 * np.finfo(s.dtype).eps) ** 2     # squared length left by rounding alone
@@ -154,16 +166,19 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2):
                 projected += 1
                 continue
             rinv = inverse_upper(scaled_cholesky(outside, "W^T W after projection"))
+            enough = adaptive and done == 0 and predicted_loss(outside, s.dtype) <= SINGLE_PASS_LOSS
             # (V - X X^T V) R^{-1} = V R^{-1} - X (X^T V R^{-1}); R^{-1} upper: P's columns take X and P only
             times_upper(v, rinv)
             subtract_product(v, x, xv @ rinv)
             u_p, a_p = u_p @ rinv[:n_p, :n_p], a_p @ rinv[:n_p, :n_p] + xv[:, :n_p] @ rinv[:n_p, :n_p]
             done += 1
+            if enough:
+                break
     finally:
         if n_p:             # also when a pass failed: H P must match the P that the passes before it left
             times_upper(hp, u_p)
             subtract_product(hp, hx, a_p)
-    return s
+    return done
 
 
 def next_p_coefficients(c_x, g, b):

@@ -26,6 +26,7 @@ class LobpcgResult:
     seconds: dict = field(default_factory=dict)
     history: list = field(default_factory=list)   # per iteration: relative residuals of the block
     restarts: int = 0                              # iterations where P had to be dropped
+    second_passes: int = 0                         # iterations whose [P W] needed a second CholQR pass
 
 
 def _orthonormalise_on_host(s, q, k):
@@ -157,7 +158,7 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         del x, hx
     norm_est = max(np.abs(allv).max(), np.finfo(np.float64).tiny)
     p_usable = np.zeros(b, dtype=bool)       # columns of s[:, b:2b] that hold a search direction
-    history, restarts, it = [], 0, 0
+    history, restarts, second_passes, it = [], 0, 0, 0
     converged = np.zeros(b, dtype=bool)
     for it in range(1, maxiter + 1):
         with timer.phase("dense", "residual"):
@@ -182,9 +183,11 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
                 s[:, b:b + n_p], hs[:, b:b + n_p] = s[:, b + keep], hs[:, b + keep]
             k = b + n_p + n_w
             s[:, b + n_p:k] = w
-            # [P W] orthonormal and orthogonal to X: two passes, one product and one host trip each
+            # [P W] orthonormal and orthogonal to X: one or two passes, one product and one host trip each
             try:
-                dense.orthonormalise_tail(s[:, :k], hs[:, :k], b, n_p, context=context, comm=comm)
+                passes = dense.orthonormalise_tail(s[:, :k], hs[:, :k], b, n_p, context=context, comm=comm,
+                                                   adaptive=True)
+                second_passes += passes > 1
             except dense.NotPositiveDefinite:
                 n_p, restarts = _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm)
                 k = b + n_p + n_w
@@ -216,4 +219,4 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         hx_true = op.matmat(x[:, :nev])
     rel = norms(hx_true - x[:, :nev] * xp.asarray(theta[:nev], dtype=dtype)[None, :]) / norm_est
     return LobpcgResult(np.asarray(theta[:nev]), x[:, :nev], rel, it, bool(converged[:nev].all()),
-                        dict(timer.seconds), history, restarts)
+                        dict(timer.seconds), history, restarts, second_passes)

@@ -223,6 +223,25 @@ def test_orthonormalise_tail_w_mostly_inside_span_x(dtype, outside, tol, rng):
     np.testing.assert_allclose(w.T @ w, np.eye(5), atol=tol)
 
 
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 2e-6)])
+def test_orthonormalise_tail_adaptive_stops_after_one_pass_only_when_it_may(dtype, tol, rng):
+    """adaptive: a well-conditioned W needs one pass, and [X W] is then orthonormal to the predicted
+    loss; W with two nearly parallel columns (kappa ~ 1e4 in float32, 1e7 in float64) gets the second pass
+    and full orthonormality."""
+    x = np.linalg.qr(rng.standard_normal((4000, 8)))[0]
+    good = rng.standard_normal((4000, 5)) + 2.0 * x[:, :5]
+    near = good.copy()
+    near[:, 4] = near[:, 3] + (1e-4 if dtype == np.float32 else 1e-7) * rng.standard_normal(4000)
+    for w0, passes in ((good, 1), (near, 2)):
+        s = np.ascontiguousarray(np.hstack([x, w0]).astype(dtype))
+        assert dense.orthonormalise_tail(s, np.zeros_like(s), 8, 0, adaptive=True) == passes
+        s64 = s.astype(np.float64)
+        loss = np.abs(s64.T @ s64 - np.eye(13)).max()
+        assert loss <= (max(tol, 10 * dense.SINGLE_PASS_LOSS) if passes == 1 else tol), (passes, loss)
+        s = np.ascontiguousarray(np.hstack([x, w0]).astype(dtype))
+        assert dense.orthonormalise_tail(s, np.zeros_like(s), 8, 0) == 2          # not adaptive: always two
+
+
 def test_orthonormalise_tail_rejects_w_inside_span_x(rng):
     x = np.linalg.qr(rng.standard_normal((500, 6)))[0]
     with pytest.raises(dense.NotPositiveDefinite):
