@@ -14,7 +14,8 @@ import cupy as cp
 import numpy as np
 
 import hybridblas as hb
-from cisolver.blocks import product_into
+from cisolver.arrays import column_sumsq
+from cisolver.blocks import product_into, subtract_product, times_upper
 
 
 def gpu_and_host_us(fn, reps=50):
@@ -38,6 +39,9 @@ def gpu_and_host_us(fn, reps=50):
         stop.synchronize()
         gpu_each.append(cp.cuda.get_elapsed_time(start, stop) * 1e-3)
     return {"host_us": host * 1e6, "pipelined_us": gpu_total * 1e6, "alone_us": min(gpu_each) * 1e6}
+
+
+_residual = cp.ElementwiseKernel("T hx, T x, T theta", "T r", "r = hx - x * theta", "cisolver_residual_bench")
 
 
 def _no_skinny(call):
@@ -66,6 +70,8 @@ def main():
         cz_dev = cp.asarray(cz, dtype=dt)
         theta = rng.standard_normal(b)
         theta_dev = cp.asarray(theta, dtype=dt)
+        u16 = np.eye(2 * b) + np.triu(rng.standard_normal((2 * b, 2 * b))) * 1e-3
+        m8, m24 = rng.standard_normal((b, 2 * b)) * 1e-3, rng.standard_normal((3 * b, 2 * b)) / np.sqrt(3 * b)
         ctx = hb.Context(devices=["cuda:0"])
         nbytes = s.nbytes
         cases = {
@@ -79,6 +85,13 @@ def main():
             "update HS[:, :16] <- S C, blocks.product_into": lambda: product_into(hs[:, :2 * b], s, cz),
             "update S C, cupy matmul (no copy back)": lambda: s @ cz_dev,
             "residual, cupy subtract into r": lambda: cp.subtract(hs[:, :b], s[:, :b] * theta_dev[None, :], out=res),
+            "residual, one elementwise kernel": lambda: _residual(hs[:, :b], s[:, :b], theta_dev[None, :], res),
+            "column norms^2 of r, column_sumsq": lambda: column_sumsq(res),
+            "column norms^2 of r, hb.syrk diagonal": lambda: cp.diagonal(hb.syrk(1.0, res, trans="T", context=ctx)).get(),
+            "V <- V U, blocks.times_upper (trmm, n x 16)": lambda: times_upper(s[:, b:], u16),
+            "V -= X M, blocks.subtract_product (gemm, 8 -> 16)": lambda: subtract_product(s[:, b:], s[:, :b], m8),
+            "W' <- S M into a scratch (gemm, 24 -> 16)": lambda: product_into(hs[:, b:], s, m24),
+            "copy n x 16 strided (scratch back into S)": lambda: s[:, b:].__setitem__(Ellipsis, hs[:, b:]),
             "copy S (read + write, bandwidth reference)": lambda: s.copy(),
         }
         name = np.dtype(dt).name

@@ -5,18 +5,22 @@ is a tall block of that buffer times a small float64 host matrix:
 
     product_into(out, a, m)       out <- a m            (out must not overlap a)
     subtract_product(out, a, m)   out <- out - a m      (out and a disjoint column ranges)
+    replace_with_product(v, a, m) v <- a m              (v may be a column range of a: same rows)
     times_upper(v, u)             v <- v u in place      (u upper triangular)
+    residual_into(r, hx, x, theta)  r <- hx - x diag(theta), and the column sums of squares of r
 
-On a GPU each is one cuBLAS call (gemm, or trmm, whose in-place form cuBLAS supports) on the caller's CuPy
-stream, reading and writing the strided column ranges directly through their leading dimension. Through
-cupy's matmul the same updates cost a copy of each strided operand and a copy back (1.55 ms per iteration
-for the X, P update at 48Cr's size on an H200, session 5). On the CPU they are numpy.
+On a GPU each product is one cuBLAS gemm on the caller's CuPy stream, reading and writing the strided
+column ranges directly through their leading dimension (through cupy's matmul the same updates cost a copy
+of each strided operand and a copy back: 1.55 ms per iteration for the X, P update at 48Cr's size on an
+H200, session 5). An in-place product is a gemm into a scratch block and one copy back: cuBLAS's in-place
+trmm took 0.62 ms for a 1.96e6 x 16 float32 block, the gemm and the copy 0.18 + 0.15 ms (session 6,
+bench_dense_kernels.py). The residual and its norms are one kernel. On the CPU all of it is numpy.
 """
 import ctypes
 
 import numpy as np
 
-from .arrays import is_device
+from .arrays import column_sumsq, is_device
 
 _PREFIX = {np.dtype(np.float32): "S", np.dtype(np.float64): "D"}
 
@@ -46,15 +50,39 @@ def subtract_product(out, a, m):
     return out
 
 
+def replace_with_product(v, a, m):
+    """v <- a @ m, where ``v`` may share elements with ``a`` as long as each row of v is a row of a's rows
+    (a column range of the same buffer): the product goes to a scratch block first."""
+    _check(v, a, m)
+    if _on_cublas(v, a):
+        import cupy
+        scratch = cupy.empty(v.shape, dtype=v.dtype)
+        _gemm(scratch, a, m, 0.0)
+        v[...] = scratch
+    else:
+        v[...] = a @ _like(v, m)
+    return v
+
+
 def times_upper(v, u):
     """v <- v @ u in place, ``u`` a small upper-triangular host matrix."""
     if u.shape != (v.shape[1], v.shape[1]):
         raise ValueError(f"u must be {v.shape[1]} x {v.shape[1]}, got {u.shape}")
-    if _on_cublas(v):
-        _trmm(v, u)
-    else:
-        v[...] = v @ _like(v, np.triu(u))
-    return v
+    return replace_with_product(v, v, np.triu(u))
+
+
+def residual_into(r, hx, x, theta):
+    """r <- hx - x diag(theta) (theta a host vector), and the column sums of squares of r as a float64 host
+    array. On a GPU one kernel does both (summing in double, partial sums per thread block added on the
+    host in a fixed order: reproducible); it replaced a cupy multiply, subtract, widening and product,
+    0.50 ms per iteration at 48Cr's size on an H200."""
+    theta = np.asarray(theta, dtype=np.float64)
+    if hx.shape != x.shape or r.shape != x.shape or theta.shape != (x.shape[1],):
+        raise ValueError(f"residual of hx {hx.shape}, x {x.shape}, theta {theta.shape} into r {r.shape}")
+    if not is_device(r):
+        np.subtract(hx, x * theta.astype(x.dtype)[None, :], out=r)
+        return np.einsum("ij,ij->j", r, r, dtype=np.float64)
+    return _residual_gpu(r, hx, x, theta)
 
 
 def _like(x, m):
@@ -106,16 +134,64 @@ def _gemm(out, a, m, beta):
                  ctypes.c_void_p(a.data.ptr), i(_leading(a)), b_p, ctypes.c_void_p(out.data.ptr), i(_leading(out)))
 
 
-def _trmm(v, u):
-    """Row-major v (n x k) <- v u: the column-major v^T <- u^T v^T, u^T lower triangular, left side."""
+_RESIDUAL_SOURCE = r"""
+// r <- hx - x theta on an n x b block (rows at leading dimensions), and per-block column sums of r^2 in
+// double. Thread t keeps column t % b for every row it visits (consecutive threads read consecutive
+// elements of a row); the block's threads of one column are added in a fixed order at the end.
+extern "C" __global__ void residual_sumsq(const T* hx, long long ldh, const T* x, long long ldx,
+        const double* theta, int b, long long n, T* r, long long ldr, double* partials)
+{
+    extern __shared__ double sums[];
+    const int rows_per_pass = blockDim.x / b;
+    const int j = threadIdx.x % b, q = threadIdx.x / b;
+    double acc = 0.0;
+    if (q < rows_per_pass) {
+        const T th = (T) theta[j];
+        for (long long i = (long long) blockIdx.x * rows_per_pass + q; i < n; i += (long long) gridDim.x * rows_per_pass) {
+            const T v = hx[i * ldh + j] - x[i * ldx + j] * th;
+            r[i * ldr + j] = v;
+            acc += (double) v * (double) v;
+        }
+    }
+    sums[threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.x < b) {
+        double s = 0.0;
+        for (int qq = 0; qq < rows_per_pass; ++qq) s += sums[qq * b + threadIdx.x];
+        partials[(long long) blockIdx.x * b + threadIdx.x] = s;
+    }
+}
+"""
+_residual_kernels = {}
+_sm_counts = {}
+
+
+def _residual_gpu(r, hx, x, theta):
     import cupy
-    n, k = v.shape
-    if n == 0 or k == 0:
-        return
-    u_dev = cupy.asarray(np.ascontiguousarray(np.triu(u)), dtype=v.dtype)   # row-major u = column-major u^T
-    one, one_p = _scalar(1.0, v.dtype)
-    i = ctypes.c_int
-    ptr, ld = ctypes.c_void_p(v.data.ptr), i(_leading(v))
-    # side left (0), fill lower (0), no transpose (0), non-unit diagonal (0); C = B: cuBLAS's in-place form
-    _cublas_call("trmm_v2", v, i(0), i(0), i(0), i(0), i(k), i(n), one_p, ctypes.c_void_p(u_dev.data.ptr), i(k),
-                 ptr, ld, ptr, ld)
+    n, b = r.shape
+    if n == 0 or b == 0:
+        return np.zeros(b)
+    if not (all(_row_major(a) for a in (r, hx, x)) and r.dtype == hx.dtype == x.dtype and r.dtype in _PREFIX
+            and b <= 256):
+        cupy.subtract(hx, x * cupy.asarray(theta, dtype=x.dtype)[None, :], out=r)
+        return column_sumsq(r)
+    key = (cupy.cuda.Device().id, r.dtype)
+    if key not in _residual_kernels:
+        ctype = "float" if r.dtype == np.float32 else "double"
+        module = cupy.RawModule(code=f"typedef {ctype} T;\n" + _RESIDUAL_SOURCE)
+        _residual_kernels[key] = module.get_function("residual_sumsq")
+    threads = 256 // b * b
+    blocks = max(1, min(8 * _multiprocessors(cupy), -(-n // (threads // b))))
+    partials = cupy.empty((blocks, b), dtype=np.float64)
+    _residual_kernels[key]((blocks,), (threads,),
+                           (hx, np.int64(_leading(hx)), x, np.int64(_leading(x)), cupy.asarray(theta),
+                            np.int32(b), np.int64(n), r, np.int64(_leading(r)), partials),
+                           shared_mem=8 * threads)
+    return partials.get().sum(axis=0)
+
+
+def _multiprocessors(cupy):
+    dev = cupy.cuda.Device().id
+    if dev not in _sm_counts:
+        _sm_counts[dev] = cupy.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
+    return _sm_counts[dev]

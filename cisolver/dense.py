@@ -128,8 +128,8 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2, adapti
 
     Each pass takes S^T V = [X^T V; V^T V] to the host in one product and one trip. By Pythagoras,
     (V - X X^T V)^T (V - X X^T V) = V^T V - (X^T V)^T (X^T V), so one Cholesky factor R of that serves, and
-    V <- V R^{-1} - X (X^T V R^{-1}) is a triangular multiply in place and one product (cisolver.blocks,
-    one cuBLAS call each on a GPU). Two passes is block
+    V <- V R^{-1} - X (X^T V R^{-1}) = [X V] [-X^T V R^{-1}; R^{-1}] is one product (cisolver.blocks: one
+    cuBLAS gemm into a scratch block and a copy back on a GPU). Two passes is block
     classical Gram-Schmidt with the Pythagorean inner product (BCGS-PIP2). R is upper triangular, so the
     new P columns combine only X and P: H P follows from H X and H P (once, for all passes together),
     and H W is left to the caller.
@@ -141,11 +141,11 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2, adapti
     (predicted_loss), which LOBPCG's Rayleigh-Ritz tolerates (it factors S^T S itself): the second pass's
     product, host trip and updates are then saved. Returns the number of passes made.
     """
-    from .blocks import subtract_product, times_upper
+    from .blocks import replace_with_product, subtract_product
     floor = (100 * np.finfo(s.dtype).eps) ** 2     # squared length left by rounding alone
     done = projected = 0
     first = None
-    x, v, hx, hp = s[:, :b], s[:, b:], hs[:, :b], hs[:, b:b + n_p]
+    x, v, hp = s[:, :b], s[:, b:], hs[:, b:b + n_p]
     # H P is updated once at the end: every pass maps P to P U - X A (U upper triangular), and passes
     # compose as U = U1 U2, A = A1 U2 + A2, since X and H X do not change
     u_p, a_p = np.eye(n_p), np.zeros((b, n_p))
@@ -168,16 +168,14 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2, adapti
             rinv = inverse_upper(scaled_cholesky(outside, "W^T W after projection"))
             enough = adaptive and done == 0 and predicted_loss(outside, s.dtype) <= SINGLE_PASS_LOSS
             # (V - X X^T V) R^{-1} = V R^{-1} - X (X^T V R^{-1}); R^{-1} upper: P's columns take X and P only
-            times_upper(v, rinv)
-            subtract_product(v, x, xv @ rinv)
+            replace_with_product(v, s, np.vstack([-xv @ rinv, rinv]))
             u_p, a_p = u_p @ rinv[:n_p, :n_p], a_p @ rinv[:n_p, :n_p] + xv[:, :n_p] @ rinv[:n_p, :n_p]
             done += 1
             if enough:
                 break
     finally:
         if n_p:             # also when a pass failed: H P must match the P that the passes before it left
-            times_upper(hp, u_p)
-            subtract_product(hp, hx, a_p)
+            replace_with_product(hp, hs[:, :b + n_p], np.vstack([-a_p, u_p]))
     return done
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import dense
 from .arrays import Timer, column_sumsq, module_of, to_host
-from .blocks import product_into
+from .blocks import product_into, residual_into
 
 
 @dataclass
@@ -162,8 +162,11 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
     converged = np.zeros(b, dtype=bool)
     for it in range(1, maxiter + 1):
         with timer.phase("dense", "residual"):
-            xp.subtract(hs[:, :b], s[:, :b] * xp.asarray(theta, dtype=dtype)[None, :], out=r)
-            rel = norms(r) / norm_est
+            sq = residual_into(r, hs[:, :b], s[:, :b], theta)       # R = H X - X Theta, and its column norms^2
+            if comm is not None:
+                from hybridblas.distributed import allreduce
+                sq = allreduce(np.ascontiguousarray(sq), comm)
+            rel = np.sqrt(sq) / norm_est
         history.append(rel.copy())
         converged = rel <= tol
         if callback:

@@ -370,7 +370,7 @@ def test_next_p_is_orthogonal_to_the_new_x_and_unit(rng):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_block_updates_on_column_ranges_of_a_row_major_buffer(dtype, rng):
-    from cisolver.blocks import product_into, subtract_product, times_upper
+    from cisolver.blocks import product_into, replace_with_product, residual_into, subtract_product, times_upper
     buf = rng.standard_normal((301, 24)).astype(dtype)
     other = np.full((301, 24), np.nan, dtype=dtype)
     ref = buf.astype(np.float64)
@@ -388,8 +388,20 @@ def test_block_updates_on_column_ranges_of_a_row_major_buffer(dtype, rng):
     times_upper(buf[:, 8:24], u + np.tril(np.ones((16, 16)), -1))     # below the diagonal is ignored
     np.testing.assert_allclose(buf[:, 8:24], before @ u, rtol=0, atol=tol * np.abs(before @ u).max())
     np.testing.assert_array_equal(buf[:, :8], ref[:, :8].astype(dtype))
+    whole = buf.astype(np.float64)
+    replace_with_product(buf[:, 4:20], buf[:, :20], m)                 # in place over the same rows
+    np.testing.assert_allclose(buf[:, 4:20], whole[:, :20] @ m, rtol=0, atol=tol * np.abs(whole[:, :20] @ m).max())
+    np.testing.assert_array_equal(buf[:, 20:], whole[:, 20:].astype(dtype))
     with pytest.raises(ValueError, match="does not fit"):
         product_into(other[:, :3], buf[:, :20], m)
+    theta = rng.standard_normal(8)
+    r = np.full((301, 8), np.nan, dtype=dtype)
+    sq = residual_into(r, buf[:, 16:24], buf[:, :8], theta)
+    expected = buf[:, 16:24].astype(np.float64) - buf[:, :8].astype(np.float64) * theta.astype(dtype)
+    np.testing.assert_allclose(r, expected, rtol=0, atol=tol * np.abs(expected).max())
+    np.testing.assert_allclose(sq, (expected ** 2).sum(axis=0), rtol=20 * np.finfo(dtype).eps)
+    with pytest.raises(ValueError, match="residual"):
+        residual_into(r, buf[:, 16:24], buf[:, :8], theta[:5])
 
 
 def test_rayleigh_ritz_ignores_column_scaling(rng):

@@ -1,10 +1,10 @@
-"""cisolver.blocks on a GPU (one cuBLAS gemm / trmm on strided column ranges) against numpy on the same
-data: both precisions, column ranges of row-major buffers, edge sizes, and layouts that are not row-major
-(the cupy fallback)."""
+"""cisolver.blocks on a GPU (cuBLAS gemms on strided column ranges, the residual kernel) against numpy on
+the same data: both precisions, column ranges of row-major buffers, edge sizes, and layouts that are not
+row-major (the cupy fallback)."""
 import numpy as np
 import pytest
 
-from cisolver.blocks import product_into, subtract_product, times_upper
+from cisolver.blocks import product_into, replace_with_product, residual_into, subtract_product, times_upper
 
 pytestmark = pytest.mark.gpu
 
@@ -24,9 +24,37 @@ def test_block_updates_on_gpu_match_numpy(dtype, rows, order, rng):
         product_into(o[:, 4:20], x[:, :20], m)
         subtract_product(x[:, 8:24], x[:, :8], m2)
         times_upper(x[:, 8:24], u)
+        replace_with_product(x[:, 4:20], x[:, :20], m)           # in place: the same rows of one buffer
     tol = 64 * np.finfo(dtype).eps
     for got, expected, what in ((other_dev.get(), other, "product_into"), (dev.get(), host, "subtract, times_upper")):
         finite = ~np.isnan(expected)
         assert (np.isnan(got) == ~finite).all(), what
         scale = max(np.abs(expected[finite]).max(initial=0.0), 1.0)
         np.testing.assert_allclose(got[finite], expected[finite], rtol=0, atol=tol * scale, err_msg=what)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [0, 1, 255, 100_003])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_residual_on_gpu_matches_numpy(dtype, rows, order, rng):
+    """r <- hx - x diag(theta) into a poisoned r, and its column sums of squares (double), on strided
+    column ranges; F order takes the cupy fallback."""
+    import cupy
+    s = rng.standard_normal((rows, 24)).astype(dtype)
+    hs = rng.standard_normal((rows, 24)).astype(dtype)
+    theta = rng.standard_normal(8) * 10
+    r = np.full((rows, 8), np.nan, dtype=dtype)
+    sq = residual_into(r, hs[:, :8], s[:, :8], theta)
+    s_d, hs_d = cupy.asarray(s, order=order), cupy.asarray(hs, order=order)
+    r_d = cupy.full((rows, 8), np.nan, dtype=dtype)
+    before = s_d.get(), hs_d.get()
+    sq_d = residual_into(r_d, hs_d[:, :8], s_d[:, :8], theta)
+    tol = 8 * np.finfo(dtype).eps * max(np.abs(hs).max(initial=0) + 10 * np.abs(s).max(initial=0), 1.0)
+    np.testing.assert_allclose(r_d.get(), r, rtol=0, atol=tol)
+    exact = (hs[:, :8].astype(np.float64) - s[:, :8].astype(np.float64) * theta.astype(dtype)) ** 2
+    np.testing.assert_allclose(sq_d, exact.sum(axis=0), rtol=1e-5 if dtype == np.float32 else 1e-12, atol=0)
+    np.testing.assert_allclose(sq, exact.sum(axis=0), rtol=1e-5 if dtype == np.float32 else 1e-12, atol=0)
+    np.testing.assert_array_equal(s_d.get(), before[0])
+    np.testing.assert_array_equal(hs_d.get(), before[1])
+    again = residual_into(r_d, hs_d[:, :8], s_d[:, :8], theta)
+    np.testing.assert_array_equal(again, sq_d)                      # reproducible bit for bit
