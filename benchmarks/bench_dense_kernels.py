@@ -15,7 +15,8 @@ import numpy as np
 
 import hybridblas as hb
 from cisolver.arrays import column_sumsq
-from cisolver.blocks import product_into, subtract_product, times_upper
+from cisolver import blocks
+from cisolver.blocks import product_into_both, replace_with_product, subtract_product, times_upper
 
 
 def gpu_and_host_us(fn, reps=50):
@@ -44,6 +45,15 @@ def gpu_and_host_us(fn, reps=50):
 _residual = cp.ElementwiseKernel("T hx, T x, T theta", "T r", "r = hx - x * theta", "cisolver_residual_bench")
 
 
+def _rows(flag, call):
+    keep = blocks.ROW_KERNEL
+    blocks.ROW_KERNEL = flag
+    try:
+        return call()
+    finally:
+        blocks.ROW_KERNEL = keep
+
+
 def _no_skinny(call):
     from hybridblas.devices import cuda_skinny
     keep = cuda_skinny.applies
@@ -66,6 +76,10 @@ def main():
         s = cp.asarray(rng.standard_normal((n, 3 * b)).astype(dt))
         hs = cp.asarray(rng.standard_normal((n, 3 * b)).astype(dt))
         res = cp.empty((n, b), dtype=dt)
+        s2, hs2 = cp.empty_like(s), cp.empty_like(hs)
+        upper = lambda: times_upper(s[:, b:], u16)
+        subtract = lambda: subtract_product(s[:, b:], s[:, :b], m8)
+        replace = lambda: replace_with_product(s[:, b:], s, m24 * 0.2)
         cz = rng.standard_normal((3 * b, 2 * b)) / np.sqrt(3 * b)
         cz_dev = cp.asarray(cz, dtype=dt)
         theta = rng.standard_normal(b)
@@ -82,16 +96,22 @@ def main():
             "S^T HS hb.gemmt (cuBLAS inline path)": lambda: _no_skinny(lambda: hb.gemmt(1.0, s, hs, transa="T", context=ctx)),
             "S^T HS cupy": lambda: s.T @ hs,
             "S^T [P W] hb.gemm (skinny)": lambda: hb.gemm(1.0, s, s[:, b:], transa="T", context=ctx),
-            "update HS[:, :16] <- S C, blocks.product_into": lambda: product_into(hs[:, :2 * b], s, cz),
             "update S C, cupy matmul (no copy back)": lambda: s @ cz_dev,
             "residual, cupy subtract into r": lambda: cp.subtract(hs[:, :b], s[:, :b] * theta_dev[None, :], out=res),
             "residual, one elementwise kernel": lambda: _residual(hs[:, :b], s[:, :b], theta_dev[None, :], res),
             "column norms^2 of r, column_sumsq": lambda: column_sumsq(res),
             "column norms^2 of r, hb.syrk diagonal": lambda: cp.diagonal(hb.syrk(1.0, res, trans="T", context=ctx)).get(),
-            "V <- V U, blocks.times_upper (trmm, n x 16)": lambda: times_upper(s[:, b:], u16),
-            "V -= X M, blocks.subtract_product (gemm, 8 -> 16)": lambda: subtract_product(s[:, b:], s[:, :b], m8),
-            "W' <- S M into a scratch (gemm, 24 -> 16)": lambda: product_into(hs[:, b:], s, m24),
-            "copy n x 16 strided (scratch back into S)": lambda: s[:, b:].__setitem__(Ellipsis, hs[:, b:]),
+            "V <- V U, blocks.times_upper, row kernel": lambda: _rows(True, upper),
+            "V <- V U, blocks.times_upper, cuBLAS + copy": lambda: _rows(False, upper),
+            "V -= X M, subtract_product, row kernel": lambda: _rows(True, subtract),
+            "V -= X M, subtract_product, cuBLAS": lambda: _rows(False, subtract),
+            "V <- S M in place, row kernel": lambda: _rows(True, replace),
+            "V <- S M in place, cuBLAS + copy": lambda: _rows(False, replace),
+            "[X P], H[X P] <- S C, HS C, row kernel (both)":
+                lambda: _rows(True, lambda: product_into_both(s2[:, :2 * b], s, hs2[:, :2 * b], hs, cz)),
+            "[X P], H[X P] <- S C, HS C, cuBLAS (two)":
+                lambda: _rows(False, lambda: product_into_both(s2[:, :2 * b], s, hs2[:, :2 * b], hs, cz)),
+            "copy n x 16 strided (a scratch back into S)": lambda: s[:, b:].__setitem__(Ellipsis, hs[:, b:]),
             "copy S (read + write, bandwidth reference)": lambda: s.copy(),
         }
         name = np.dtype(dt).name

@@ -53,6 +53,9 @@ def main():
             (blocks, "subtract_product", "blocks.subtract_product"), (blocks, "times_upper", "blocks.times_upper"),
             (dense, "to_host", "to_host (.get)"), (solver, "column_sumsq", "column_sumsq"),
             (dense, "scaled_cholesky", "host: scaled_cholesky"), (dense, "predicted_loss", "host: predicted_loss"),
+            (blocks, "replace_with_product", "blocks.replace_with_product"),
+            (solver, "residual_into", "blocks.residual_into"),
+            (solver, "product_into_both", "blocks.product_into_both"),
             (dense, "inverse_upper", "host: inverse_upper"), (dense, "next_p_coefficients", "host: next_p"),
             (dense, "orthonormalise_tail", "[orthonormalise_tail]"), (dense, "rayleigh_ritz", "[rayleigh_ritz]"),
             (op, "matmat", "spmm")]:

@@ -33,28 +33,37 @@ def _check(out, a, m):
 def product_into(out, a, m):
     """out <- a @ m; ``m`` a small host matrix (cast to the blocks' precision)."""
     _check(out, a, m)
-    if _on_cublas(out, a):
-        _gemm(out, a, m, 0.0)
-    else:
+    if not _device_product([(out, a)], m, 0.0):
         out[...] = a @ _like(out, m)
     return out
+
+
+def product_into_both(out0, a0, out1, a1, m):
+    """out0 <- a0 @ m and out1 <- a1 @ m (LOBPCG's X, P and H X, H P updates): one launch on a GPU."""
+    _check(out0, a0, m)
+    _check(out1, a1, m)
+    if not _device_product([(out0, a0), (out1, a1)], m, 0.0):
+        out0[...] = a0 @ _like(out0, m)
+        out1[...] = a1 @ _like(out1, m)
+    return out0, out1
 
 
 def subtract_product(out, a, m):
     """out <- out - a @ m; ``out`` and ``a`` must not share elements."""
     _check(out, a, m)
-    if _on_cublas(out, a):
-        _gemm(out, a, -np.asarray(m), 1.0)
-    else:
+    if not _device_product([(out, a)], -np.asarray(m), 1.0):
         out -= a @ _like(out, m)
     return out
 
 
 def replace_with_product(v, a, m):
     """v <- a @ m, where ``v`` may share elements with ``a`` as long as each row of v is a row of a's rows
-    (a column range of the same buffer): the product goes to a scratch block first."""
+    (a column range of the same buffer). The row kernel reads a block's rows before it writes them; the
+    cuBLAS route goes through a scratch block."""
     _check(v, a, m)
-    if _on_cublas(v, a):
+    if _row_kernel_applies([(v, a)], m):
+        _row_kernel([(v, a)], m, 0.0)
+    elif _on_cublas(v, a):
         import cupy
         scratch = cupy.empty(v.shape, dtype=v.dtype)
         _gemm(scratch, a, m, 0.0)
@@ -69,6 +78,19 @@ def times_upper(v, u):
     if u.shape != (v.shape[1], v.shape[1]):
         raise ValueError(f"u must be {v.shape[1]} x {v.shape[1]}, got {u.shape}")
     return replace_with_product(v, v, np.triu(u))
+
+
+def _device_product(pairs, m, beta):
+    """out <- a m + beta out for each (out, a) on a GPU, by the row kernel or cuBLAS; False when the blocks
+    are numpy (or cupy in a layout neither takes: the caller then uses the array module)."""
+    if _row_kernel_applies(pairs, m):
+        _row_kernel(pairs, m, beta)
+        return True
+    if all(_on_cublas(out, a) for out, a in pairs):
+        for out, a in pairs:
+            _gemm(out, a, m, beta)
+        return True
+    return False
 
 
 def residual_into(r, hx, x, theta):
@@ -134,6 +156,82 @@ def _gemm(out, a, m, beta):
                  ctypes.c_void_p(a.data.ptr), i(_leading(a)), b_p, ctypes.c_void_p(out.data.ptr), i(_leading(out)))
 
 
+ROW_KERNEL = True      # False: cuBLAS gemms (and scratch copies) for every product (benchmarks compare)
+_ROWS_SOURCE = r"""
+// out[i, c] <- sum_j a[i, j] m[j, c] + beta out[i, c] for row-major tall blocks a (n x p) and out (n x q),
+// m (p x q, row-major) staged in shared memory; blockIdx.y picks the pair (a0, out0) or (a1, out1).
+// Thread (r, c) of a block computes column c of rows r, r + rows, ... (ROWS of them at once, so many loads
+// are in flight), all before the block's barrier, and writes after it. A block owns whole rows, so out may
+// be a column range of a over the same rows (in place).
+#define ROWS 4
+extern "C" __global__ void rows_times_small(const T* a0, long long lda0, T* out0, long long ldo0,
+        const T* a1, long long lda1, T* out1, long long ldo1, const T* m, int p, int q, long long n, T beta)
+{
+    extern __shared__ unsigned char staged[];
+    T* ms = (T*) staged;
+    const T* a = blockIdx.y ? a1 : a0;
+    T* out = blockIdx.y ? out1 : out0;
+    const long long lda = blockIdx.y ? lda1 : lda0, ldo = blockIdx.y ? ldo1 : ldo0;
+    for (int e = threadIdx.x; e < p * q; e += blockDim.x) ms[e] = m[e];
+    __syncthreads();
+    const int rows = blockDim.x / q, c = threadIdx.x % q, r = threadIdx.x / q;
+    const long long step = (long long) gridDim.x * rows * ROWS;
+    for (long long base = (long long) blockIdx.x * rows * ROWS; base < n; base += step) {
+        T acc[ROWS];
+        #pragma unroll
+        for (int u = 0; u < ROWS; ++u) {
+            const long long i = base + r + (long long) u * rows;
+            acc[u] = 0;
+            if (r < rows && i < n) {
+                #pragma unroll 8
+                for (int j = 0; j < p; ++j) acc[u] += a[i * lda + j] * ms[j * q + c];
+                if (beta != (T) 0) acc[u] += beta * out[i * ldo + c];
+            }
+        }
+        __syncthreads();                       // every read of these rows is done: now write them
+        #pragma unroll
+        for (int u = 0; u < ROWS; ++u) {
+            const long long i = base + r + (long long) u * rows;
+            if (r < rows && i < n) out[i * ldo + c] = acc[u];
+        }
+    }
+}
+"""
+_ROWS_PER_THREAD = 4
+_row_kernels = {}
+
+
+def _row_kernel_applies(pairs, m):
+    out0, a0 = pairs[0]
+    p, q = m.shape
+    return (ROW_KERNEL and is_device(out0) and out0.dtype in _PREFIX and 0 < q <= 256
+            and p * q * out0.dtype.itemsize <= 32 << 10
+            and all(x.dtype == out0.dtype and _row_major(x) and is_device(x) for pair in pairs for x in pair))
+
+
+def _row_kernel(pairs, m, beta):
+    import cupy
+    (out0, a0), (out1, a1) = pairs[0], pairs[-1]
+    n = out0.shape[0]
+    p, q = m.shape
+    if n == 0:
+        return
+    dtype = out0.dtype
+    key = (cupy.cuda.Device().id, dtype)
+    if key not in _row_kernels:
+        ctype = "float" if dtype == np.float32 else "double"
+        _row_kernels[key] = cupy.RawModule(code=f"typedef {ctype} T;\n" + _ROWS_SOURCE).get_function("rows_times_small")
+    threads = 256 // q * q
+    per_block = threads // q * _ROWS_PER_THREAD
+    blocks = max(1, min(8 * _multiprocessors(cupy), -(-n // per_block)))
+    m_dev = cupy.asarray(np.ascontiguousarray(m), dtype=dtype)
+    _row_kernels[key]((blocks, len(pairs)), (threads,),
+                      (a0, np.int64(_leading(a0)), out0, np.int64(_leading(out0)),
+                       a1, np.int64(_leading(a1)), out1, np.int64(_leading(out1)),
+                       m_dev, np.int32(p), np.int32(q), np.int64(n), dtype.type(beta)),
+                      shared_mem=p * q * dtype.itemsize)
+
+
 _RESIDUAL_SOURCE = r"""
 // r <- hx - x theta on an n x b block (rows at leading dimensions), and per-block column sums of r^2 in
 // double. Thread t keeps column t % b for every row it visits (consecutive threads read consecutive
@@ -147,7 +245,8 @@ extern "C" __global__ void residual_sumsq(const T* hx, long long ldh, const T* x
     double acc = 0.0;
     if (q < rows_per_pass) {
         const T th = (T) theta[j];
-        for (long long i = (long long) blockIdx.x * rows_per_pass + q; i < n; i += (long long) gridDim.x * rows_per_pass) {
+        const long long step = (long long) gridDim.x * rows_per_pass;
+        for (long long i = (long long) blockIdx.x * rows_per_pass + q; i < n; i += step) {
             const T v = hx[i * ldh + j] - x[i * ldx + j] * th;
             r[i * ldr + j] = v;
             acc += (double) v * (double) v;

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import dense
 from .arrays import Timer, column_sumsq, module_of, to_host
-from .blocks import product_into, residual_into
+from .blocks import product_into, product_into_both, residual_into
 
 
 @dataclass
@@ -213,8 +213,7 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
             # new X = S C and P = S Z (orthogonal to X, unit columns)
             z, p_usable = dense.next_p_coefficients(c, g, b)
             both = np.hstack([c, z])
-            product_into(s_next[:, :2 * b], s[:, :k], both)
-            product_into(hs_next[:, :2 * b], hs[:, :k], both)
+            product_into_both(s_next[:, :2 * b], s[:, :k], hs_next[:, :2 * b], hs[:, :k], both)
             s, s_next, hs, hs_next = s_next, s, hs_next, hs
     x = xp.ascontiguousarray(s[:, :b])
     # honest final residuals: one explicit product (the recurrences may drift, notably in float32)

@@ -370,7 +370,8 @@ def test_next_p_is_orthogonal_to_the_new_x_and_unit(rng):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_block_updates_on_column_ranges_of_a_row_major_buffer(dtype, rng):
-    from cisolver.blocks import product_into, replace_with_product, residual_into, subtract_product, times_upper
+    from cisolver.blocks import (product_into, product_into_both, replace_with_product, residual_into,
+                                 subtract_product, times_upper)
     buf = rng.standard_normal((301, 24)).astype(dtype)
     other = np.full((301, 24), np.nan, dtype=dtype)
     ref = buf.astype(np.float64)
@@ -394,6 +395,12 @@ def test_block_updates_on_column_ranges_of_a_row_major_buffer(dtype, rng):
     np.testing.assert_array_equal(buf[:, 20:], whole[:, 20:].astype(dtype))
     with pytest.raises(ValueError, match="does not fit"):
         product_into(other[:, :3], buf[:, :20], m)
+    two = np.full((301, 32), np.nan, dtype=dtype)
+    product_into_both(two[:, :16], buf[:, :20], two[:, 16:], buf[:, 4:24], m)
+    np.testing.assert_allclose(two[:, :16], buf[:, :20].astype(np.float64) @ m, rtol=0,
+                               atol=tol * np.abs(buf[:, :20].astype(np.float64) @ m).max())
+    np.testing.assert_allclose(two[:, 16:], buf[:, 4:24].astype(np.float64) @ m, rtol=0,
+                               atol=tol * np.abs(buf[:, 4:24].astype(np.float64) @ m).max())
     theta = rng.standard_normal(8)
     r = np.full((301, 8), np.nan, dtype=dtype)
     sq = residual_into(r, buf[:, 16:24], buf[:, :8], theta)

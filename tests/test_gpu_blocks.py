@@ -4,29 +4,37 @@ row-major (the cupy fallback)."""
 import numpy as np
 import pytest
 
-from cisolver.blocks import product_into, replace_with_product, residual_into, subtract_product, times_upper
+from cisolver import blocks
+from cisolver.blocks import (product_into, product_into_both, replace_with_product, residual_into, subtract_product,
+                             times_upper)
 
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.parametrize("row_kernel", [True, False], ids=["row kernel", "cuBLAS"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rows", [0, 1, 127, 100_003])
 @pytest.mark.parametrize("order", ["C", "F"])
-def test_block_updates_on_gpu_match_numpy(dtype, rows, order, rng):
+def test_block_updates_on_gpu_match_numpy(dtype, rows, order, row_kernel, rng, monkeypatch):
     import cupy
+    monkeypatch.setattr(blocks, "ROW_KERNEL", row_kernel)
     host = rng.standard_normal((rows, 24)).astype(dtype)
     other = np.full((rows, 24), np.nan, dtype=dtype)
     dev, other_dev = cupy.asarray(host, order=order), cupy.asarray(other, order=order)
+    pair = np.full((rows, 32), np.nan, dtype=dtype)
+    pair_dev = cupy.asarray(pair, order=order)
     m = rng.standard_normal((20, 16))
     m2 = rng.standard_normal((8, 16))
     u = np.triu(rng.standard_normal((16, 16))) + 4 * np.eye(16)
-    for x, o in ((host, other), (dev, other_dev)):
+    for x, o, two in ((host, other, pair), (dev, other_dev, pair_dev)):
         product_into(o[:, 4:20], x[:, :20], m)
         subtract_product(x[:, 8:24], x[:, :8], m2)
         times_upper(x[:, 8:24], u)
         replace_with_product(x[:, 4:20], x[:, :20], m)           # in place: the same rows of one buffer
+        product_into_both(two[:, :16], x[:, 4:24], two[:, 16:], x[:, :20] * 0.5, m)
     tol = 64 * np.finfo(dtype).eps
-    for got, expected, what in ((other_dev.get(), other, "product_into"), (dev.get(), host, "subtract, times_upper")):
+    for got, expected, what in ((other_dev.get(), other, "product_into"), (dev.get(), host, "subtract, times_upper"),
+                                (pair_dev.get(), pair, "product_into_both")):
         finite = ~np.isnan(expected)
         assert (np.isnan(got) == ~finite).all(), what
         scale = max(np.abs(expected[finite]).max(initial=0.0), 1.0)
