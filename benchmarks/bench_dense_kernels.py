@@ -15,7 +15,6 @@ import numpy as np
 
 import hybridblas as hb
 from cisolver.arrays import column_sumsq
-from cisolver import blocks
 from cisolver.blocks import product_into_both, replace_with_product, subtract_product, times_upper
 
 
@@ -43,15 +42,6 @@ def gpu_and_host_us(fn, reps=50):
 
 
 _residual = cp.ElementwiseKernel("T hx, T x, T theta", "T r", "r = hx - x * theta", "cisolver_residual_bench")
-
-
-def _rows(flag, call):
-    keep = blocks.ROW_KERNEL
-    blocks.ROW_KERNEL = flag
-    try:
-        return call()
-    finally:
-        blocks.ROW_KERNEL = keep
 
 
 def _no_skinny(call):
@@ -101,16 +91,11 @@ def main():
             "residual, one elementwise kernel": lambda: _residual(hs[:, :b], s[:, :b], theta_dev[None, :], res),
             "column norms^2 of r, column_sumsq": lambda: column_sumsq(res),
             "column norms^2 of r, hb.syrk diagonal": lambda: cp.diagonal(hb.syrk(1.0, res, trans="T", context=ctx)).get(),
-            "V <- V U, blocks.times_upper, row kernel": lambda: _rows(True, upper),
-            "V <- V U, blocks.times_upper, cuBLAS + copy": lambda: _rows(False, upper),
-            "V -= X M, subtract_product, row kernel": lambda: _rows(True, subtract),
-            "V -= X M, subtract_product, cuBLAS": lambda: _rows(False, subtract),
-            "V <- S M in place, row kernel": lambda: _rows(True, replace),
-            "V <- S M in place, cuBLAS + copy": lambda: _rows(False, replace),
-            "[X P], H[X P] <- S C, HS C, row kernel (both)":
-                lambda: _rows(True, lambda: product_into_both(s2[:, :2 * b], s, hs2[:, :2 * b], hs, cz)),
-            "[X P], H[X P] <- S C, HS C, cuBLAS (two)":
-                lambda: _rows(False, lambda: product_into_both(s2[:, :2 * b], s, hs2[:, :2 * b], hs, cz)),
+            "V <- V U, blocks.times_upper (cuBLAS + copy)": upper,
+            "V -= X M, blocks.subtract_product (cuBLAS)": subtract,
+            "V <- S M in place, blocks.replace_with_product (cuBLAS + copy)": replace,
+            "[X P], H[X P] <- S C, HS C, blocks.product_into_both":
+                lambda: product_into_both(s2[:, :2 * b], s, hs2[:, :2 * b], hs, cz),
             "copy n x 16 strided (a scratch back into S)": lambda: s[:, b:].__setitem__(Ellipsis, hs[:, b:]),
             "copy S (read + write, bandwidth reference)": lambda: s.copy(),
         }
