@@ -4,13 +4,17 @@ MFDn's half storage), on the CPU (scipy.sparse) or on one or more GPUs (cupyx.sc
 On the CPU the rows are cut into pieces of equal nonzeros, one per thread (scipy's sparse products run
 single-threaded but release the GIL). With upper storage each piece's transposed product U_p^T x_p adds
 into every row, so each thread writes a partial result and the partials are summed by row ranges, again
-one range per thread.
+one range per thread. With Intel MKL installed (the ``mkl`` extra) the CPU product goes to MKL's
+sparse block product instead (cisolver.mkl_sparse): it reads the upper triangle directly and costs far
+less than k single-vector products.
 """
 import concurrent.futures
 import os
 
 import numpy as np
 import scipy.sparse as sp
+
+from . import mkl_sparse
 
 MIN_NNZ_PER_THREAD = 200_000      # below this a thread costs more than it gives
 MAX_THREADS = 16
@@ -27,12 +31,17 @@ class SymmetricOperator:
 
     devices: "cpu", or a list of CUDA device ids (rows split evenly by nonzeros; the block of
     vectors is replicated and results are summed on the first device).
+    backend (CPU): "mkl" (Intel MKL, error if not installed), "scipy" (row pieces on ``threads``
+    threads), or "auto": MKL when installed and ``threads`` is not given (``threads`` sizes the scipy
+    path only; MKL's threads follow MKL_NUM_THREADS / threadpoolctl).
     """
 
-    def __init__(self, h, storage="full", devices="cpu", dtype=None, threads=None):
+    def __init__(self, h, storage="full", devices="cpu", dtype=None, threads=None, backend="auto"):
         _check_square(h)
         if storage not in ("full", "upper"):
             raise ValueError(f"storage must be 'full' or 'upper', got {storage!r}")
+        if backend not in ("auto", "scipy", "mkl"):
+            raise ValueError(f"backend must be 'auto', 'scipy' or 'mkl', got {backend!r}")
         self.storage = storage
         self.shape = h.shape
         self.dtype = np.dtype(dtype or h.dtype)
@@ -41,12 +50,25 @@ class SymmetricOperator:
         h = h.tocsr().astype(self.dtype, copy=False)
         self.diag = h.diagonal()
         self.nnz = int(h.nnz)
+        self.mkl = None
         if devices == "cpu" or devices is None:
             self.devices = None
             self.xp = np
+            if backend == "mkl" and threads is not None:
+                raise ValueError("threads applies to backend='scipy'; MKL's threads follow "
+                                 "MKL_NUM_THREADS / threadpoolctl")
+            if backend == "mkl" and not mkl_sparse.available():
+                raise RuntimeError("backend='mkl' needs Intel MKL (libmkl_rt), not found; "
+                                   "install the 'mkl' extra: pip install mkl")
+            if backend == "mkl" or (backend == "auto" and threads is None and mkl_sparse.available()):
+                self.mkl = mkl_sparse.MklCsr(h, symmetric_upper=storage == "upper")
+                threads = 1      # the scipy path then only serves other x dtypes: one piece, no copies
             self._cpu_pieces(h, threads)
         else:
+            if backend == "mkl":
+                raise ValueError("backend='mkl' is for devices='cpu'")
             self._to_devices(h, list(devices))
+        self.backend = "mkl" if self.mkl is not None else ("scipy" if self.devices is None else "cupy")
 
     def _cpu_pieces(self, h, threads):
         """Row pieces of equal nonzeros for ``threads`` threads (default: the cores, at most 16)."""
@@ -66,6 +88,8 @@ class SymmetricOperator:
 
     def _matmat_cpu(self, x):
         x = np.ascontiguousarray(x)
+        if self.mkl is not None and x.dtype == self.dtype:
+            return self.mkl.matmat(x)
         n, k = x.shape
         upper = self.storage == "upper"
         if self.pool is None:

@@ -83,10 +83,25 @@ def _cuda_version(v):
 
 
 def blas_libraries():
-    """'internal_api version' of every BLAS threadpoolctl sees once hybridblas's own BLAS is loaded."""
+    """'internal_api version' of the BLAS libraries threadpoolctl sees once hybridblas's own BLAS is loaded,
+    keeping only the kind scipy was built with (the one host tiles run on) when it can be told: a library a
+    program loads for itself (MKL for cisolver's sparse products) must not change the node's profile name."""
     from . import blas_threads, host_blas  # noqa: F401  (loads scipy's BLAS, the one tiles run on)
-    libs = {f"{lib.get('internal_api')} {lib.get('version')}" for lib in blas_threads.blas_info()}
-    return sorted(libs)
+    libs = blas_threads.blas_info()
+    own = _scipy_blas_api()
+    if own and any(lib.get("internal_api") == own for lib in libs):
+        libs = [lib for lib in libs if lib.get("internal_api") == own]
+    return sorted({f"{lib.get('internal_api')} {lib.get('version')}" for lib in libs})
+
+
+def _scipy_blas_api():
+    """threadpoolctl's internal_api name of the BLAS scipy was built against, or None if unknown."""
+    try:
+        import scipy.__config__
+        name = str(scipy.__config__.CONFIG["Build Dependencies"]["blas"]["name"]).lower()
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return None
+    return next((api for api in ("mkl", "openblas", "blis", "flexiblas") if api in name), None)
 
 
 @functools.lru_cache(maxsize=None)

@@ -42,6 +42,17 @@ def test_fingerprint_names_the_file_not_the_host(monkeypatch):
     assert pm.profile_filename(other) != name          # another node, another file
 
 
+def test_blas_name_ignores_a_blas_loaded_for_other_work(monkeypatch):
+    """MKL loaded by cisolver's sparse products next to scipy's OpenBLAS must not rename the profile."""
+    from hybridblas import blas_threads
+    libs = [{"internal_api": "openblas", "version": "0.3.30"}, {"internal_api": "mkl", "version": "2026.2"}]
+    monkeypatch.setattr(blas_threads, "blas_info", lambda: libs)
+    monkeypatch.setattr(pm, "_scipy_blas_api", lambda: "openblas")
+    assert pm.blas_libraries() == ["openblas 0.3.30"]
+    monkeypatch.setattr(pm, "_scipy_blas_api", lambda: None)          # unknown: every library, as before
+    assert pm.blas_libraries() == ["mkl 2026.2", "openblas 0.3.30"]
+
+
 def test_search_order(tmp_path, monkeypatch):
     monkeypatch.setenv(pm.ENV_DIR, str(tmp_path))
     dirs = pm.search_dirs()
