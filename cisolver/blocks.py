@@ -34,7 +34,7 @@ def product_into(out, a, m):
     """out <- a @ m; ``m`` a small host matrix (cast to the blocks' precision)."""
     _check(out, a, m)
     if not _device_product([(out, a)], m, 0.0):
-        out[...] = a @ _like(out, m)
+        _host_matmul(a, m, out)
     return out
 
 
@@ -47,8 +47,8 @@ def product_into_both(out0, a0, out1, a1, m):
     _check(out0, a0, m)
     _check(out1, a1, m)
     if not _device_product([(out0, a0), (out1, a1)], m, 0.0):
-        out0[...] = a0 @ _like(out0, m)
-        out1[...] = a1 @ _like(out1, m)
+        _host_matmul(a0, m, out0)
+        _host_matmul(a1, m, out1)
     return out0, out1
 
 
@@ -70,7 +70,7 @@ def replace_with_product(v, a, m):
         _gemm(scratch, a, m, 0.0)
         v[...] = scratch
     else:
-        v[...] = a @ _like(v, m)
+        _host_matmul(a, m, v)
     return v
 
 
@@ -100,9 +100,20 @@ def residual_into(r, hx, x, theta):
     if hx.shape != x.shape or r.shape != x.shape or theta.shape != (x.shape[1],):
         raise ValueError(f"residual of hx {hx.shape}, x {x.shape}, theta {theta.shape} into r {r.shape}")
     if not is_device(r):
-        np.subtract(hx, x * theta.astype(x.dtype)[None, :], out=r)
+        np.multiply(x, theta.astype(x.dtype)[None, :], out=r)
+        np.subtract(hx, r, out=r)
         return np.einsum("ij,ij->j", r, r, dtype=np.float64)
     return _residual_gpu(r, hx, x, theta)
+
+
+def _host_matmul(a, m, out):
+    """out <- a @ m with the array module's matmul writing into out directly (numpy: no temporary and copy
+    for a strided column range, 2.0 against 2.9 ms on 24Mg's blocks on the 2-core box; it copies by itself
+    where out overlaps a). Cupy blocks that cuBLAS cannot read in place land here too."""
+    if is_device(out):
+        out[...] = a @ _like(out, m)
+    else:
+        np.matmul(a, _like(out, m), out=out)
 
 
 def _like(x, m):

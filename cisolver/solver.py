@@ -89,15 +89,19 @@ def dense_threads(n_local, width):
 def lobpcg(h, nev, *, block_size=None, **kwargs):
     """Lowest ``nev`` eigenpairs of symmetric ``h``; see ``_lobpcg`` for the arguments.
 
-    On the CPU the dense steps run under a BLAS thread count sized to the block (``dense_threads``).
+    On the CPU the dense steps run under a BLAS thread count sized to the block (``dense_threads``);
+    an MKL sparse product (SymmetricOperator's ``mkl`` backend) keeps all of MKL's threads.
     """
     op = _as_operator(h, kwargs.get("dtype"))
     if getattr(op, "xp", np) is not np:
         return _lobpcg(op, nev, block_size=block_size, **kwargs)
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import ThreadpoolController
     lo, hi = getattr(op, "local", (0, op.shape[0]))
     b = int(block_size or min(op.shape[0], nev + 3)) if isinstance(nev, (int, np.integer)) else 1
-    with threadpool_limits(limits=dense_threads(hi - lo, 3 * b), user_api="blas"):
+    blas = ThreadpoolController().select(user_api="blas")
+    if getattr(op, "backend", None) == "mkl":       # MKL's sparse product keeps its threads
+        blas = blas.select(internal_api=[lc.internal_api for lc in blas.lib_controllers if lc.internal_api != "mkl"])
+    with blas.limit(limits=dense_threads(hi - lo, 3 * b)):
         return _lobpcg(op, nev, block_size=block_size, **kwargs)
 
 
