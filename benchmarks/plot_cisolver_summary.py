@@ -3,10 +3,10 @@
     PYTHONPATH=. python3 benchmarks/plot_cisolver_summary.py --out docs/img/cisolver_peers.png
 
 Left: time to 5 converged pairs against the M-scheme dimension (24Mg, 46Ti, 47V in float64, 48Cr in
-float32), every solver on the same matrix and start block. GPU series are from session 5's last run
+float32), every solver on the same matrix and start block. GPU series are from session 6's last run
 (2×H200); the CPU series from session 4's run on the same node's 32 cores (the CPU code was the same
-apart from the dense-step layout). Right: the dense steps' share of an iteration on one H200, session 4's
-code and now, measured the same day, with the goal of 10 %.
+apart from the dense-step layout). Right: the dense steps' share of an iteration on H200s, session 4's
+code (re-run in session 5), session 5's and session 6's, with the goal of 10 %.
 """
 import argparse
 import glob
@@ -20,7 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from plotting import save  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-NOW = ["h200x2-2026-11-22-s5/run8-cublas-updates-final"]
+NOW = ["h200x2-2026-11-22-s6/run6-final"]
+SESSION5 = ["h200x2-2026-11-22-s5/run8-cublas-updates-final"]
 BEFORE = ["h200x2-2026-11-22-s5/run1-s4code-tests-prof-ci"]
 CPU = ["h200x2-2026-11-22-s4/run2-ci48-cibig"]
 TIMES = [  # label, folders, solver name in the JSON, style
@@ -68,16 +69,19 @@ def main(argv=None):
     left.set_title("LOBPCG against its peers, same matrix and start")
     left.grid(alpha=0.3, which="both")
     left.legend(fontsize=8, loc="lower right")
-    for label, folders, style in (("session 4 code", BEFORE, "C7s--"), ("now", NOW, "C0o-")):
+    for label, folders, solver, style in (("session 4 code, 1 H200", BEFORE, "cisolver-gpu1", "C7s--"),
+                                          ("session 5, 1 H200", SESSION5, "cisolver-gpu1", "C8d--"),
+                                          ("now, 1 H200", NOW, "cisolver-gpu1", "C0o-"),
+                                          ("now, 2 H200", NOW, "cisolver-gpu2", "C1s-")):
         pts = sorted((dim, dense_share(r)) for (case, s), (dim, r) in runs(folders).items()
-                     if s == "cisolver-gpu1" and dense_share(r) is not None)
+                     if s == solver and dense_share(r) is not None)
         right.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
     right.axhline(10.0, color="k", lw=0.8, ls=":", label="goal (10 %)")
     right.set_xscale("log")
     right.set_ylim(0, 100)
     right.set_xlabel("M-scheme dimension")
     right.set_ylabel("dense steps, % of an iteration")
-    right.set_title("one H200: dense steps against SpMM")
+    right.set_title("H200: dense steps against SpMM")
     right.grid(alpha=0.3, which="both")
     right.legend(fontsize=8)
     save(fig, args.out)
