@@ -186,8 +186,46 @@ def _run_dynamic(problem, devices, rates, tasks, sync):
     return _Coordinator(problem, devices, rates, tasks).run()
 
 
+class _Runner:
+    """A long-lived thread that runs one device worker at a time, then waits for the next: starting and
+    joining a thread per device on every call cost 1 ms each on a small VM, more than a 28503 x 24 Gram
+    split over two CPU workers saves (5.2 ms against 1.8 ms on one). Runners are not tied to a device:
+    a call takes idle ones (or starts new ones), so calls from several caller threads never share one."""
+
+    _idle = queue.SimpleQueue()
+
+    def __init__(self):
+        self.jobs = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="hybridblas-worker", daemon=True).start()
+
+    @classmethod
+    def take(cls):
+        try:
+            return cls._idle.get_nowait()
+        except queue.Empty:
+            return cls()
+
+    def start(self, fn, *args):
+        """Run fn(*args) on this runner; returns an event set when it has finished."""
+        done = threading.Event()
+        self.jobs.put((fn, args, done))
+        return done
+
+    def _loop(self):
+        while True:
+            fn, args, done = self.jobs.get()
+            try:
+                fn(*args)
+            except BaseException:      # _worker reports its own errors; nothing may kill the runner
+                pass
+            finally:
+                _Runner._idle.put(self)
+                done.set()
+
+
 class _WorkerPool:
-    """One thread per device; each pulls from its own queue and reports to one results queue."""
+    """One worker per device (on pooled runner threads); each pulls from its own queue and reports to one
+    results queue."""
 
     def __init__(self, problem, devices):
         self.devices = devices
@@ -195,11 +233,8 @@ class _WorkerPool:
         self.inboxes = [queue.Queue() for _ in devices]
         self.outstanding = [0] * len(devices)
         self.error = None
-        self.threads = [threading.Thread(target=_worker, name=f"hybridblas-{d.name}",
-                                         args=(problem, d, i, self.inboxes[i], self.results), daemon=True)
-                        for i, d in enumerate(devices)]
-        for th in self.threads:
-            th.start()
+        self.finished = [_Runner.take().start(_worker, problem, d, i, self.inboxes[i], self.results)
+                         for i, d in enumerate(devices)]
 
     def submit(self, w, task):
         self.outstanding[w] += 1
@@ -224,14 +259,14 @@ class _WorkerPool:
         for box in self.inboxes:
             box.put(_STOP)
         partials, closed = [], 0
-        while closed < len(self.threads):
+        while closed < len(self.finished):
             kind, w, payload = self.next_event()
             if kind == "closed":
                 closed += 1
                 if payload is not None:
                     partials.append(payload)
-        for th in self.threads:
-            th.join()
+        for done in self.finished:
+            done.wait()
         self._raise()
         return partials
 

@@ -99,14 +99,33 @@ def _settled_thread_count(target, timeout=2.0):
     return threading.active_count()
 
 
+def _warm_runners(rng, workers=3):
+    """Device workers run on pooled runner threads: one call makes sure ``workers`` of them exist."""
+    hb.syrk(1.0, rng.standard_normal((100, 10)), context=hb.Context(devices=["cpu"] * workers, block_size=4))
+
+
 def test_no_thread_leaks(rng):
+    """After the first call, calls start no more threads (the runners are reused), with either strategy."""
     a = random_matrix(rng, (200, 50), np.complex128)
+    _warm_runners(rng)
     before = threading.active_count()
     for strategy in ("static", "dynamic"):
         ctx = hb.Context(devices=["cpu", "cpu", "cpu"], strategy=strategy, block_size=32)
         for _ in range(5):
             hb.herk(1.0, a, context=ctx)
     assert _settled_thread_count(before) == before
+
+
+def test_concurrent_callers_get_their_own_workers(rng):
+    """Two caller threads at once: each call has its own runners (none is shared), results are exact."""
+    a = random_matrix(rng, (300, 40), np.float64)
+    expected = a @ a.T                    # float64 products of float64 data: the reference
+    ctx = hb.Context(devices=["cpu", "cpu"], block_size=16)
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        outs = list(ex.map(lambda _: hb.syrk(1.0, a, context=ctx), range(16)))
+    low = np.tril(np.ones((300, 300), dtype=bool))
+    for c in outs:
+        np.testing.assert_allclose(c[low], expected[low], rtol=1e-12, atol=1e-12 * np.abs(expected).max())
 
 
 def test_blas_thread_limit_restored(rng):
@@ -169,6 +188,7 @@ def explode_in_worker(task):
 @pytest.mark.parametrize("strategy", ["static", "dynamic"])
 def test_worker_exception_reaches_caller(strategy, rng):
     a = random_matrix(rng, (200, 20), np.float64)
+    _warm_runners(rng, 2)
     before = threading.active_count()
     ctx = hb.Context(devices=[CPUDevice(0), _Exploding()], strategy=strategy, block_size=16,
                      rates={"cpu": 1.0, "cpu#7": 1.0})
