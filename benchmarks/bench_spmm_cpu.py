@@ -20,20 +20,11 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_info, threadpool_limits
 
 from bench_cisolver import CASES
+from bench_cpu import best_of as timed     # min and median seconds of repeated calls, after a warm-up
 from cisolver import mkl_sparse
 from cisolver.data import resolve_interaction
 from cisolver.operators import SymmetricOperator
 from cisolver.shellmodel import hamiltonian, snt
-
-
-def timed(fn, repeat):
-    fn()   # warm-up (MKL's first product after optimize, page faults on y)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), float(np.median(times))
 
 
 def main(argv=None):
