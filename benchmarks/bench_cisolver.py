@@ -65,7 +65,9 @@ def run_case(name, nev, tol, devices, dtype, maxiter, threads, log, path, meta, 
         res, t = _timed(lambda: lobpcg(op, nev, block_size=b, x0=x0, tol=tol, maxiter=maxiter, dtype=dtype))
         it = max(res.iterations, 1)
         record({"solver": label, "backend": getattr(op, "backend", None), "seconds": t,
-                "iterations": res.iterations, "converged": res.converged, "restarts": res.restarts, "second_passes": res.second_passes, "energies": res.eigenvalues.tolist(), "residuals": res.residual_norms.tolist(),
+                "iterations": res.iterations, "converged": res.converged, "restarts": res.restarts,
+                "second_passes": res.second_passes, "energies": res.eigenvalues.tolist(),
+                "residuals": res.residual_norms.tolist(),
                 "per_iteration": {k: v / it for k, v in res.seconds.items()}})
         log(f"  {label}: {t:.2f}s, {res.iterations} it ({res.second_passes} with a second CholQR pass), "
             f"{res.eigenvalues[:3]}")

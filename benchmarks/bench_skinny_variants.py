@@ -1,7 +1,7 @@
 """The float32 tall-skinny Gram kernel (hybridblas/devices/cuda_skinny.py) at several launch sizes
 (thread blocks per multiprocessor), against cupy (cuBLAS) on the same data: GPU time from CUDA events, and
-the error against a float64 product. Shapes are LOBPCG's at 48Cr's size: S^T S, S^T HS, S^T [P W], and [S HS]^T S from one n x 6b
-buffer (both Rayleigh-Ritz Gram matrices in one call).
+the error against a float64 product. Shapes are LOBPCG's at 48Cr's size: S^T S, S^T HS, S^T [P W], and
+[S HS]^T S from one n x 6b buffer (both Rayleigh-Ritz Gram matrices in one call).
 
     PYTHONPATH=. python3 benchmarks/bench_skinny_variants.py [--rows 1963461] [--json out.json]
 """
