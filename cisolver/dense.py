@@ -21,13 +21,18 @@ def _lower_product(a, b, context):
     return hb.gemmt(1.0, a, b, transa="T", context=context)
 
 
-def _symmetric_host(c, comm):
-    """The float64 host copy of a lower-triangle product, summed over ranks, with its upper mirrored."""
+def host_sum(c, comm):
+    """The float64 host copy of a product or vector of this rank's rows, summed over ranks when ``comm``."""
     c = to_host(c).astype(np.float64)
     if comm is not None:
         from hybridblas.distributed import allreduce
         c = allreduce(np.ascontiguousarray(c), comm)
-    low = np.tril(c)
+    return c
+
+
+def _symmetric_host(c, comm):
+    """The float64 host copy of a lower-triangle product, summed over ranks, with its upper mirrored."""
+    low = np.tril(host_sum(c, comm))
     return low + np.tril(low, -1).T
 
 
@@ -93,11 +98,7 @@ def cholqr2(w, hw=None, context=None, comm=None, passes=2):
 
 def cross(a, b, context=None, comm=None):
     """a^T b as a float64 host array (a, b tall, rows over MPI ranks summed by one Allreduce when ``comm``)."""
-    out = to_host(hb.gemm(1.0, a, b, transa="T", context=context)).astype(np.float64)
-    if comm is not None:
-        from hybridblas.distributed import allreduce
-        out = allreduce(np.ascontiguousarray(out), comm)
-    return out
+    return host_sum(hb.gemm(1.0, a, b, transa="T", context=context), comm)
 
 
 def scaled_cholesky(g, what):

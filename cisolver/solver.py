@@ -167,10 +167,7 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
     for it in range(1, maxiter + 1):
         with timer.phase("dense", "residual"):
             sq = residual_into(r, hs[:, :b], s[:, :b], theta)       # R = H X - X Theta, and its column norms^2
-            if comm is not None:
-                from hybridblas.distributed import allreduce
-                sq = allreduce(np.ascontiguousarray(sq), comm)
-            rel = np.sqrt(sq) / norm_est
+            rel = np.sqrt(dense.host_sum(sq, comm)) / norm_est
         history.append(rel.copy())
         converged = rel <= tol
         if callback:
