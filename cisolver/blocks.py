@@ -6,6 +6,7 @@ is a tall block of that buffer times a small float64 host matrix:
     product_into(out, a, m)       out <- a m            (out must not overlap a)
     subtract_product(out, a, m)   out <- out - a m      (out and a disjoint column ranges)
     replace_with_product(v, a, m) v <- a m              (v may be a column range of a: same rows)
+    tail_update(s, b, c, u)       s[:, b:] <- s[:, :b] c + s[:, b:] u   (u upper triangular)
     times_upper(v, u)             v <- v u in place      (u upper triangular)
     residual_into(r, hx, x, theta)  r <- hx - x diag(theta), and the column sums of squares of r
 
@@ -14,12 +15,15 @@ column ranges directly through their leading dimension (through cupy's matmul th
 of each strided operand and a copy back: 1.55 ms per iteration for the X, P update at 48Cr's size on an
 H200, session 5). An in-place product is a gemm into a scratch block and one copy back: cuBLAS's in-place
 trmm took 0.62 ms for a 1.96e6 x 16 float32 block, the gemm and the copy 0.18 + 0.15 ms (session 6,
-bench_dense_kernels.py). The residual and its norms are one kernel. On the CPU all of it is numpy.
+bench_dense_kernels.py). The residual and its norms are one kernel. On the CPU the same updates are BLAS
+calls on the strided blocks, rows split over threads (cisolver.host_blocks); an in-place update with an
+upper-triangular factor is a trmm there, which costs no scratch and no copy.
 """
 import ctypes
 
 import numpy as np
 
+from . import host_blocks
 from .arrays import column_sumsq, is_device
 
 _PREFIX = {np.dtype(np.float32): "S", np.dtype(np.float64): "D"}
@@ -34,7 +38,7 @@ def product_into(out, a, m):
     """out <- a @ m; ``m`` a small host matrix (cast to the blocks' precision)."""
     _check(out, a, m)
     if not _device_product([(out, a)], m, 0.0):
-        _host_matmul(a, m, out)
+        _host_product([(out, a)], m, 0.0)
     return out
 
 
@@ -47,8 +51,7 @@ def product_into_both(out0, a0, out1, a1, m):
     _check(out0, a0, m)
     _check(out1, a1, m)
     if not _device_product([(out0, a0), (out1, a1)], m, 0.0):
-        _host_matmul(a0, m, out0)
-        _host_matmul(a1, m, out1)
+        _host_product([(out0, a0), (out1, a1)], m, 0.0)
     return out0, out1
 
 
@@ -56,7 +59,7 @@ def subtract_product(out, a, m):
     """out <- out - a @ m; ``out`` and ``a`` must not share elements."""
     _check(out, a, m)
     if not _device_product([(out, a)], -np.asarray(m), 1.0):
-        out -= a @ _like(out, m)
+        _host_product([(out, a)], -np.asarray(m), 1.0)
     return out
 
 
@@ -74,11 +77,24 @@ def replace_with_product(v, a, m):
     return v
 
 
+def tail_update(s, b, c, u):
+    """s[:, b:] <- s[:, :b] @ c + s[:, b:] @ u in place, ``u`` upper triangular (only its upper triangle is
+    read). On a GPU one gemm of all of s into scratch and a copy back; on the host a trmm and a gemm."""
+    v = s[:, b:]
+    q = v.shape[1]
+    if u.shape != (q, q) or c.shape != (b, q):
+        raise ValueError(f"tail_update of {s.shape} after {b} columns: c {c.shape}, u {u.shape}")
+    if not is_device(s) and host_blocks.blas_ready(s):
+        host_blocks.upper_update(v, u, s[:, :b], c)
+        return s
+    return replace_with_product(v, s, np.vstack([c, np.triu(u)]))
+
+
 def times_upper(v, u):
     """v <- v @ u in place, ``u`` a small upper-triangular host matrix."""
     if u.shape != (v.shape[1], v.shape[1]):
         raise ValueError(f"u must be {v.shape[1]} x {v.shape[1]}, got {u.shape}")
-    return replace_with_product(v, v, np.triu(u))
+    return tail_update(v, 0, np.zeros((0, v.shape[1])), u)
 
 
 def _device_product(pairs, m, beta):
@@ -100,10 +116,31 @@ def residual_into(r, hx, x, theta):
     if hx.shape != x.shape or r.shape != x.shape or theta.shape != (x.shape[1],):
         raise ValueError(f"residual of hx {hx.shape}, x {x.shape}, theta {theta.shape} into r {r.shape}")
     if not is_device(r):
+        if host_blocks.blas_ready(r, hx, x):
+            return host_blocks.residual(r, hx, x, theta)
         np.multiply(x, theta.astype(x.dtype)[None, :], out=r)
         np.subtract(hx, r, out=r)
         return np.einsum("ij,ij->j", r, r, dtype=np.float64)
     return _residual_gpu(r, hx, x, theta)
+
+
+def _host_product(pairs, m, beta):
+    """out <- a m + beta out for each (out, a) of host blocks: BLAS on the strided blocks, rows over
+    threads (host_blocks); numpy where BLAS cannot read them in place."""
+    if all(host_blocks.blas_ready(out, a) and not np.shares_memory(out, a) for out, a in pairs):
+        m = np.ascontiguousarray(m, dtype=pairs[0][0].dtype)
+
+        def piece(r0, r1):
+            for out, a in pairs:
+                host_blocks.gemm(out[r0:r1], a[r0:r1], m, beta)
+        host_blocks.by_rows(pairs[0][0].shape[0], piece)
+        return
+    for out, a in pairs:
+        if beta == 0:
+            _host_matmul(a, m, out)
+        else:
+            out *= beta
+            out += a @ _like(out, m)
 
 
 def _host_matmul(a, m, out):

@@ -131,8 +131,8 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2, adapti
 
     Each pass takes S^T V = [X^T V; V^T V] to the host in one product and one trip. By Pythagoras,
     (V - X X^T V)^T (V - X X^T V) = V^T V - (X^T V)^T (X^T V), so one Cholesky factor R of that serves, and
-    V <- V R^{-1} - X (X^T V R^{-1}) = [X V] [-X^T V R^{-1}; R^{-1}] is one product (cisolver.blocks: one
-    cuBLAS gemm into a scratch block and a copy back on a GPU). Two passes is block
+    V <- V R^{-1} - X (X^T V R^{-1}) = [X V] [-X^T V R^{-1}; R^{-1}] is one update (blocks.tail_update: one
+    cuBLAS gemm into a scratch block and a copy back on a GPU, a trmm and a gemm on the host). Two passes is block
     classical Gram-Schmidt with the Pythagorean inner product (BCGS-PIP2). R is upper triangular, so the
     new P columns combine only X and P: H P follows from H X and H P (once, for all passes together),
     and H W is left to the caller.
@@ -144,7 +144,7 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2, adapti
     (predicted_loss), which LOBPCG's Rayleigh-Ritz tolerates (it factors S^T S itself): the second pass's
     product, host trip and updates are then saved. Returns the number of passes made.
     """
-    from .blocks import replace_with_product, subtract_product
+    from .blocks import subtract_product, tail_update
     floor = (100 * np.finfo(s.dtype).eps) ** 2     # squared length left by rounding alone
     done = projected = 0
     first = None
@@ -172,14 +172,14 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2, adapti
             rinv = inverse_upper(r)
             enough = adaptive and done == 0 and predicted_loss(r, rinv, s.dtype) <= SINGLE_PASS_LOSS
             # (V - X X^T V) R^{-1} = V R^{-1} - X (X^T V R^{-1}); R^{-1} upper: P's columns take X and P only
-            replace_with_product(v, s, np.vstack([-xv @ rinv, rinv]))
+            tail_update(s, b, -xv @ rinv, rinv)
             u_p, a_p = u_p @ rinv[:n_p, :n_p], a_p @ rinv[:n_p, :n_p] + xv[:, :n_p] @ rinv[:n_p, :n_p]
             done += 1
             if enough:
                 break
     finally:
         if n_p:             # also when a pass failed: H P must match the P that the passes before it left
-            replace_with_product(hp, hs[:, :b + n_p], np.vstack([-a_p, u_p]))
+            tail_update(hs[:, :b + n_p], b, -a_p, u_p)
     return done
 
 

@@ -79,29 +79,39 @@ def _as_operator(h, dtype):
     return SymmetricOperator(h, dtype=dtype)
 
 
-def dense_threads(n_local, width):
-    """BLAS threads for the tall-skinny dense steps: OpenBLAS's threads cost more than they give on
-    blocks under a few million entries (24Mg, n·3b = 0.7 M: 4.6 s on 1 thread, 7.0 s on 2)."""
-    from hybridblas import blas_threads
-    return max(1, min(blas_threads.current(), n_local * width // 2_000_000))
+_host_contexts = {}
+
+
+def host_context(threads):
+    """The hybridblas context for the Gram products of host blocks: ``threads`` CPU workers (split-K over
+    the rows, one BLAS thread each) and no GPU, also on a GPU node: shipping an n x 3b block to a GPU for
+    one Gram costs more than the Gram (the vectors of a CPU run live on the host)."""
+    import hybridblas as hb
+    if threads not in _host_contexts:
+        _host_contexts[threads] = hb.Context(devices=["cpu"] * threads)
+    return _host_contexts[threads]
 
 
 def lobpcg(h, nev, *, block_size=None, **kwargs):
     """Lowest ``nev`` eigenpairs of symmetric ``h``; see ``_lobpcg`` for the arguments.
 
-    On the CPU the dense steps run under a BLAS thread count sized to the block (``dense_threads``);
-    an MKL sparse product (SymmetricOperator's ``mkl`` backend) keeps all of MKL's threads.
+    On the CPU the dense steps split their rows over threads themselves (cisolver.host_blocks, and
+    ``host_context`` for the Grams), so every BLAS library but MKL runs on one thread meanwhile: OpenBLAS's
+    own threads spin after each call and took the cores from the row pieces and the sparse product's
+    threads. An MKL sparse product (SymmetricOperator's ``mkl`` backend) keeps MKL's threads.
     """
     op = _as_operator(h, kwargs.get("dtype"))
     if getattr(op, "xp", np) is not np:
         return _lobpcg(op, nev, block_size=block_size, **kwargs)
     from threadpoolctl import ThreadpoolController
+    from .host_blocks import threads_for
     lo, hi = getattr(op, "local", (0, op.shape[0]))
-    b = int(block_size or min(op.shape[0], nev + 3)) if isinstance(nev, (int, np.integer)) else 1
+    if kwargs.get("context") is None:
+        kwargs["context"] = host_context(threads_for(hi - lo))
     blas = ThreadpoolController().select(user_api="blas")
     if getattr(op, "backend", None) == "mkl":       # MKL's sparse product keeps its threads
         blas = blas.select(internal_api=[lc.internal_api for lc in blas.lib_controllers if lc.internal_api != "mkl"])
-    with blas.limit(limits=dense_threads(hi - lo, 3 * b)):
+    with blas.limit(limits=1):
         return _lobpcg(op, nev, block_size=block_size, **kwargs)
 
 

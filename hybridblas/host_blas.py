@@ -22,11 +22,13 @@ _get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _get_pointer.restype = ctypes.c_void_p
 _get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
-_ARGC = {"gemm": 13, "herk": 10, "syrk": 10, "her2k": 12, "syr2k": 12}
+_ARGC = {"gemm": 13, "herk": 10, "syrk": 10, "her2k": 12, "syr2k": 12, "trmm": 11}
 _cache = {}
 
 
-def _routine(prefix, name):
+def routine(prefix, name):
+    """scipy's BLAS routine ``prefix + name`` (e.g. "d", "gemm") as a ctypes function that releases the
+    GIL; every argument is passed by address, Fortran style."""
     key = prefix + name
     fn = _cache.get(key)
     if fn is None:
@@ -68,7 +70,7 @@ def gemm(c, alpha, x, y, beta):
         return
     g = _Args()
     dt = c.dtype
-    _routine(_PREFIX[dt], "gemm")(
+    routine(_PREFIX[dt], "gemm")(
         g.char(OP_CHAR[x.op]), g.char(OP_CHAR[y.op]), g.int(m), g.int(n), g.int(k),
         g.scalar(alpha, dt), x.base.ctypes.data, g.int(leading_dim(x.base)),
         y.base.ctypes.data, g.int(leading_dim(y.base)),
@@ -92,4 +94,4 @@ def rank_k(kind, c, lower, alpha, factors, beta):
     for f in factors:
         args += [f.base.ctypes.data, g.int(leading_dim(f.base))]
     args += [g.scalar(beta, beta_t), c.ctypes.data, g.int(leading_dim(c))]
-    _routine(_PREFIX[dt], kind)(*args)
+    routine(_PREFIX[dt], kind)(*args)

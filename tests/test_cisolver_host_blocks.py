@@ -1,0 +1,85 @@
+"""cisolver.host_blocks and the host branch of cisolver.blocks: BLAS on strided column ranges, rows split
+over threads; checked against float64 numpy on random data with poisoned outputs."""
+import numpy as np
+import pytest
+
+from cisolver import blocks, host_blocks
+
+
+@pytest.fixture
+def pieces(monkeypatch):
+    """Row pieces of 7 rows, so that small blocks are cut into several pieces on 3 threads."""
+    monkeypatch.setattr(host_blocks, "MIN_ROWS_PER_THREAD", 7)
+    monkeypatch.setattr(host_blocks, "cores", lambda: 3)
+
+
+def _close(got, expected, dtype):
+    tol = 50 * np.finfo(dtype).eps * max(1.0, np.abs(expected).max(initial=0.0))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [0, 1, 6, 31])
+def test_updates_on_column_ranges_in_row_pieces(dtype, rows, rng, pieces):
+    buf = rng.standard_normal((rows, 24)).astype(dtype)
+    ref = buf.astype(np.float64)
+    out = np.full((rows, 30), np.nan, dtype=dtype)
+    m = rng.standard_normal((24, 13))
+    host_blocks.product(out[:, 3:16], buf, m)
+    _close(out[:, 3:16], ref @ m.astype(dtype).astype(np.float64), dtype)
+    assert np.isnan(out[:, :3]).all() and np.isnan(out[:, 16:]).all()
+    host_blocks.product(out[:, 3:16], buf, m, beta=-0.5)                 # beta: out is read
+    _close(out[:, 3:16], 0.5 * ref @ m.astype(dtype).astype(np.float64), dtype)
+
+    u, c = np.triu(rng.standard_normal((15, 15))) + 3 * np.eye(15), rng.standard_normal((9, 15))
+    s = buf.copy()
+    blocks.tail_update(s, 9, c, u + np.tril(np.ones((15, 15)), -1))     # below the diagonal is not read
+    _close(s[:, 9:], ref[:, 9:] @ u + ref[:, :9] @ c, dtype)
+    np.testing.assert_array_equal(s[:, :9], buf[:, :9])
+
+    theta = rng.standard_normal(8)
+    r = np.full((rows, 8), np.nan, dtype=dtype)
+    sq = blocks.residual_into(r, buf[:, 16:], buf[:, 2:10], theta)
+    expected = ref[:, 16:] - ref[:, 2:10] * theta.astype(dtype)
+    _close(r, expected, dtype)
+    np.testing.assert_allclose(sq, (expected ** 2).sum(axis=0), rtol=50 * np.finfo(dtype).eps, atol=1e-30)
+
+
+def test_row_pieces_cover_every_row_once(pieces):
+    seen = []
+    host_blocks.by_rows(31, lambda r0, r1: seen.append((r0, r1)))
+    assert sorted(seen) == [(0, 10), (10, 20), (20, 31)]
+    seen.clear()
+    host_blocks.by_rows(31, lambda r0, r1: seen.append((r0, r1)), threads=1)
+    assert seen == [(0, 31)]
+
+
+def test_empty_product_zeroes_or_scales(rng):
+    out = np.full((5, 3), np.nan)
+    host_blocks.gemm(out, np.empty((5, 0)), np.empty((0, 3)), 0.0)
+    assert (out == 0).all()
+    out[...] = 2.0
+    host_blocks.gemm(out, np.empty((5, 0)), np.empty((0, 3)), 0.5)
+    assert (out == 1.0).all()
+
+
+def test_blocks_blas_cannot_read_fall_back_to_numpy(rng):
+    """Column-major blocks, mixed precisions and a product into its own operand are not BLAS-ready for
+    the row-major calls: blocks falls back to numpy and gets the same answer."""
+    a = np.asfortranarray(rng.standard_normal((40, 6)))
+    m = rng.standard_normal((6, 4))
+    assert not host_blocks.blas_ready(a)
+    out = np.full((40, 4), np.nan)
+    blocks.product_into(out, a, m)
+    _close(out, a @ m, np.float64)
+    out32 = np.full((40, 4), np.nan, dtype=np.float32)
+    blocks.product_into(out32, a, m)                                  # float64 a into float32 out
+    _close(out32, a @ m, np.float32)
+    buf = rng.standard_normal((40, 12))
+    ref = buf.copy()
+    blocks.replace_with_product(buf[:, 4:10], buf[:, :8], np.eye(8)[:, :6])   # in place, shifted columns
+    _close(buf[:, 4:10], ref[:, :6], np.float64)
+    f = np.asfortranarray(rng.standard_normal((40, 12)))
+    ff = f.copy()
+    blocks.tail_update(f, 4, np.ones((4, 8)), np.eye(8))              # column-major: the numpy route
+    _close(f[:, 4:], ff[:, 4:] + ff[:, :4] @ np.ones((4, 8)), np.float64)
