@@ -30,6 +30,12 @@ _pools_lock = threading.Lock()
 
 
 def cores():
+    """The cores this process may use, or CISOLVER_THREADS when set (a cap for experiments and shared nodes)."""
+    env = os.environ.get("CISOLVER_THREADS", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"CISOLVER_THREADS must be a positive integer, got {env!r}")
+        return int(env)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
