@@ -59,5 +59,10 @@ profdense) stage profdense 150 "python3 benchmarks/profile_lobpcg_dense.py --row
 tune1) stage tune1 150 "mkdir -p $W/prof1; export HYBRIDBLAS_PROFILE_DIR=$W/prof1 CUDA_VISIBLE_DEVICES=0; (time python3 -m hybridblas.tuning calibrate --quick --output $W/prof1 --no-progress) && python3 -m hybridblas.tuning show --json > $W/prof1/show.json" ;;
 curve2) stage curve2 ${CURVE_LIMIT:-240} "python3 benchmarks/bench_blas_gpu.py --sizes ${CURVE_SIZES:-4096 8192 16384} --modes host --gpu-counts 1 2 --repeats 1 --xt-block 8192 --xt-max-seconds 5 --out $W/curve2" ;;
 flapwxt) stage flapwxt ${XT_LIMIT:-500} "python3 benchmarks/bench_flapw.py --devices all --blas ${XT_BLAS:-hybridblas cublasxt} --systems TiO2 --kmax ${XT_KMAX:-3.5 4.0} --out $W/flapw-xt" ;;
+# host time of small hybridblas calls on a GPU, and of LOBPCG's dense steps at 48Cr's size (cProfile)
+hbprof) stage hbprof ${HBPROF_LIMIT:-120} "python3 benchmarks/profile_hb_calls.py --calls 300 && python3 benchmarks/profile_lobpcg_dense.py --rows 1963461 --dtype float32 --iterations 15" ;;
+# ours and the CPU peers on the node's cores only, and ours with the dense steps on 1..16 threads
+cicpu) stage cicpu ${CPU_LIMIT:-240} "python3 benchmarks/bench_cisolver.py --devices cpu --cases ${CPU_CASES:-24Mg,46Ti} --out $W/ci-cpu" ;;
+cpusweep) stage cpusweep ${SWEEP_LIMIT:-150} "python3 benchmarks/sweep_cisolver_threads.py --cases ${CPU_CASES:-24Mg,46Ti} --threads 1,2,4,8,16 --json $W/cpu-threads.json" ;;
 esac; done
 echo "=== done $(date +%T)"
