@@ -1,7 +1,7 @@
 """GPU time (CUDA events) and host time per launch of the dense-step kernels at 48Cr's size, against
 cupy (cuBLAS) on the same data: hybridblas's Gram products with its tall-skinny kernel
-(devices/cuda_skinny.py) and without it (the cuBLAS inline path), and cisolver's block update
-(cisolver/blocks.py). bench_dense_steps.py times whole calls, which can be bound by the host; this
+(devices/cuda_skinny.py) and without it (the cuBLAS inline path), and cisolver's block updates
+(cisolver/blocks.py) with its row kernels (cisolver/row_kernels.py) and with cuBLAS. bench_dense_steps.py times whole calls, which can be bound by the host; this
 separates the two.
 
     PYTHONPATH=. python3 benchmarks/bench_dense_kernels.py [--rows 1963461] [--json out.json]
@@ -15,7 +15,9 @@ import numpy as np
 
 import hybridblas as hb
 from cisolver.arrays import column_sumsq
-from cisolver.blocks import product_into_both, replace_with_product, subtract_product, times_upper
+from cisolver import row_kernels
+from cisolver.blocks import (product_into_both, replace_with_product, subtract_product, times_upper,
+                             update_with_residual)
 
 
 def gpu_and_host_us(fn, reps=50):
@@ -54,6 +56,17 @@ def _no_skinny(call):
         cuda_skinny.applies = keep
 
 
+def _cublas(call):
+    """The same call with cisolver's row kernels off (its cuBLAS route)."""
+    def run():
+        row_kernels.ENABLED = False
+        try:
+            return call()
+        finally:
+            row_kernels.ENABLED = True
+    return run
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1963461)
@@ -77,6 +90,8 @@ def main():
         u16 = np.eye(2 * b) + np.triu(rng.standard_normal((2 * b, 2 * b))) * 1e-3
         m8, m24 = rng.standard_normal((b, 2 * b)) * 1e-3, rng.standard_normal((3 * b, 2 * b)) / np.sqrt(3 * b)
         ctx = hb.Context(devices=["cuda:0"])
+        both = lambda: product_into_both(s2[:, :2 * b], s, hs2[:, :2 * b], hs, cz)                  # noqa: E731
+        end = lambda: update_with_residual(s2[:, :2 * b], s, hs2[:, :2 * b], hs, cz, res, theta)    # noqa: E731
         nbytes = s.nbytes
         cases = {
             "S^T S hb.syrk (skinny)": lambda: hb.syrk(1.0, s, trans="T", context=ctx),
@@ -91,11 +106,14 @@ def main():
             "residual, one elementwise kernel": lambda: _residual(hs[:, :b], s[:, :b], theta_dev[None, :], res),
             "column norms^2 of r, column_sumsq": lambda: column_sumsq(res),
             "column norms^2 of r, hb.syrk diagonal": lambda: cp.diagonal(hb.syrk(1.0, res, trans="T", context=ctx)).get(),
-            "V <- V U, blocks.times_upper (cuBLAS + copy)": upper,
+            "V <- V U, blocks.times_upper (row kernel)": upper,
             "V -= X M, blocks.subtract_product (cuBLAS)": subtract,
-            "V <- S M in place, blocks.replace_with_product (cuBLAS + copy)": replace,
-            "[X P], H[X P] <- S C, HS C, blocks.product_into_both":
-                lambda: product_into_both(s2[:, :2 * b], s, hs2[:, :2 * b], hs, cz),
+            "V <- S M in place, blocks.replace_with_product (row kernel)": replace,
+            "V <- S M in place, blocks.replace_with_product (cuBLAS + copy)": _cublas(replace),
+            "[X P], H[X P] <- S C, HS C, blocks.product_into_both (row kernel)": both,
+            "[X P], H[X P] <- S C, HS C, blocks.product_into_both (cuBLAS)": _cublas(both),
+            "end of iteration, blocks.update_with_residual (one kernel)": end,
+            "end of iteration, cuBLAS product_into_both + residual kernel": _cublas(end),
             "copy n x 16 strided (a scratch back into S)": lambda: s[:, b:].__setitem__(Ellipsis, hs[:, b:]),
             "copy S (read + write, bandwidth reference)": lambda: s.copy(),
         }

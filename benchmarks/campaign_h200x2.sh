@@ -64,5 +64,7 @@ hbprof) stage hbprof ${HBPROF_LIMIT:-120} "python3 benchmarks/profile_hb_calls.p
 # ours and the CPU peers on the node's cores only, and ours with the dense steps on 1..16 threads
 cicpu) stage cicpu ${CPU_LIMIT:-240} "python3 benchmarks/bench_cisolver.py --devices cpu --cases ${CPU_CASES:-24Mg,46Ti} --out $W/ci-cpu" ;;
 cpusweep) stage cpusweep ${SWEEP_LIMIT:-150} "python3 benchmarks/sweep_cisolver_threads.py --cases ${CPU_CASES:-24Mg,46Ti} --threads 1,2,4,8,16 --json $W/cpu-threads.json" ;;
+# cisolver's row kernels against its cuBLAS route, at 48Cr's and 24Mg's sizes
+rowk) stage rowk ${ROWK_LIMIT:-150} "python3 benchmarks/bench_dense_kernels.py --rows 1963461 --json $W/kernels-48cr.json && python3 benchmarks/bench_dense_kernels.py --rows 28503 --json $W/kernels-24mg.json" ;;
 esac; done
 echo "=== done $(date +%T)"

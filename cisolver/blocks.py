@@ -7,15 +7,18 @@ is a tall block of that buffer times a small float64 host matrix:
     subtract_product(out, a, m)   out <- out - a m      (out and a disjoint column ranges)
     replace_with_product(v, a, m) v <- a m              (v may be a column range of a: same rows)
     tail_update(s, b, c, u)       s[:, b:] <- s[:, :b] c + s[:, b:] u   (u upper triangular)
+    update_with_residual(...)     the new X, P, H X, H P and the residual of the new X with its norms
     times_upper(v, u)             v <- v u in place      (u upper triangular)
     residual_into(r, hx, x, theta)  r <- hx - x diag(theta), and the column sums of squares of r
 
-On a GPU each product is one cuBLAS gemm on the caller's CuPy stream, reading and writing the strided
-column ranges directly through their leading dimension (through cupy's matmul the same updates cost a copy
-of each strided operand and a copy back: 1.55 ms per iteration for the X, P update at 48Cr's size on an
-H200, session 5). An in-place product is a gemm into a scratch block and one copy back: cuBLAS's in-place
-trmm took 0.62 ms for a 1.96e6 x 16 float32 block, the gemm and the copy 0.18 + 0.15 ms (session 6,
-bench_dense_kernels.py). The residual and its norms are one kernel. On the CPU the same updates are BLAS
+On a GPU each product is one launch of a row kernel (cisolver.row_kernels: a thread per row, the small
+matrix in shared memory, in place where the output is a column range of the input), and LOBPCG's end of
+iteration (new X, P, H X, H P, the residual and its norms) is one launch. Where that kernel does not apply
+(wide outputs, other layouts) a product is one cuBLAS gemm on the caller's CuPy stream on the strided
+column ranges (through cupy's matmul the same updates cost a copy of each strided operand and a copy back:
+1.55 ms per iteration for the X, P update at 48Cr's size on an H200, session 5), in place through a
+scratch block and one copy back (cuBLAS's in-place trmm took 0.62 ms for a 1.96e6 x 16 float32 block).
+On the CPU the same updates are BLAS
 calls on the strided blocks, rows split over threads (cisolver.host_blocks); an in-place update with an
 upper-triangular factor is a trmm there, which costs no scratch and no copy.
 """
@@ -23,7 +26,7 @@ import ctypes
 
 import numpy as np
 
-from . import host_blocks
+from . import host_blocks, row_kernels
 from .arrays import column_sumsq, is_device
 
 _PREFIX = {np.dtype(np.float32): "S", np.dtype(np.float64): "D"}
@@ -37,6 +40,8 @@ def _check(out, a, m):
 def product_into(out, a, m):
     """out <- a @ m; ``m`` a small host matrix (cast to the blocks' precision)."""
     _check(out, a, m)
+    if is_device(out) and row_kernels.product(out, a, m):
+        return out
     if not _device_product([(out, a)], m, 0.0):
         _host_product([(out, a)], m, 0.0)
     return out
@@ -50,6 +55,8 @@ def product_into_both(out0, a0, out1, a1, m):
     these stay cuBLAS calls."""
     _check(out0, a0, m)
     _check(out1, a1, m)
+    if is_device(out0) and row_kernels.product(out0, a0, m) and row_kernels.product(out1, a1, m):
+        return out0, out1
     if not _device_product([(out0, a0), (out1, a1)], m, 0.0):
         _host_product([(out0, a0), (out1, a1)], m, 0.0)
     return out0, out1
@@ -67,6 +74,8 @@ def replace_with_product(v, a, m):
     """v <- a @ m, where ``v`` may share elements with ``a`` as long as each row of v is a row of a's rows
     (a column range of the same buffer): on a GPU the product goes to a scratch block first."""
     _check(v, a, m)
+    if is_device(v) and row_kernels.product(v, a, m):      # in place: one thread reads, then writes, a row
+        return v
     if _on_cublas(v, a):
         import cupy
         scratch = cupy.empty(v.shape, dtype=v.dtype)
@@ -122,6 +131,21 @@ def residual_into(r, hx, x, theta):
         np.subtract(hx, r, out=r)
         return np.einsum("ij,ij->j", r, r, dtype=np.float64)
     return _residual_gpu(r, hx, x, theta)
+
+
+def update_with_residual(x_next, s, hx_next, hs, m, r, theta):
+    """LOBPCG's end of iteration: x_next <- s m, hx_next <- hs m (m is k x 2b: new X and P, H X and H P),
+    then r <- hx_next[:, :b] - x_next[:, :b] diag(theta); returns r's column sums of squares (float64, host).
+    On a GPU one kernel does all of it (cisolver.row_kernels), elsewhere product_into_both and residual_into."""
+    b = r.shape[1]
+    if is_device(r):
+        _check(x_next, s, m)
+        _check(hx_next, hs, m)
+        sums = row_kernels.update_with_residual(x_next, s, hx_next, hs, m, r, theta)
+        if sums is not None:
+            return sums
+    product_into_both(x_next, s, hx_next, hs, m)
+    return residual_into(r, hx_next[:, :b], x_next[:, :b], theta)
 
 
 def _host_product(pairs, m, beta):

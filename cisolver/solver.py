@@ -13,7 +13,7 @@ import numpy as np
 
 from . import dense
 from .arrays import Timer, column_sumsq, module_of, to_host
-from .blocks import product_into, product_into_both, residual_into
+from .blocks import product_into, residual_into, update_with_residual
 
 
 @dataclass
@@ -83,12 +83,15 @@ _host_contexts = {}
 
 
 def host_context(threads):
-    """The hybridblas context for the Gram products of host blocks: ``threads`` CPU workers (split-K over
-    the rows, one BLAS thread each) and no GPU, also on a GPU node: shipping an n x 3b block to a GPU for
-    one Gram costs more than the Gram (the vectors of a CPU run live on the host)."""
+    """The hybridblas context for the Gram products of host blocks: ``threads`` CPU workers, each one BLAS
+    thread, every call split over them by k (the rows), whatever its size (the caller sized ``threads`` to
+    the rows). No GPU, also on a GPU node: shipping an n x 3b block to a GPU for one Gram costs more than
+    the Gram (the vectors of a CPU run live on the host); and no node profile (finding it takes the node's
+    GPU inventory) for workers that are alike anyway."""
     import hybridblas as hb
     if threads not in _host_contexts:
-        _host_contexts[threads] = hb.Context(devices=["cpu"] * threads)
+        _host_contexts[threads] = hb.Context(devices=["cpu"] * threads, strategy="static", cpu_threads=threads,
+                                             profile=False, min_call_seconds=0)
     return _host_contexts[threads]
 
 
@@ -170,14 +173,14 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         product_into(hs[:, :b], hx, c)
         r = xp.empty((hi - lo, b), dtype=dtype)
         del x, hx
+        sq = residual_into(r, hs[:, :b], s[:, :b], theta)      # R = H X - X Theta, and its column norms^2
     norm_est = max(np.abs(allv).max(), np.finfo(np.float64).tiny)
     p_usable = np.zeros(b, dtype=bool)       # columns of s[:, b:2b] that hold a search direction
     history, restarts, second_passes, it = [], 0, 0, 0
     converged = np.zeros(b, dtype=bool)
     for it in range(1, maxiter + 1):
         with timer.phase("dense", "residual"):
-            sq = residual_into(r, hs[:, :b], s[:, :b], theta)       # R = H X - X Theta, and its column norms^2
-            rel = np.sqrt(dense.host_sum(sq, comm)) / norm_est
+            rel = np.sqrt(dense.host_sum(sq, comm)) / norm_est     # R was made with X (start, or update)
         history.append(rel.copy())
         converged = rel <= tol
         if callback:
@@ -221,10 +224,10 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
                                                         with_gram=True)
             norm_est = max(norm_est, float(np.abs(allv).max()))
         with timer.phase("dense", "update"):
-            # new X = S C and P = S Z (orthogonal to X, unit columns)
+            # new X = S C and P = S Z (orthogonal to X, unit columns), H X and H P; R of the new X
             z, p_usable = dense.next_p_coefficients(c, g, b)
             both = np.hstack([c, z])
-            product_into_both(s_next[:, :2 * b], s[:, :k], hs_next[:, :2 * b], hs[:, :k], both)
+            sq = update_with_residual(s_next[:, :2 * b], s[:, :k], hs_next[:, :2 * b], hs[:, :k], both, r, theta)
             s, s_next, hs, hs_next = s_next, s, hs_next, hs
     x = xp.ascontiguousarray(s[:, :b])
     # honest final residuals: one explicit product (the recurrences may drift, notably in float32)

@@ -63,3 +63,69 @@ def test_residual_on_gpu_matches_numpy(dtype, rows, order, rng):
     np.testing.assert_array_equal(hs_d.get(), before[1])
     again = residual_into(r_d, hs_d[:, :8], s_d[:, :8], theta)
     np.testing.assert_array_equal(again, sq_d)                      # reproducible bit for bit
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [0, 1, 255, 100_003])
+@pytest.mark.parametrize("b, k", [(8, 24), (8, 21), (5, 13)])
+def test_update_with_residual_on_gpu_matches_numpy(dtype, rows, b, k, rng):
+    """The end-of-iteration kernel (new X, P, H X, H P, residual and its norms in one launch) against
+    numpy: full and partial bases (k odd: no vector loads), b = 5 (rows of 5: no vector stores), poisoned
+    outputs, columns beyond the outputs untouched, bit-reproducible sums."""
+    import cupy
+    from cisolver import row_kernels
+    from cisolver.blocks import update_with_residual
+    s = rng.standard_normal((rows, 3 * b)).astype(dtype)
+    hs = rng.standard_normal((rows, 3 * b)).astype(dtype)
+    m = rng.standard_normal((k, 2 * b))
+    theta = rng.standard_normal(b) * 10
+    x_next = np.full((rows, 3 * b), np.nan, dtype=dtype)
+    hx_next = np.full((rows, 3 * b), np.nan, dtype=dtype)
+    r = np.full((rows, b), np.nan, dtype=dtype)
+    sq = update_with_residual(x_next[:, :2 * b], s[:, :k], hx_next[:, :2 * b], hs[:, :k], m, r, theta)
+    d = [cupy.asarray(a) for a in (s, hs, np.full_like(x_next, np.nan), np.full_like(hx_next, np.nan),
+                                   np.full_like(r, np.nan))]
+    s_d, hs_d, x_d, hx_d, r_d = d
+    assert row_kernels.update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d,
+                                            theta) is not None                    # the kernel took it
+    sq_d = update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d, theta)
+    scale = max(np.abs(m).sum(axis=0).max() * max(np.abs(s).max(initial=0), np.abs(hs).max(initial=0)), 1.0)
+    tol = 32 * np.finfo(dtype).eps * scale
+    for got, want in ((x_d, x_next), (hx_d, hx_next)):
+        got = got.get()
+        assert np.isnan(got[:, 2 * b:]).all()
+        np.testing.assert_allclose(got[:, :2 * b], want[:, :2 * b], rtol=0, atol=tol)
+    np.testing.assert_allclose(r_d.get(), r, rtol=0, atol=(2 + np.abs(theta).max()) * tol)
+    exact = (hs[:, :k].astype(np.float64) @ m[:, :b] - (s[:, :k].astype(np.float64) @ m[:, :b]) * theta) ** 2
+    rtol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(sq_d, exact.sum(axis=0), rtol=rtol, atol=1e-300)
+    np.testing.assert_allclose(sq, exact.sum(axis=0), rtol=rtol, atol=1e-300)
+    again = update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d, theta)
+    np.testing.assert_array_equal(again, sq_d)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("cols", [(0, 20, 4, 20), (1, 18, 3, 17), (0, 24, 0, 40)])
+def test_row_kernel_in_place_and_fallbacks(dtype, cols, rng):
+    """v <- a m in place over the same rows: aligned column ranges (vector loads and stores), misaligned
+    ones (scalar), and an output wider than the kernel's accumulators (the cuBLAS route)."""
+    import cupy
+    from cisolver import row_kernels
+    from cisolver.blocks import replace_with_product
+    a0, a1, v0, v1 = cols
+    width = max(a1, v1) + 3
+    host = rng.standard_normal((10_007, width)).astype(dtype)
+    m = rng.standard_normal((a1 - a0, v1 - v0))
+    expected = host.astype(np.float64)
+    expected[:, v0:v1] = host[:, a0:a1].astype(np.float64) @ m
+    dev = cupy.asarray(host)
+    took = row_kernels.product(dev[:, v0:v1], dev[:, a0:a1], m)
+    assert took == (v1 - v0 <= max(row_kernels.QMAX_CHOICES))
+    dev = cupy.asarray(host)
+    replace_with_product(dev[:, v0:v1], dev[:, a0:a1], m)
+    got = dev.get()
+    tol = 32 * np.finfo(dtype).eps * max(np.abs(expected).max(), 1.0) * np.sqrt(a1 - a0)
+    np.testing.assert_allclose(got, expected, rtol=0, atol=tol)
+    untouched = np.ones(width, dtype=bool)
+    untouched[v0:v1] = False
+    np.testing.assert_array_equal(got[:, untouched], host[:, untouched])

@@ -1,0 +1,243 @@
+"""GPU kernels for LOBPCG's block updates: a tall row-major block times a small matrix, one thread per row.
+
+Each thread reads its row of the input (16-byte vector loads where the row allows), multiplies it by the
+small matrix staged in shared memory (read by all threads of a warp at once: a broadcast) into QMAX
+accumulators held in registers, and writes its row of the output. A thread has read all of its row before
+it writes, and no other thread touches that row, so the output may be a column range of the input over the
+same rows: an in-place update needs no scratch block and no copy back.
+
+``update_with_residual`` is LOBPCG's end of iteration in one launch: the new X, P = S [C Z] and
+H X, H P = H S [C Z], the residual R = H X - X diag(theta) of the new X and R's column sums of squares
+(in double, one partial per thread block, added on the host in block order: reproducible). It replaces
+two cuBLAS gemms and the residual kernel, and with them two launches' worth of host time and a pass over
+H X and X.
+
+Shapes the kernels do not cover (more than QMAX_LIMIT output columns, a small matrix larger than
+SHARED_LIMIT bytes, non-row-major blocks) return False and the caller takes its cuBLAS route.
+"""
+import numpy as np
+
+QMAX_CHOICES = (8, 16, 32)         # accumulators per thread: the smallest that holds the output row
+SHARED_LIMIT = 32 << 10            # bytes of the staged small matrix (p x QMAX)
+THREADS = 256
+BLOCKS_PER_SM = 4
+ENABLED = True                     # False: every caller takes its cuBLAS route (benchmarks compare the two)
+
+_SOURCE = r"""
+// typedef T (float or double) and VT (float4 or double2) come first; VEC elements per 16-byte vector.
+#define VEC ((int) (16 / sizeof(T)))
+union Vec { VT v; T e[VEC]; };
+
+template <int QMAX>
+__device__ __forceinline__ void stage(const T* m, int p, int q, T* ms)
+{
+    for (int e = threadIdx.x; e < p * QMAX; e += blockDim.x) {
+        const int j = e / QMAX, c = e % QMAX;
+        ms[e] = c < q ? m[j * q + c] : (T) 0;
+    }
+}
+
+// acc <- row (p entries) times ms (p x QMAX); vector loads over the first p - p % VEC entries when vec
+template <int QMAX>
+__device__ __forceinline__ void row_product(const T* row, int p, const T* ms, bool vec, T (&acc)[QMAX])
+{
+    #pragma unroll
+    for (int c = 0; c < QMAX; ++c) acc[c] = (T) 0;
+    int j = 0;
+    if (vec) {
+        for (; j + VEC <= p; j += VEC) {
+            Vec u;
+            u.v = *reinterpret_cast<const VT*>(row + j);
+            #pragma unroll
+            for (int t = 0; t < VEC; ++t) {
+                #pragma unroll
+                for (int c = 0; c < QMAX; ++c) acc[c] += u.e[t] * ms[(j + t) * QMAX + c];
+            }
+        }
+    }
+    for (; j < p; ++j) {
+        const T v = row[j];
+        #pragma unroll
+        for (int c = 0; c < QMAX; ++c) acc[c] += v * ms[j * QMAX + c];
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void row_store(T* out, int q, bool vec, const T (&acc)[N])
+{
+    #pragma unroll
+    for (int c = 0; c < N; c += VEC) {
+        if (vec && c + VEC <= q) {
+            Vec u;
+            #pragma unroll
+            for (int t = 0; t < VEC; ++t) u.e[t] = c + t < N ? acc[c + t] : (T) 0;
+            *reinterpret_cast<VT*>(out + c) = u.v;
+        } else {
+            #pragma unroll
+            for (int t = 0; t < VEC; ++t) if (c + t < q && c + t < N) out[c + t] = acc[c + t];
+        }
+    }
+}
+
+// out <- a m for row-major a (n x p) and out (n x q); out may be a column range of a over the same rows
+template <int QMAX>
+__global__ void rows_times_small(const T* a, long long lda, T* out, long long ldo, const T* m, int p, int q,
+                                 long long n, int vec_a, int vec_out)
+{
+    extern __shared__ __align__(16) unsigned char staged[];
+    T* ms = reinterpret_cast<T*>(staged);
+    stage<QMAX>(m, p, q, ms);
+    __syncthreads();
+    const long long step = (long long) gridDim.x * blockDim.x;
+    for (long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        T acc[QMAX];
+        row_product<QMAX>(a + i * lda, p, ms, vec_a, acc);
+        row_store<QMAX>(out + i * ldo, q, vec_out, acc);
+    }
+}
+
+// xn <- s m, hn <- hs m (q = 2b columns: new X and P, H X and H P), r <- hn[:, :b] - xn[:, :b] theta,
+// and per thread block the column sums of r^2 in double (partials, gridDim.x x b)
+template <int QMAX>
+__global__ void __launch_bounds__(256, 2) update_residual(
+        const T* s, long long lds, const T* hs, long long ldh, T* xn, long long ldx, T* hn, long long ldhn,
+        const T* m, int p, int q, const double* theta, int b, T* r, long long ldr, long long n, int vec,
+        double* partials)
+{
+    constexpr int BMAX = QMAX / 2;
+    extern __shared__ __align__(16) unsigned char staged[];
+    T* ms = reinterpret_cast<T*>(staged);
+    double* sums = reinterpret_cast<double*>(staged + ((p * QMAX * sizeof(T) + 15) / 16) * 16);
+    stage<QMAX>(m, p, q, ms);
+    __syncthreads();
+    T th[BMAX];
+    double sq[BMAX];
+    #pragma unroll
+    for (int c = 0; c < BMAX; ++c) {
+        th[c] = c < b ? (T) theta[c] : (T) 0;
+        sq[c] = 0.0;
+    }
+    const bool vs = vec & 1, vh = vec & 2, vx = vec & 4, vhn = vec & 8, vr = vec & 16;
+    const long long step = (long long) gridDim.x * blockDim.x;
+    for (long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        T x[QMAX], hx[QMAX];
+        row_product<QMAX>(s + i * lds, p, ms, vs, x);
+        row_store<QMAX>(xn + i * ldx, q, vx, x);
+        row_product<QMAX>(hs + i * ldh, p, ms, vh, hx);
+        row_store<QMAX>(hn + i * ldhn, q, vhn, hx);
+        T res[BMAX];
+        #pragma unroll
+        for (int c = 0; c < BMAX; ++c) {
+            res[c] = c < b ? hx[c] - x[c] * th[c] : (T) 0;
+            sq[c] += (double) res[c] * (double) res[c];
+        }
+        row_store<BMAX>(r + i * ldr, b, vr, res);
+    }
+    #pragma unroll
+    for (int c = 0; c < BMAX; ++c) sums[c * blockDim.x + threadIdx.x] = sq[c];
+    __syncthreads();
+    if (threadIdx.x < b) {
+        double total = 0.0;
+        for (int t = 0; t < blockDim.x; ++t) total += sums[threadIdx.x * blockDim.x + t];
+        partials[(long long) blockIdx.x * b + threadIdx.x] = total;
+    }
+}
+"""
+_modules = {}
+_sm_counts = {}
+
+
+def _module(cupy, dtype):
+    key = (cupy.cuda.Device().id, np.dtype(dtype))
+    if key not in _modules:
+        ctype, vtype = ("float", "float4") if key[1] == np.float32 else ("double", "double2")
+        names = [f"{kernel}<{q}>" for kernel in ("rows_times_small", "update_residual") for q in QMAX_CHOICES]
+        _modules[key] = cupy.RawModule(code=f"typedef {ctype} T;\ntypedef {vtype} VT;\n" + _SOURCE,
+                                       options=("--std=c++14",), name_expressions=names)
+    return _modules[key]
+
+
+def _qmax(q):
+    return next((c for c in QMAX_CHOICES if q <= c), None)
+
+
+def _row_major(x):
+    return (x.ndim == 2 and (x.shape[1] <= 1 or x.strides[1] == x.itemsize) and x.strides[0] >= 0
+            and x.strides[0] % x.itemsize == 0 and (x.shape[0] <= 1 or x.strides[0] >= x.shape[1] * x.itemsize))
+
+
+def _leading(x):
+    return max(x.strides[0] // x.itemsize if x.shape[0] > 1 else x.shape[1], 1)
+
+
+def _vector_rows(x):
+    """Every row of x starts on a 16-byte boundary (so 16-byte loads and stores are aligned)."""
+    return x.data.ptr % 16 == 0 and (_leading(x) * x.itemsize) % 16 == 0
+
+
+def _fits(blocks, p, q):
+    x0 = blocks[0]
+    qmax = _qmax(q)
+    return (ENABLED and type(x0).__module__.startswith("cupy") and x0.dtype in (np.float32, np.float64)
+            and qmax is not None and p * qmax * x0.dtype.itemsize <= SHARED_LIMIT
+            and all(x.dtype == x0.dtype and x.device.id == x0.device.id and _row_major(x) for x in blocks))
+
+
+def _grid(cupy, n):
+    dev = cupy.cuda.Device().id
+    if dev not in _sm_counts:
+        _sm_counts[dev] = cupy.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
+    return max(1, min(BLOCKS_PER_SM * _sm_counts[dev], -(-n // THREADS)))
+
+
+def product(out, a, m):
+    """out <- a @ m on the caller's stream (``m`` a small host matrix); ``out`` may be a column range of
+    ``a`` over the same rows. False (nothing done) when the kernel does not cover these blocks."""
+    import cupy
+    n, q = out.shape
+    p = a.shape[1]
+    if not _fits([out, a], p, q) or m.shape != (p, q) or a.shape[0] != n:
+        return False
+    if n == 0 or q == 0:
+        return True
+    qmax = _qmax(q)
+    m_dev = cupy.asarray(np.ascontiguousarray(m), dtype=out.dtype)
+    kernel = _module(cupy, out.dtype).get_function(f"rows_times_small<{qmax}>")
+    kernel((_grid(cupy, n),), (THREADS,),
+           (a, np.int64(_leading(a)), out, np.int64(_leading(out)), m_dev, np.int32(p), np.int32(q), np.int64(n),
+            np.int32(_vector_rows(a)), np.int32(_vector_rows(out))),
+           shared_mem=p * qmax * out.dtype.itemsize)
+    return True
+
+
+def update_with_residual(x_next, s, hx_next, hs, m, r, theta):
+    """x_next <- s m, hx_next <- hs m (m is k x 2b), r <- hx_next[:, :b] - x_next[:, :b] diag(theta); returns
+    the column sums of squares of r (float64 host array), or None when the kernel does not cover these
+    blocks (nothing done)."""
+    import cupy
+    n, q = x_next.shape
+    p = s.shape[1]
+    b = r.shape[1]
+    blocks = [x_next, s, hx_next, hs, r]
+    if (not _fits(blocks, p, q) or q != 2 * b or m.shape != (p, q) or hs.shape != s.shape
+            or hx_next.shape != x_next.shape or r.shape[0] != n or s.shape[0] != n):
+        return None
+    if n == 0 or b == 0:
+        return np.zeros(b)
+    qmax = _qmax(q)
+    staged = -(-p * qmax * r.dtype.itemsize // 16) * 16
+    shared = staged + 8 * (qmax // 2) * THREADS             # the small matrix, then the sums of squares
+    if shared > 48 << 10:
+        return None
+    m_dev = cupy.asarray(np.ascontiguousarray(m), dtype=r.dtype)
+    theta_dev = cupy.asarray(np.asarray(theta, dtype=np.float64))
+    grid = _grid(cupy, n)
+    partials = cupy.empty((grid, b), dtype=np.float64)
+    vec = sum(bit << i for i, bit in enumerate(_vector_rows(x) for x in (s, hs, x_next, hx_next, r)))
+    kernel = _module(cupy, r.dtype).get_function(f"update_residual<{qmax}>")
+    kernel((grid,), (THREADS,),
+           (s, np.int64(_leading(s)), hs, np.int64(_leading(hs)), x_next, np.int64(_leading(x_next)),
+            hx_next, np.int64(_leading(hx_next)), m_dev, np.int32(p), np.int32(q), theta_dev, np.int32(b),
+            r, np.int64(_leading(r)), np.int64(n), np.int32(vec), partials),
+           shared_mem=shared)
+    return partials.get().sum(axis=0)
