@@ -14,7 +14,6 @@ import pstats
 import time
 
 import cupy as cp
-import numpy as np
 
 import hybridblas as hb
 

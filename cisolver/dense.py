@@ -148,7 +148,7 @@ def orthonormalise_tail(s, hs, b, n_p, context=None, comm=None, passes=2, adapti
     floor = (100 * np.finfo(s.dtype).eps) ** 2     # squared length left by rounding alone
     done = projected = 0
     first = None
-    x, v, hp = s[:, :b], s[:, b:], hs[:, b:b + n_p]
+    x, v = s[:, :b], s[:, b:]
     # H P is updated once at the end: every pass maps P to P U - X A (U upper triangular), and passes
     # compose as U = U1 U2, A = A1 U2 + A2, since X and H X do not change
     u_p, a_p = np.eye(n_p), np.zeros((b, n_p))
