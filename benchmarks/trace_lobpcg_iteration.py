@@ -13,6 +13,7 @@ import time
 
 import cupy as cp
 import numpy as np
+import scipy.sparse as sp
 
 import hybridblas as hb
 from cisolver import blocks, dense, lobpcg, solver
@@ -42,20 +43,35 @@ def main():
     ap.add_argument("--rows", type=int, default=1963461)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--iterations", type=int, default=15)
+    ap.add_argument("--case", default=None, help="a shell-model case of bench_cisolver.py (e.g. 48Cr) instead of "
+                                                  "the synthetic matrix: the real SpMM, full storage")
     args = ap.parse_args()
     dtype = np.dtype(args.dtype)
-    op = SymmetricOperator(synthetic(args.rows, dtype), storage="full", devices=[0])
+    if args.case:
+        from bench_cisolver import CASES
+        from cisolver.data import resolve_interaction
+        from cisolver.shellmodel import hamiltonian, snt
+        inter, z, n = CASES[args.case]
+        hu, _ = hamiltonian.ShellModelProblem(snt.read_snt(resolve_interaction(inter)), z, n).build(
+            storage="upper", dtype=dtype)
+        h = (hu + hu.T - sp.diags(hu.diagonal())).tocsr()
+        del hu
+    else:
+        h = synthetic(args.rows, dtype)
+    op = SymmetricOperator(h, storage="full", devices=[0])
+    del h
     run = lambda: lobpcg(op, 5, block_size=8, tol=1e-30, maxiter=args.iterations, dtype=dtype, seed=1)
     run()                                            # compiles and warms every kernel
     for owner, name, label in [
             (hb, "syrk", "hb.syrk"), (hb, "gemmt", "hb.gemmt"), (hb, "gemm", "hb.gemm"),
             (blocks, "product_into", "blocks.product_into"), (solver, "product_into", "blocks.product_into"),
             (blocks, "subtract_product", "blocks.subtract_product"), (blocks, "times_upper", "blocks.times_upper"),
-            (dense, "to_host", "to_host (.get)"), (solver, "column_sumsq", "column_sumsq"),
+            (dense, "to_host", "to_host (.get)"), (dense, "cholesky_upper", "host: cholesky_upper"), (solver, "column_sumsq", "column_sumsq"),
             (dense, "scaled_cholesky", "host: scaled_cholesky"), (dense, "predicted_loss", "host: predicted_loss"),
             (blocks, "replace_with_product", "blocks.replace_with_product"),
             (solver, "residual_into", "blocks.residual_into"),
-            (solver, "product_into_both", "blocks.product_into_both"),
+            (solver, "update_with_residual", "blocks.update_with_residual"),
+            (blocks, "tail_update", "blocks.tail_update"), (dense, "_symmetric_host", "host: Gram to host"),
             (dense, "inverse_upper", "host: inverse_upper"), (dense, "next_p_coefficients", "host: next_p"),
             (dense, "orthonormalise_tail", "[orthonormalise_tail]"), (dense, "rayleigh_ritz", "[rayleigh_ritz]"),
             (op, "matmat", "spmm")]:

@@ -12,8 +12,9 @@ H X, H P = H S [C Z], the residual R = H X - X diag(theta) of the new X and R's 
 two cuBLAS gemms and the residual kernel, and with them two launches' worth of host time and a pass over
 H X and X.
 
-Shapes the kernels do not cover (more than QMAX_LIMIT output columns, a small matrix larger than
-SHARED_LIMIT bytes, non-row-major blocks) return False and the caller takes its cuBLAS route.
+Shapes the kernels do not cover (more than max(QMAX_CHOICES) output columns, a small matrix larger than
+SHARED_LIMIT bytes, non-row-major blocks, float64 blocks beyond DOUBLE_ROWS_LIMIT rows) return False (None)
+and the caller takes its cuBLAS route.
 """
 import numpy as np
 
@@ -22,6 +23,10 @@ SHARED_LIMIT = 32 << 10            # bytes of the staged small matrix (p x QMAX)
 THREADS = 256
 BLOCKS_PER_SM = 4
 ENABLED = True                     # False: every caller takes its cuBLAS route (benchmarks compare the two)
+# float64 blocks longer than this take cuBLAS: at 48Cr's size (1.96e6 rows, H200) its gemms did both
+# updates in 481 us against the row kernel's 843 (float32: 361 against 238; 24Mg's 28503 rows: row kernel
+# ahead in both precisions, its one launch costing less host time)
+DOUBLE_ROWS_LIMIT = 1 << 18
 
 _SOURCE = r"""
 // typedef T (float or double) and VT (float4 or double2) come first; VEC elements per 16-byte vector.
@@ -179,7 +184,7 @@ def _fits(blocks, p, q):
     x0 = blocks[0]
     qmax = _qmax(q)
     return (ENABLED and type(x0).__module__.startswith("cupy") and x0.dtype in (np.float32, np.float64)
-            and qmax is not None and p * qmax * x0.dtype.itemsize <= SHARED_LIMIT
+            and (x0.dtype == np.float32 or x0.shape[0] <= DOUBLE_ROWS_LIMIT) and qmax is not None and p * qmax * x0.dtype.itemsize <= SHARED_LIMIT
             and all(x.dtype == x0.dtype and x.device.id == x0.device.id and _row_major(x) for x in blocks))
 
 

@@ -492,3 +492,15 @@ def test_threaded_cpu_spmm_equals_the_plain_product(storage, dtype, threads, rng
     assert np.abs(got - want).max() <= tol * np.abs(want).max()
     with pytest.raises(ValueError, match="threads must be a positive integer, got 0"):
         SymmetricOperator(h, storage=storage, threads=0)
+
+
+def test_cholesky_failures_name_the_cause():
+    with pytest.raises(dense.NotPositiveDefinite, match="leading minor 2 is not positive definite"):
+        dense.cholesky_upper(np.array([[1.0, 2.0], [2.0, 1.0]]))
+    with pytest.raises(dense.NotPositiveDefinite, match="non-finite"):
+        dense.cholesky_upper(np.array([[1.0, np.nan], [np.nan, 1.0]]))
+    with pytest.raises(dense.NotPositiveDefinite, match="numerically singular"):
+        dense.cholesky_upper(np.diag([1.0, 1e-30]))
+    r = dense.cholesky_upper(np.array([[4.0, 2.0], [2.0, 5.0]]))
+    np.testing.assert_allclose(r, [[2.0, 1.0], [0.0, 2.0]])
+    np.testing.assert_allclose(dense.inverse_upper(r) @ r, np.eye(2), atol=1e-15)

@@ -86,8 +86,9 @@ def test_update_with_residual_on_gpu_matches_numpy(dtype, rows, b, k, rng):
     d = [cupy.asarray(a) for a in (s, hs, np.full_like(x_next, np.nan), np.full_like(hx_next, np.nan),
                                    np.full_like(r, np.nan))]
     s_d, hs_d, x_d, hx_d, r_d = d
-    assert row_kernels.update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d,
-                                            theta) is not None                    # the kernel took it
+    took = row_kernels.update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d,
+                                            theta) is not None
+    assert took or rows == 0                                                      # the kernel took it
     sq_d = update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d, theta)
     scale = max(np.abs(m).sum(axis=0).max() * max(np.abs(s).max(initial=0), np.abs(hs).max(initial=0)), 1.0)
     tol = 32 * np.finfo(dtype).eps * scale
@@ -120,7 +121,7 @@ def test_row_kernel_in_place_and_fallbacks(dtype, cols, rng):
     expected[:, v0:v1] = host[:, a0:a1].astype(np.float64) @ m
     dev = cupy.asarray(host)
     took = row_kernels.product(dev[:, v0:v1], dev[:, a0:a1], m)
-    assert took == (v1 - v0 <= max(row_kernels.QMAX_CHOICES))
+    assert took == (v1 - v0 <= max(row_kernels.QMAX_CHOICES))         # wider: the cuBLAS route
     dev = cupy.asarray(host)
     replace_with_product(dev[:, v0:v1], dev[:, a0:a1], m)
     got = dev.get()
@@ -129,3 +130,21 @@ def test_row_kernel_in_place_and_fallbacks(dtype, cols, rng):
     untouched = np.ones(width, dtype=bool)
     untouched[v0:v1] = False
     np.testing.assert_array_equal(got[:, untouched], host[:, untouched])
+
+
+def test_long_float64_blocks_take_cublas(rng, monkeypatch):
+    """Beyond DOUBLE_ROWS_LIMIT rows float64 goes to cuBLAS (faster there); float32 stays on the kernel."""
+    import cupy
+    from cisolver import row_kernels
+    from cisolver.blocks import update_with_residual
+    monkeypatch.setattr(row_kernels, "DOUBLE_ROWS_LIMIT", 100)
+    for dtype, kernel in ((np.float64, False), (np.float32, True)):
+        s = cupy.asarray(rng.standard_normal((255, 24)).astype(dtype))
+        out = cupy.full((255, 16), np.nan, dtype=dtype)
+        m = rng.standard_normal((24, 16))
+        assert row_kernels.product(out, s, m) == kernel
+        r = cupy.empty((255, 8), dtype=dtype)
+        sq = update_with_residual(out, s, cupy.empty_like(out), s, m, r, np.ones(8))
+        expected = s.get().astype(np.float64) @ m
+        np.testing.assert_allclose(out.get(), expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+        np.testing.assert_allclose(sq, np.zeros(8), atol=1e-6 * (expected ** 2).sum())   # hx = x, theta = 1
