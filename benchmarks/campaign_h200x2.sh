@@ -66,5 +66,7 @@ cicpu) stage cicpu ${CPU_LIMIT:-240} "python3 benchmarks/bench_cisolver.py --dev
 cpusweep) stage cpusweep ${SWEEP_LIMIT:-150} "python3 benchmarks/sweep_cisolver_threads.py --cases ${CPU_CASES:-24Mg,46Ti} --threads 1,2,4,8,16 --json $W/cpu-threads.json" ;;
 # cisolver's row kernels against its cuBLAS route, at 48Cr's and 24Mg's sizes
 rowk) stage rowk ${ROWK_LIMIT:-150} "python3 benchmarks/bench_dense_kernels.py --rows 1963461 --json $W/kernels-48cr.json && python3 benchmarks/bench_dense_kernels.py --rows 28503 --json $W/kernels-24mg.json" ;;
+# every call of a LOBPCG iteration, host and GPU time: 48Cr's real Hamiltonian, then the synthetic matrix
+trace48) stage trace48 ${TRACE_LIMIT:-150} "python3 benchmarks/trace_lobpcg_iteration.py --case 48Cr --iterations 15 && python3 benchmarks/trace_lobpcg_iteration.py --iterations 15" ;;
 esac; done
 echo "=== done $(date +%T)"
