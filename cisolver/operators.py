@@ -3,8 +3,8 @@ MFDn's half storage), on the CPU (scipy.sparse) or on one or more GPUs (cupyx.sc
 
 On the CPU the rows are cut into pieces of equal nonzeros, one per thread (scipy's sparse products run
 single-threaded but release the GIL). With upper storage each piece's transposed product U_p^T x_p adds
-into every row, so each thread writes a partial result and the partials are summed by row ranges, again
-one range per thread. With Intel MKL installed (the ``mkl`` extra) the CPU product goes to MKL's
+into the rows from the piece's first row on, so each thread writes a partial result of those rows and the
+partials are summed by row ranges, again one range per thread. With Intel MKL installed (the ``mkl`` extra) the CPU product goes to MKL's
 sparse block product instead (cisolver.mkl_sparse): it reads the upper triangle directly and costs far
 less than k single-vector products.
 """
@@ -82,6 +82,8 @@ class SymmetricOperator:
         bounds = [0, *map(int, cuts), n]
         if threads == 1:
             self.pieces = [(0, n, h)]
+        elif self.storage == "upper":       # rows r0..r1 of U hold no column left of r0: keep r0.. only
+            self.pieces = [(r0, r1, h[r0:r1, r0:]) for r0, r1 in zip(bounds, bounds[1:])]
         else:
             self.pieces = [(r0, r1, h[r0:r1]) for r0, r1 in zip(bounds, bounds[1:])]
         self.pool = concurrent.futures.ThreadPoolExecutor(threads) if threads > 1 else None
@@ -103,17 +105,20 @@ class SymmetricOperator:
 
         def rows(piece):
             r0, r1, h = piece
-            y[r0:r1] = h @ x
-            return h.T @ x[r0:r1] if upper else None     # partial over all rows (CSC view, no copy)
+            if not upper:
+                y[r0:r1] = h @ x
+                return None
+            y[r0:r1] = h @ x[r0:]
+            return h.T @ x[r0:r1]          # U_p^T x_p: rows r0.. only (CSC view, no copy)
         partials = list(self.pool.map(rows, self.pieces))
         if upper:
-            def add(piece):
-                r0, r1, _ = piece
-                block = y[r0:r1]
-                for z in partials:
-                    block += z[r0:r1]
-                block -= self.diag[r0:r1, None] * x[r0:r1]
-            list(self.pool.map(add, self.pieces))
+            def add(q):
+                q0, q1, _ = self.pieces[q]
+                block = y[q0:q1]
+                for (r0, _, _), z in zip(self.pieces[:q + 1], partials):    # pieces that start at or before q0
+                    block += z[q0 - r0:q1 - r0]
+                block -= self.diag[q0:q1, None] * x[q0:q1]
+            list(self.pool.map(add, range(len(self.pieces))))
         return y
 
     def _to_devices(self, h, devices):

@@ -68,7 +68,8 @@ def lib():
                     errors.append(f"{name}: {exc}")
             if _lib is None:
                 raise OSError("cannot load libcublas: " + "; ".join(errors))
-            for fn in ("cublasSetStream_v2", "cublasGetPointerMode_v2", "cublasSetPointerMode_v2"):
+            for fn in ("cublasSetStream_v2", "cublasGetStream_v2", "cublasGetPointerMode_v2",
+                       "cublasSetPointerMode_v2"):
                 getattr(_lib, fn).restype = ctypes.c_int
     return _lib
 
@@ -102,7 +103,11 @@ def call(name, handle, stream_ptr, *args):
     fn = getattr(L, name)
     fn.restype = ctypes.c_int
     h = ctypes.c_void_p(handle)
-    check(L.cublasSetStream_v2(h, ctypes.c_void_p(stream_ptr)), "cublasSetStream_v2")
+    # set the stream only when it changes: cublasSetStream resets the handle's workspace every time
+    current = ctypes.c_void_p()
+    check(L.cublasGetStream_v2(h, ctypes.byref(current)), "cublasGetStream_v2")
+    if (current.value or 0) != (stream_ptr or 0):
+        check(L.cublasSetStream_v2(h, ctypes.c_void_p(stream_ptr)), "cublasSetStream_v2")
     mode = ctypes.c_int(0)
     check(L.cublasGetPointerMode_v2(h, ctypes.byref(mode)), "cublasGetPointerMode_v2")
     if mode.value != POINTER_MODE_HOST:
