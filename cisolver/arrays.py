@@ -35,6 +35,18 @@ def column_sumsq(block):
     return (cupy.ones(block.shape[0], dtype=np.float64) @ sq).get()
 
 
+def row_major(x):
+    """Rows at a leading dimension, unit stride along a row (e.g. a column range of a row-major buffer):
+    the layout BLAS, cuBLAS and cisolver's row kernels read in place."""
+    return (x.ndim == 2 and (x.shape[1] <= 1 or x.strides[1] == x.itemsize) and x.strides[0] >= 0
+            and x.strides[0] % x.itemsize == 0 and (x.shape[0] <= 1 or x.strides[0] >= x.shape[1] * x.itemsize))
+
+
+def row_stride(x):
+    """Elements between the starts of consecutive rows of a row-major block (its leading dimension)."""
+    return max(x.strides[0] // x.itemsize if x.shape[0] > 1 else x.shape[1], 1)
+
+
 def synchronize(xp):
     if xp is not np:
         xp.cuda.get_current_stream().synchronize()

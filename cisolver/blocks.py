@@ -27,7 +27,7 @@ import ctypes
 import numpy as np
 
 from . import host_blocks, row_kernels
-from .arrays import column_sumsq, is_device
+from .arrays import column_sumsq, is_device, row_major, row_stride
 
 _PREFIX = {np.dtype(np.float32): "S", np.dtype(np.float64): "D"}
 
@@ -184,19 +184,9 @@ def _like(x, m):
     return np.asarray(m, dtype=x.dtype)
 
 
-def _row_major(x):
-    """Rows at a leading dimension, unit stride along a row (a column range of a row-major buffer)."""
-    return (x.ndim == 2 and (x.shape[1] <= 1 or x.strides[1] == x.itemsize) and x.strides[0] >= 0
-            and x.strides[0] % x.itemsize == 0 and (x.shape[0] <= 1 or x.strides[0] >= x.shape[1] * x.itemsize))
-
-
 def _on_cublas(*arrays):
     return (is_device(arrays[0]) and arrays[0].dtype in _PREFIX and all(x.dtype == arrays[0].dtype for x in arrays)
-            and all(_row_major(x) for x in arrays))
-
-
-def _leading(x):
-    return max(x.strides[0] // x.itemsize if x.shape[0] > 1 else x.shape[1], 1)
+            and all(row_major(x) for x in arrays))
 
 
 def _cublas_call(routine, x, *args):
@@ -223,7 +213,7 @@ def _gemm(out, a, m, beta):
     b, b_p = _scalar(beta, out.dtype)
     i = ctypes.c_int
     _cublas_call("gemm_v2", out, i(0), i(0), i(q), i(n), i(p), one_p, ctypes.c_void_p(m_dev.data.ptr), i(max(q, 1)),
-                 ctypes.c_void_p(a.data.ptr), i(_leading(a)), b_p, ctypes.c_void_p(out.data.ptr), i(_leading(out)))
+                 ctypes.c_void_p(a.data.ptr), i(row_stride(a)), b_p, ctypes.c_void_p(out.data.ptr), i(row_stride(out)))
 
 
 _RESIDUAL_SOURCE = r"""
@@ -256,15 +246,15 @@ extern "C" __global__ void residual_sumsq(const T* hx, long long ldh, const T* x
 }
 """
 _residual_kernels = {}
-_sm_counts = {}
 
 
 def _residual_gpu(r, hx, x, theta):
     import cupy
+    from hybridblas.devices.cuda_skinny import multiprocessors
     n, b = r.shape
     if n == 0 or b == 0:
         return np.zeros(b)
-    if not (all(_row_major(a) for a in (r, hx, x)) and r.dtype == hx.dtype == x.dtype and r.dtype in _PREFIX
+    if not (all(row_major(a) for a in (r, hx, x)) and r.dtype == hx.dtype == x.dtype and r.dtype in _PREFIX
             and b <= 256):
         cupy.subtract(hx, x * cupy.asarray(theta, dtype=x.dtype)[None, :], out=r)
         return column_sumsq(r)
@@ -274,17 +264,10 @@ def _residual_gpu(r, hx, x, theta):
         module = cupy.RawModule(code=f"typedef {ctype} T;\n" + _RESIDUAL_SOURCE)
         _residual_kernels[key] = module.get_function("residual_sumsq")
     threads = 256 // b * b
-    blocks = max(1, min(8 * _multiprocessors(cupy), -(-n // (threads // b))))
+    blocks = max(1, min(8 * multiprocessors(cupy), -(-n // (threads // b))))
     partials = cupy.empty((blocks, b), dtype=np.float64)
     _residual_kernels[key]((blocks,), (threads,),
-                           (hx, np.int64(_leading(hx)), x, np.int64(_leading(x)), cupy.asarray(theta),
-                            np.int32(b), np.int64(n), r, np.int64(_leading(r)), partials),
+                           (hx, np.int64(row_stride(hx)), x, np.int64(row_stride(x)), cupy.asarray(theta),
+                            np.int32(b), np.int64(n), r, np.int64(row_stride(r)), partials),
                            shared_mem=8 * threads)
     return partials.get().sum(axis=0)
-
-
-def _multiprocessors(cupy):
-    dev = cupy.cuda.Device().id
-    if dev not in _sm_counts:
-        _sm_counts[dev] = cupy.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
-    return _sm_counts[dev]

@@ -22,6 +22,8 @@ import numpy as np
 
 from hybridblas.host_blas import routine
 
+from .arrays import row_major, row_stride
+
 MIN_ROWS_PER_THREAD = 12288     # 2 x H200 node, 32 cores: 24Mg (28503 rows) best on 2 threads, 46Ti on 4-8
 MAX_THREADS = 16
 _PREFIX = {np.dtype(np.float32): "s", np.dtype(np.float64): "d"}
@@ -80,20 +82,12 @@ class _Args:
         return self.keep[-1].ctypes.data
 
 
-def _leading(x):
-    """Row stride in elements of a row-major block (unit stride along a row)."""
-    return max(x.strides[0] // x.itemsize if x.shape[0] > 1 else x.shape[1], 1)
-
-
 def blas_ready(*blocks):
     """True when BLAS can read and write these blocks in place: same float dtype, rows at a positive
     leading dimension, unit stride along a row."""
     x0 = blocks[0]
-    return (x0.dtype in _PREFIX and all(
-        isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype == x0.dtype
-        and (x.shape[1] <= 1 or x.strides[1] == x.itemsize)
-        and (x.shape[0] <= 1 or (x.strides[0] >= x.shape[1] * x.itemsize and x.strides[0] % x.itemsize == 0))
-        for x in blocks))
+    return x0.dtype in _PREFIX and all(isinstance(x, np.ndarray) and x.dtype == x0.dtype and row_major(x)
+                                       for x in blocks)
 
 
 def gemm(out, a, m, beta):
@@ -111,7 +105,7 @@ def gemm(out, a, m, beta):
     g = _Args(out.dtype)
     routine(_PREFIX[out.dtype], "gemm")(
         g.char("N"), g.char("N"), g.int(q), g.int(n), g.int(p), g.scalar(1.0), m.ctypes.data, g.int(q),
-        a.ctypes.data, g.int(_leading(a)), g.scalar(beta), out.ctypes.data, g.int(_leading(out)))
+        a.ctypes.data, g.int(row_stride(a)), g.scalar(beta), out.ctypes.data, g.int(row_stride(out)))
 
 
 def _trmm_upper(v, u):
@@ -122,7 +116,7 @@ def _trmm_upper(v, u):
     g = _Args(v.dtype)
     routine(_PREFIX[v.dtype], "trmm")(
         g.char("L"), g.char("L"), g.char("N"), g.char("N"), g.int(q), g.int(n), g.scalar(1.0), u.ctypes.data,
-        g.int(q), v.ctypes.data, g.int(_leading(v)))
+        g.int(q), v.ctypes.data, g.int(row_stride(v)))
 
 
 def _small(m, dtype):

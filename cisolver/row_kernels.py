@@ -18,6 +18,8 @@ and the caller takes its cuBLAS route.
 """
 import numpy as np
 
+from .arrays import row_major, row_stride
+
 QMAX_CHOICES = (8, 16, 32)         # accumulators per thread: the smallest that holds the output row
 SHARED_LIMIT = 32 << 10            # bytes of the staged small matrix (p x QMAX)
 THREADS = 256
@@ -149,7 +151,6 @@ __global__ void __launch_bounds__(256, 2) update_residual(
 }
 """
 _modules = {}
-_sm_counts = {}
 
 
 def _module(cupy, dtype):
@@ -166,18 +167,9 @@ def _qmax(q):
     return next((c for c in QMAX_CHOICES if q <= c), None)
 
 
-def _row_major(x):
-    return (x.ndim == 2 and (x.shape[1] <= 1 or x.strides[1] == x.itemsize) and x.strides[0] >= 0
-            and x.strides[0] % x.itemsize == 0 and (x.shape[0] <= 1 or x.strides[0] >= x.shape[1] * x.itemsize))
-
-
-def _leading(x):
-    return max(x.strides[0] // x.itemsize if x.shape[0] > 1 else x.shape[1], 1)
-
-
 def _vector_rows(x):
     """Every row of x starts on a 16-byte boundary (so 16-byte loads and stores are aligned)."""
-    return x.data.ptr % 16 == 0 and (_leading(x) * x.itemsize) % 16 == 0
+    return x.data.ptr % 16 == 0 and (row_stride(x) * x.itemsize) % 16 == 0
 
 
 def _fits(blocks, p, q):
@@ -185,14 +177,12 @@ def _fits(blocks, p, q):
     qmax = _qmax(q)
     return (ENABLED and type(x0).__module__.startswith("cupy") and x0.dtype in (np.float32, np.float64)
             and (x0.dtype == np.float32 or x0.shape[0] <= DOUBLE_ROWS_LIMIT) and qmax is not None and p * qmax * x0.dtype.itemsize <= SHARED_LIMIT
-            and all(x.dtype == x0.dtype and x.device.id == x0.device.id and _row_major(x) for x in blocks))
+            and all(x.dtype == x0.dtype and x.device.id == x0.device.id and row_major(x) for x in blocks))
 
 
 def _grid(cupy, n):
-    dev = cupy.cuda.Device().id
-    if dev not in _sm_counts:
-        _sm_counts[dev] = cupy.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
-    return max(1, min(BLOCKS_PER_SM * _sm_counts[dev], -(-n // THREADS)))
+    from hybridblas.devices.cuda_skinny import multiprocessors
+    return max(1, min(BLOCKS_PER_SM * multiprocessors(cupy), -(-n // THREADS)))
 
 
 def product(out, a, m):
@@ -209,7 +199,7 @@ def product(out, a, m):
     m_dev = cupy.asarray(np.ascontiguousarray(m), dtype=out.dtype)
     kernel = _module(cupy, out.dtype).get_function(f"rows_times_small<{qmax}>")
     kernel((_grid(cupy, n),), (THREADS,),
-           (a, np.int64(_leading(a)), out, np.int64(_leading(out)), m_dev, np.int32(p), np.int32(q), np.int64(n),
+           (a, np.int64(row_stride(a)), out, np.int64(row_stride(out)), m_dev, np.int32(p), np.int32(q), np.int64(n),
             np.int32(_vector_rows(a)), np.int32(_vector_rows(out))),
            shared_mem=p * qmax * out.dtype.itemsize)
     return True
@@ -241,8 +231,8 @@ def update_with_residual(x_next, s, hx_next, hs, m, r, theta):
     vec = sum(bit << i for i, bit in enumerate(_vector_rows(x) for x in (s, hs, x_next, hx_next, r)))
     kernel = _module(cupy, r.dtype).get_function(f"update_residual<{qmax}>")
     kernel((grid,), (THREADS,),
-           (s, np.int64(_leading(s)), hs, np.int64(_leading(hs)), x_next, np.int64(_leading(x_next)),
-            hx_next, np.int64(_leading(hx_next)), m_dev, np.int32(p), np.int32(q), theta_dev, np.int32(b),
-            r, np.int64(_leading(r)), np.int64(n), np.int32(vec), partials),
+           (s, np.int64(row_stride(s)), hs, np.int64(row_stride(hs)), x_next, np.int64(row_stride(x_next)),
+            hx_next, np.int64(row_stride(hx_next)), m_dev, np.int32(p), np.int32(q), theta_dev, np.int32(b),
+            r, np.int64(row_stride(r)), np.int64(n), np.int32(vec), partials),
            shared_mem=shared)
     return partials.get().sum(axis=0)

@@ -193,7 +193,7 @@ def _kernels(cupy, dtype):
     return _modules[key]
 
 
-def _sm_count(cupy):
+def multiprocessors(cupy):
     """Multiprocessors of the current GPU, asked once (Device.attributes queries every attribute)."""
     dev = cupy.cuda.Device().id
     if dev not in _sm_counts:
@@ -209,7 +209,7 @@ def run(problem):
         return
     partials_kernel, finish_kernel = _kernels(cupy, problem.dtype)
     terms = problem.terms()
-    blocks = max(1, min(-(-k // MIN_ROWS), BLOCKS_PER_SM * _sm_count(cupy))) if k else 0
+    blocks = max(1, min(-(-k // MIN_ROWS), BLOCKS_PER_SM * multiprocessors(cupy))) if k else 0
     rows_per_block = -(-k // blocks) if blocks else 0
     triangle = 0 if problem.kind == "gemm" else (1 if problem.lower else 2)
     partials = cupy.empty((len(terms), max(blocks, 1), m * n), dtype=np.float64)
