@@ -14,6 +14,7 @@ the parallelism is ours: row pieces of at least MIN_ROWS_PER_THREAD rows on ``th
     residual(r, hx, x, theta)       r <- hx - x diag(theta), and the column sums of squares of r
 """
 import concurrent.futures
+import contextlib
 import ctypes
 import os
 import threading
@@ -41,9 +42,24 @@ def cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+_cap = None
+
+
 def threads_for(n_rows):
-    """Threads worth using on blocks of ``n_rows`` rows (1 for small blocks)."""
-    return max(1, min(MAX_THREADS, cores(), n_rows // MIN_ROWS_PER_THREAD))
+    """Threads worth using on blocks of ``n_rows`` rows (1 for small blocks), within ``limit``'s cap."""
+    most = min(MAX_THREADS, cores(), _cap or MAX_THREADS)
+    return max(1, min(most, n_rows // MIN_ROWS_PER_THREAD))
+
+
+@contextlib.contextmanager
+def limit(threads):
+    """Cap the row threads inside the block (an MPI rank's share of its node's cores); None: no cap."""
+    global _cap
+    before, _cap = _cap, (None if threads is None else max(1, int(threads)))
+    try:
+        yield
+    finally:
+        _cap = before
 
 
 def _pool(threads):

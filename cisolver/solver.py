@@ -107,14 +107,18 @@ def lobpcg(h, nev, *, block_size=None, **kwargs):
     if getattr(op, "xp", np) is not np:
         return _lobpcg(op, nev, block_size=block_size, **kwargs)
     from threadpoolctl import ThreadpoolController
-    from .host_blocks import threads_for
+    from . import host_blocks
     lo, hi = getattr(op, "local", (0, op.shape[0]))
-    if kwargs.get("context") is None:
-        kwargs["context"] = host_context(threads_for(hi - lo))
+    cap = None
+    if kwargs.get("comm") is not None:             # an MPI rank: its share of the node's cores
+        from hybridblas.distributed import local_rank
+        cap = max(1, host_blocks.cores() // local_rank(kwargs["comm"])[1])
     blas = ThreadpoolController().select(user_api="blas")
     if getattr(op, "backend", None) == "mkl":       # MKL's sparse product keeps its threads
         blas = blas.select(internal_api=[lc.internal_api for lc in blas.lib_controllers if lc.internal_api != "mkl"])
-    with blas.limit(limits=1):
+    with host_blocks.limit(cap), blas.limit(limits=1):
+        if kwargs.get("context") is None:
+            kwargs["context"] = host_context(host_blocks.threads_for(hi - lo))
         return _lobpcg(op, nev, block_size=block_size, **kwargs)
 
 

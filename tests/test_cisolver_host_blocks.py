@@ -83,3 +83,19 @@ def test_blocks_blas_cannot_read_fall_back_to_numpy(rng):
     ff = f.copy()
     blocks.tail_update(f, 4, np.ones((4, 8)), np.eye(8))              # column-major: the numpy route
     _close(f[:, 4:], ff[:, 4:] + ff[:, :4] @ np.ones((4, 8)), np.float64)
+
+
+def test_thread_cap_and_environment(monkeypatch):
+    monkeypatch.setattr(host_blocks, "cores", lambda: 8)
+    assert host_blocks.threads_for(100 * host_blocks.MIN_ROWS_PER_THREAD) == 8
+    assert host_blocks.threads_for(3 * host_blocks.MIN_ROWS_PER_THREAD) == 3
+    assert host_blocks.threads_for(10) == 1
+    with host_blocks.limit(2):
+        assert host_blocks.threads_for(100 * host_blocks.MIN_ROWS_PER_THREAD) == 2
+    assert host_blocks.threads_for(100 * host_blocks.MIN_ROWS_PER_THREAD) == 8
+    monkeypatch.undo()
+    monkeypatch.setenv("CISOLVER_THREADS", "3")
+    assert host_blocks.cores() == 3
+    monkeypatch.setenv("CISOLVER_THREADS", "two")
+    with pytest.raises(ValueError, match="CISOLVER_THREADS must be a positive integer, got 'two'"):
+        host_blocks.cores()
