@@ -18,9 +18,9 @@ iteration (new X, P, H X, H P, the residual and its norms) is one launch. Where 
 column ranges (through cupy's matmul the same updates cost a copy of each strided operand and a copy back:
 1.55 ms per iteration for the X, P update at 48Cr's size on an H200, session 5), in place through a
 scratch block and one copy back (cuBLAS's in-place trmm took 0.62 ms for a 1.96e6 x 16 float32 block).
-On the CPU the same updates are BLAS
-calls on the strided blocks, rows split over threads (cisolver.host_blocks); an in-place update with an
-upper-triangular factor is a trmm there, which costs no scratch and no copy.
+On the CPU the same updates are BLAS calls on the strided blocks, rows split over threads
+(cisolver.host_blocks); an in-place update with an upper-triangular factor is a trmm there, which costs
+no scratch and no copy.
 """
 import ctypes
 
@@ -50,9 +50,8 @@ def product_into(out, a, m):
 def product_into_both(out0, a0, out1, a1, m):
     """out0 <- a0 @ m and out1 <- a1 @ m (LOBPCG's X, P and H X, H P updates with the same coefficients).
 
-    A kernel doing both in one launch, each thread one entry of a row, took 0.72 ms at 48Cr's size on an
-    H200 against 0.36 ms for the two cuBLAS gemms, and 0.38 against 0.33 ms in place (session 6), so
-    these stay cuBLAS calls."""
+    On a GPU two row-kernel launches: 238 against 361 us for two cuBLAS gemms at 48Cr's size in float32 on
+    an H200 (session 7; session 6's kernel, one thread per entry, had lost: 0.72 against 0.36 ms)."""
     _check(out0, a0, m)
     _check(out1, a1, m)
     if is_device(out0) and row_kernels.product(out0, a0, m) and row_kernels.product(out1, a1, m):
@@ -72,7 +71,8 @@ def subtract_product(out, a, m):
 
 def replace_with_product(v, a, m):
     """v <- a @ m, where ``v`` may share elements with ``a`` as long as each row of v is a row of a's rows
-    (a column range of the same buffer): on a GPU the product goes to a scratch block first."""
+    (a column range of the same buffer): on a GPU the row kernel works in place, else the product goes to
+    a scratch block first."""
     _check(v, a, m)
     if is_device(v) and row_kernels.product(v, a, m):      # in place: one thread reads, then writes, a row
         return v
@@ -88,7 +88,8 @@ def replace_with_product(v, a, m):
 
 def tail_update(s, b, c, u):
     """s[:, b:] <- s[:, :b] @ c + s[:, b:] @ u in place, ``u`` upper triangular (only its upper triangle is
-    read). On a GPU one gemm of all of s into scratch and a copy back; on the host a trmm and a gemm."""
+    read). On a GPU one row-kernel launch over all of s (replace_with_product); on the host a trmm and a
+    gemm."""
     v = s[:, b:]
     q = v.shape[1]
     if u.shape != (q, q) or c.shape != (b, q):
