@@ -153,12 +153,7 @@ def _host_product(pairs, m, beta):
     """out <- a m + beta out for each (out, a) of host blocks: BLAS on the strided blocks, rows over
     threads (host_blocks); numpy where BLAS cannot read them in place."""
     if all(host_blocks.blas_ready(out, a) and not np.shares_memory(out, a) for out, a in pairs):
-        m = np.ascontiguousarray(m, dtype=pairs[0][0].dtype)
-
-        def piece(r0, r1):
-            for out, a in pairs:
-                host_blocks.gemm(out[r0:r1], a[r0:r1], m, beta)
-        host_blocks.by_rows(pairs[0][0].shape[0], piece)
+        host_blocks.products(pairs, m, beta)
         return
     for out, a in pairs:
         if beta == 0:

@@ -9,19 +9,18 @@ call on the strided block itself, through the GIL-free ctypes pointers of hybrid
 the parallelism is ours: row pieces of at least MIN_ROWS_PER_THREAD rows on ``threads`` threads.
 
     gemm(out, a, m, beta)           out <- a m + beta out     (one call, the caller's rows)
-    product(out, a, m, beta)        out <- a m + beta out     (rows over the threads)
+    product(out, a, m, beta)        out <- a m + beta out     (rows over the threads; products: several)
     upper_update(v, u, x, c)        v <- v u + x c         (u upper triangular, in place: BLAS trmm)
     residual(r, hx, x, theta)       r <- hx - x diag(theta), and the column sums of squares of r
 """
 import concurrent.futures
 import contextlib
-import ctypes
 import os
 import threading
 
 import numpy as np
 
-from hybridblas.host_blas import routine
+from hybridblas.host_blas import Args, routine
 
 from .arrays import row_major, row_stride
 
@@ -78,26 +77,6 @@ def by_rows(n, piece, threads=None):
     return list(_pool(threads).map(piece, edges[:-1], edges[1:]))
 
 
-class _Args:
-    """ctypes holders for one Fortran-style BLAS call (kept alive until the call returns)."""
-
-    def __init__(self, dtype):
-        self.dtype = np.dtype(dtype)
-        self.keep = []
-
-    def char(self, c):
-        self.keep.append(ctypes.c_char(c.encode()))
-        return ctypes.addressof(self.keep[-1])
-
-    def int(self, v):
-        self.keep.append(ctypes.c_int(int(v)))
-        return ctypes.addressof(self.keep[-1])
-
-    def scalar(self, v):
-        self.keep.append(np.array([v], dtype=self.dtype))
-        return self.keep[-1].ctypes.data
-
-
 def blas_ready(*blocks):
     """True when BLAS can read and write these blocks in place: same float dtype, rows at a positive
     leading dimension, unit stride along a row."""
@@ -118,10 +97,10 @@ def gemm(out, a, m, beta):
         else:
             out *= beta
         return
-    g = _Args(out.dtype)
-    routine(_PREFIX[out.dtype], "gemm")(
-        g.char("N"), g.char("N"), g.int(q), g.int(n), g.int(p), g.scalar(1.0), m.ctypes.data, g.int(q),
-        a.ctypes.data, g.int(row_stride(a)), g.scalar(beta), out.ctypes.data, g.int(row_stride(out)))
+    g, dt = Args(), out.dtype
+    routine(_PREFIX[dt], "gemm")(
+        g.char("N"), g.char("N"), g.int(q), g.int(n), g.int(p), g.scalar(1.0, dt), m.ctypes.data, g.int(q),
+        a.ctypes.data, g.int(row_stride(a)), g.scalar(beta, dt), out.ctypes.data, g.int(row_stride(out)))
 
 
 def _trmm_upper(v, u):
@@ -129,23 +108,30 @@ def _trmm_upper(v, u):
     n, q = v.shape
     if n == 0 or q == 0:
         return
-    g = _Args(v.dtype)
+    g = Args()
     routine(_PREFIX[v.dtype], "trmm")(
-        g.char("L"), g.char("L"), g.char("N"), g.char("N"), g.int(q), g.int(n), g.scalar(1.0), u.ctypes.data,
-        g.int(q), v.ctypes.data, g.int(row_stride(v)))
+        g.char("L"), g.char("L"), g.char("N"), g.char("N"), g.int(q), g.int(n), g.scalar(1.0, v.dtype),
+        u.ctypes.data, g.int(q), v.ctypes.data, g.int(row_stride(v)))
 
 
 def _small(m, dtype):
     return np.ascontiguousarray(m, dtype=dtype)
 
 
-def product(out, a, m, beta=0.0, threads=None):
-    """out <- a @ m + beta out (``out`` must not share elements with ``a``)."""
-    m = _small(m, out.dtype)
+def products(pairs, m, beta=0.0, threads=None):
+    """out <- a @ m + beta out for each (out, a) in ``pairs`` (all with the same rows; no ``out`` may share
+    elements with an ``a``), each piece of rows doing every pair."""
+    m = _small(m, pairs[0][0].dtype)
 
     def piece(r0, r1):
-        gemm(out[r0:r1], a[r0:r1], m, beta)
-    by_rows(out.shape[0], piece, threads)
+        for out, a in pairs:
+            gemm(out[r0:r1], a[r0:r1], m, beta)
+    by_rows(pairs[0][0].shape[0], piece, threads)
+
+
+def product(out, a, m, beta=0.0, threads=None):
+    """out <- a @ m + beta out (``out`` must not share elements with ``a``)."""
+    products([(out, a)], m, beta, threads)
     return out
 
 

@@ -39,7 +39,7 @@ def routine(prefix, name):
     return fn
 
 
-class _Args:
+class Args:
     """Keeps the scalar buffers alive for the duration of one foreign call."""
     __slots__ = ("keep",)
 
@@ -68,7 +68,7 @@ def gemm(c, alpha, x, y, beta):
     k = x.cols
     if m == 0 or n == 0:
         return
-    g = _Args()
+    g = Args()
     dt = c.dtype
     routine(_PREFIX[dt], "gemm")(
         g.char(OP_CHAR[x.op]), g.char(OP_CHAR[y.op]), g.int(m), g.int(n), g.int(k),
@@ -86,7 +86,7 @@ def rank_k(kind, c, lower, alpha, factors, beta):
     first = factors[0]
     k = first.cols
     trans = "N" if not (first.op & T) else ("C" if kind.startswith("her") else "T")
-    g = _Args()
+    g = Args()
     real = _REAL.get(dt, dt)
     alpha_t = real if kind == "herk" else dt
     beta_t = real if kind in ("herk", "her2k") else dt
