@@ -99,3 +99,29 @@ def test_thread_cap_and_environment(monkeypatch):
     monkeypatch.setenv("CISOLVER_THREADS", "two")
     with pytest.raises(ValueError, match="CISOLVER_THREADS must be a positive integer, got 'two'"):
         host_blocks.cores()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_lobpcg_with_row_pieces_matches_one_thread(dtype, rng, monkeypatch):
+    """A whole solve with the dense steps cut into row pieces on 3 threads and the Gram products split
+    over 3 hybridblas CPU workers gives the one-thread result, and eigh's."""
+    import scipy.sparse as sp
+    from cisolver import lobpcg, solver
+    from cisolver.operators import SymmetricOperator
+    a = sp.random(900, 900, density=0.01, random_state=rng, format="csr")
+    a = (a + a.T + sp.diags(rng.uniform(-5, 5, 900))).tocsr().astype(dtype)
+    op = SymmetricOperator(a, storage="full")
+    one = lobpcg(op, 5, tol=1e-5 if dtype == np.float32 else 1e-9, seed=4, dtype=dtype)
+    monkeypatch.setattr(host_blocks, "MIN_ROWS_PER_THREAD", 250)
+    monkeypatch.setattr(host_blocks, "cores", lambda: 3)
+    used = []
+    real = solver.host_context
+    monkeypatch.setattr(solver, "host_context", lambda t: used.append(t) or real(t))
+    three = lobpcg(op, 5, tol=1e-5 if dtype == np.float32 else 1e-9, seed=4, dtype=dtype)
+    assert used == [3]
+    assert [d.kind for d in real(3).devices] == ["cpu"] * 3           # no GPU for host blocks
+    exact = np.linalg.eigvalsh(a.toarray().astype(np.float64))[:5]
+    tol = 1e-4 if dtype == np.float32 else 1e-9
+    np.testing.assert_allclose(three.eigenvalues, exact, rtol=0, atol=tol * np.abs(exact).max())
+    np.testing.assert_allclose(three.eigenvalues, one.eigenvalues, rtol=0, atol=tol * np.abs(exact).max())
+    assert abs(three.iterations - one.iterations) <= 2
