@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 
+from hybridblas.blas_threads import available_cores
 from hybridblas.host_blas import Args, routine
 
 from .arrays import row_major, row_stride
@@ -38,7 +39,7 @@ def cores():
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"CISOLVER_THREADS must be a positive integer, got {env!r}")
         return int(env)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return available_cores()
 
 
 _cap = None
@@ -150,8 +151,8 @@ def upper_update(v, u, x, c, threads=None):
 
 def residual(r, hx, x, theta, threads=None):
     """r <- hx - x diag(theta); returns the column sums of squares of r (float64, the pieces' sums added
-    in row order). Two small gemms per piece (-x diag(theta), then
-    + hx I) read the strided blocks at BLAS speed; the sums run on the piece while it is in cache."""
+    in row order). Two small gemms per piece, r <- x (-diag(theta)) and r <- r + hx I, read the strided
+    blocks at BLAS speed; the sums run on the piece while it is in cache."""
     b = r.shape[1]
     minus_theta = _small(-np.diag(theta), r.dtype)
     eye = np.eye(b, dtype=r.dtype)

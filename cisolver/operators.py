@@ -9,10 +9,11 @@ sparse block product instead (cisolver.mkl_sparse): it reads the upper triangle 
 less than k single-vector products.
 """
 import concurrent.futures
-import os
 
 import numpy as np
 import scipy.sparse as sp
+
+from hybridblas.blas_threads import available_cores
 
 from . import mkl_sparse
 
@@ -73,8 +74,7 @@ class SymmetricOperator:
     def _cpu_pieces(self, h, threads):
         """Row pieces of equal nonzeros for ``threads`` threads (default: the cores, at most 16)."""
         if threads is None:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            threads = min(MAX_THREADS, cores, max(1, self.nnz // MIN_NNZ_PER_THREAD))
+            threads = min(MAX_THREADS, available_cores(), max(1, self.nnz // MIN_NNZ_PER_THREAD))
         elif not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be a positive integer, got {threads!r}")
         n = h.shape[0]

@@ -176,7 +176,8 @@ def _fits(blocks, p, q):
     x0 = blocks[0]
     qmax = _qmax(q)
     return (ENABLED and type(x0).__module__.startswith("cupy") and x0.dtype in (np.float32, np.float64)
-            and (x0.dtype == np.float32 or x0.shape[0] <= DOUBLE_ROWS_LIMIT) and qmax is not None and p * qmax * x0.dtype.itemsize <= SHARED_LIMIT
+            and (x0.dtype == np.float32 or x0.shape[0] <= DOUBLE_ROWS_LIMIT)
+            and qmax is not None and p * qmax * x0.dtype.itemsize <= SHARED_LIMIT
             and all(x.dtype == x0.dtype and x.device.id == x0.device.id and row_major(x) for x in blocks))
 
 
