@@ -30,8 +30,8 @@ def _check_square(h):
 class SymmetricOperator:
     """y = H x for blocks of vectors (n x k, C order), H stored full or as its upper triangle.
 
-    devices: "cpu", or a list of CUDA device ids (rows split evenly by nonzeros; the block of
-    vectors is replicated and results are summed on the first device).
+    devices: "cpu", or a list of CUDA device ids (rows split evenly by nonzeros, each device on its own
+    stream; the block goes to every device and the results come back to the first: cisolver.gpu_spmm).
     backend (CPU): "mkl" (Intel MKL, error if not installed), "scipy" (row pieces on ``threads``
     threads), or "auto": MKL when installed and ``threads`` is not given (``threads`` sizes the scipy
     path only; MKL's threads follow MKL_NUM_THREADS / threadpoolctl).
@@ -123,49 +123,19 @@ class SymmetricOperator:
 
     def _to_devices(self, h, devices):
         import cupy
-        import cupyx.scipy.sparse as csp
+        from .gpu_spmm import MultiDeviceCsr
         self.xp = cupy
         self.devices = devices
-        n = h.shape[0]
-        # split rows so that each device holds about the same number of nonzeros
-        cuts = np.searchsorted(h.indptr, np.linspace(0, h.nnz, len(devices) + 1)[1:-1])
-        bounds = [0, *map(int, cuts), n]
-        self.parts = []
-        for dev, r0, r1 in zip(devices, bounds[:-1], bounds[1:]):
-            with cupy.cuda.Device(dev):
-                sub = h[r0:r1]
-                m = csp.csr_matrix((cupy.asarray(sub.data), cupy.asarray(sub.indices),
-                                    cupy.asarray(sub.indptr)), shape=sub.shape)
-                m.sort_indices()
-                mt = m.T.tocsr() if self.storage == "upper" else None
-                self.parts.append((dev, r0, r1, m, mt))
-        with cupy.cuda.Device(devices[0]):
-            self.diag_dev = cupy.asarray(self.diag)
+        self.gpu = MultiDeviceCsr(h, devices, self.dtype, self.storage == "upper", self.diag)
 
-    def matmat(self, x):
-        if self.devices is None:
-            return self._matmat_cpu(x)
-        return self._matmat_devices(x)
-
-    def _matmat_devices(self, x):
-        import cupy
-        first = self.devices[0]
-        x = cupy.ascontiguousarray(x)        # CuPy copies only contiguous arrays between devices
-        outs = []
-        for dev, r0, r1, m, mt in self.parts:
-            with cupy.cuda.Device(dev):
-                xd = x if dev == first else cupy.asarray(x)          # peer copy
-                y = m @ xd
-                z = mt @ xd[r0:r1] if mt is not None else None
-                outs.append((dev, r0, r1, y, z))
-        with cupy.cuda.Device(first):
-            y = cupy.empty((self.shape[0], x.shape[1]), dtype=x.dtype)
-            for dev, r0, r1, yy, _ in outs:
-                y[r0:r1] = yy if dev == first else cupy.asarray(yy)
-            if self.storage == "upper":
-                for dev, r0, r1, _, z in outs:
-                    y += z if dev == first else cupy.asarray(z)
-                y -= self.diag_dev[:, None] * x
-        return y
+    def matmat(self, x, out=None):
+        """H x; ``out``: where to write it (e.g. a column range of a row-major block), else a new array."""
+        if self.devices is not None:
+            return self.gpu.matmat(x, out=out)
+        y = self._matmat_cpu(x)
+        if out is None:
+            return y
+        out[...] = y
+        return out
 
     __matmul__ = matmat

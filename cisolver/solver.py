@@ -64,6 +64,14 @@ def _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm):
     return n_p, restarts
 
 
+def _multiply(op, s, hs, c0, c1):
+    """hs[:, c0:c1] <- H s[:, c0:c1]; GPU operators write the column range in place."""
+    if getattr(op, "devices", None) is not None:
+        op.matmat(s[:, c0:c1], out=hs[:, c0:c1])
+    else:
+        hs[:, c0:c1] = op.matmat(s[:, c0:c1])
+
+
 def _as_operator(h, dtype):
     from .operators import SymmetricOperator
     if hasattr(h, "matmat"):
@@ -213,7 +221,7 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
                 n_p, restarts = _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm)
                 k = b + n_p + n_w
         with timer.phase("spmm"):
-            hs[:, b + n_p:k] = op.matmat(s[:, b + n_p:k])
+            _multiply(op, s, hs, b + n_p, k)
         with timer.phase("dense", "rayleigh_ritz"):
             try:
                 theta, c, allv, g = dense.rayleigh_ritz(s[:, :k], hs[:, :k], b, context=context, comm=comm,

@@ -1,0 +1,133 @@
+"""cisolver.gpu_spmm: row-major cuSPARSE products on one and two GPUs against a float64 scipy reference,
+with strided column ranges, poisoned outputs, odd sizes and back-to-back calls on non-default streams."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from cisolver.operators import SymmetricOperator
+
+pytestmark = pytest.mark.gpu
+DEVICE_SETS = [[0], pytest.param([0, 1], marks=pytest.mark.multi_gpu)]
+TOL = {np.float32: 2e-5, np.float64: 1e-12}
+
+
+def _symmetric(n, density, seed):
+    a = sp.random(n, n, density=density, random_state=seed, format="csr")
+    return (a + a.T + sp.diags(np.random.default_rng(seed).uniform(-3, 3, n))).tocsr()
+
+
+def _operator(h, storage, devices, dtype):
+    stored = sp.triu(h, format="csr") if storage == "upper" else h
+    return SymmetricOperator(stored, storage=storage, devices=devices, dtype=dtype)
+
+
+def _check(y, h, x, dtype):
+    import cupy
+    ref = h.astype(np.float64) @ x.astype(np.float64)
+    got = cupy.asnumpy(y).astype(np.float64)
+    assert np.isfinite(got).all()
+    scale = np.abs(h).sum(axis=1).max() * np.abs(x).max()
+    assert np.abs(got - ref).max() <= TOL[dtype] * scale
+
+
+@pytest.mark.parametrize("devices", DEVICE_SETS)
+@pytest.mark.parametrize("storage", ["full", "upper"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,k", [(777, 8), (301, 1), (64, 5)])
+def test_product_equals_scipy(devices, storage, dtype, n, k):
+    import cupy
+    h = _symmetric(n, 0.03, seed=n + k)
+    x = np.random.default_rng(k).standard_normal((n, k)).astype(dtype)
+    op = _operator(h, storage, devices, dtype)
+    with cupy.cuda.Device(devices[0]):
+        y = op.matmat(cupy.asarray(x))
+    _check(y, h, x, dtype)
+
+
+@pytest.mark.parametrize("devices", DEVICE_SETS)
+@pytest.mark.parametrize("storage", ["full", "upper"])
+@pytest.mark.parametrize("offset", [1, 2, 3])
+def test_column_ranges_in_and_out_in_place(devices, storage, offset):
+    """x a column range of a wider row-major block (odd offsets: not 16-byte aligned), written into a
+    column range of a poisoned block; the columns around it stay untouched."""
+    import cupy
+    n, k, width = 513, 5, 24
+    h = _symmetric(n, 0.05, seed=offset)
+    rng = np.random.default_rng(offset)
+    s = rng.standard_normal((n, width))
+    op = _operator(h, storage, devices, np.float64)
+    with cupy.cuda.Device(devices[0]):
+        s_dev = cupy.asarray(s)
+        hs = cupy.full((n, width), np.nan)
+        out = op.matmat(s_dev[:, offset:offset + k], out=hs[:, offset:offset + k])
+        assert out.data.ptr == hs[:, offset:offset + k].data.ptr
+        got = cupy.asnumpy(hs)
+    _check(cupy.asarray(got[:, offset:offset + k]), h, s[:, offset:offset + k], np.float64)
+    assert np.isnan(np.delete(got, np.s_[offset:offset + k], axis=1)).all()
+    np.testing.assert_array_equal(cupy.asnumpy(s_dev), s)              # x untouched
+
+
+@pytest.mark.parametrize("devices", DEVICE_SETS)
+@pytest.mark.parametrize("storage", ["full", "upper"])
+def test_back_to_back_calls_on_a_side_stream(devices, storage):
+    """Calls queued without waiting, on a non-default stream, reusing the devices' scratch blocks: each
+    result is the product of its own x."""
+    import cupy
+    n, k = 2001, 8
+    h = _symmetric(n, 0.02, seed=7)
+    op = _operator(h, storage, devices, np.float64)
+    xs = [np.random.default_rng(i).standard_normal((n, k)) for i in range(4)]
+    with cupy.cuda.Device(devices[0]):
+        with cupy.cuda.Stream(non_blocking=True) as stream:
+            xd = [cupy.asarray(x) for x in xs]
+            ys = [op.matmat(x) for x in xd]
+            for x in xd:
+                x.fill(np.nan)          # queued after the products: must not reach them
+            stream.synchronize()
+    for y, x in zip(ys, xs):
+        _check(y, h, x, np.float64)
+
+
+def test_rows_without_nonzeros_and_empty_blocks():
+    import cupy
+    h = sp.csr_matrix((50, 50))
+    h[3, 7] = h[7, 3] = 2.0
+    h = h.tocsr()
+    op = _operator(h, "full", [0], np.float64)
+    x = np.random.default_rng(0).standard_normal((50, 3))
+    _check(op.matmat(cupy.asarray(x)), h, x, np.float64)
+    assert op.matmat(cupy.zeros((50, 0))).shape == (50, 0)
+
+
+@pytest.mark.parametrize("layout,alg", [("col", None), ("row", None), ("row", 0), ("row", 6), ("col", 4)])
+@pytest.mark.parametrize("beta", [0.0, 1.0, -0.5])
+def test_device_csr_layouts_on_column_ranges(layout, alg, beta):
+    """Both layouts, y = A x + beta y, on column ranges of row-major blocks (odd offsets), rectangular A."""
+    import cupy
+    from cisolver.gpu_spmm import DeviceCsr
+    rng = np.random.default_rng(11)
+    a = sp.random(301, 257, density=0.05, random_state=3, format="csr")
+    s = rng.standard_normal((257, 13))
+    y0 = rng.standard_normal((301, 13))
+    dev = DeviceCsr(a, 0, np.float64, layout=layout, alg=alg)
+    with cupy.cuda.Device(0):
+        y = cupy.asarray(y0)
+        dev.multiply_into(y[:, 3:8], cupy.asarray(s)[:, 1:6], beta=beta)
+        got = cupy.asnumpy(y)
+    expected = y0.copy()
+    expected[:, 3:8] = a @ s[:, 1:6] + beta * y0[:, 3:8]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12 * np.abs(expected).max())
+
+
+def test_device_csr_rejects_wrong_device_dtype_and_shapes():
+    import cupy
+    from cisolver.gpu_spmm import DeviceCsr
+    a = sp.random(40, 30, density=0.2, random_state=1, format="csr")
+    dev = DeviceCsr(a, 0, np.float64)
+    with cupy.cuda.Device(0):
+        with pytest.raises(ValueError, match="shapes"):
+            dev.multiply_into(cupy.zeros((40, 2)), cupy.zeros((31, 2)))
+        with pytest.raises(TypeError, match="float64"):
+            dev.multiply_into(cupy.zeros((40, 2), dtype=np.float32), cupy.zeros((30, 2), dtype=np.float32))
+    with pytest.raises(ValueError, match="layout"):
+        DeviceCsr(a, 0, np.float64, layout="diagonal")
