@@ -221,6 +221,23 @@ def next_p_coefficients(c_x, g, b):
     return z, usable
 
 
+def _both_grams(s, hs, context, comm):
+    """S^T H S and S^T S (lower triangles by hybridblas gemmt and syrk, mirrored), float64 host arrays,
+    through one buffer: one trip to the host (and one Allreduce over ranks) for both."""
+    k = s.shape[1]
+    both = module_of(s).zeros((k, k, 2), dtype=s.dtype, order="F")    # [:, :, i]: column-major k x k
+    hb.gemmt(1.0, s, hs, transa="T", c=both[:, :, 0], context=context)
+    hb.syrk(1.0, s, trans="T", c=both[:, :, 1], context=context)
+    host = host_sum(both, comm)
+    upper = _upper_indices(k)
+    out = []
+    for i in range(2):
+        c = np.array(host[:, :, i], dtype=np.float64, order="C")
+        c[upper] = c.T[upper]
+        out.append(c)
+    return out
+
+
 def rayleigh_ritz(s, hs, n_keep, context=None, comm=None, with_gram=False):
     """Smallest n_keep eigenpairs of (S^T H S, S^T S): Cholesky of S^T S, then a standard eigh.
 
@@ -229,8 +246,7 @@ def rayleigh_ritz(s, hs, n_keep, context=None, comm=None, with_gram=False):
     Returns (theta, C, all_theta), and S^T S last when ``with_gram``; raises NotPositiveDefinite when
     S^T S is ill-conditioned.
     """
-    g, o = _lower_product(s, hs, context), _lower_product(s, None, context)   # both queued, then one wait
-    g, o = _symmetric_host(g, comm), _symmetric_host(o, comm)
+    g, o = _both_grams(s, hs, context, comm)
     d = np.diag(o)
     if not (d > 0).all():
         raise NotPositiveDefinite(f"S^T S has a non-positive diagonal entry ({d.min():.3g})")
