@@ -41,7 +41,7 @@ def build_local(problem, comm, dtype=np.float64, n_threads=None):
 class DistributedOperator:
     """y_local = H[lo:hi, :] x for x distributed by rows: gather x (Allgatherv), multiply the local rows.
 
-    device: a CUDA device id to hold this rank's rows and vectors there (cupyx CSR); the gather then goes
+    device: a CUDA device id to hold this rank's rows and vectors there (cisolver.gpu_spmm); the gather then goes
     GPU to GPU through NCCL where CuPy has it (hybridblas.distributed.allgather_rows).
     """
 
@@ -53,11 +53,12 @@ class DistributedOperator:
         self.comm = comm
         self.xp = np
         self.device = device
+        self.gpu = None
         if device is not None:
             import cupy
-            import cupyx.scipy.sparse as csp
-            with cupy.cuda.Device(device):
-                self.h = csp.csr_matrix(self.h)
+            from .gpu_spmm import DeviceCsr
+            self.gpu = DeviceCsr(self.h, device, self.dtype)     # row-major cuSPARSE products (gpu_spmm)
+            self.h = None                                        # the rows live on the GPU now
             self.xp = cupy
         self.comm_seconds = 0.0
 
@@ -67,7 +68,11 @@ class DistributedOperator:
         xp = self.xp
         x_full = _d.allgather_rows(xp.ascontiguousarray(x_local), self.comm)
         self.comm_seconds += time.perf_counter() - t0
-        return self.h @ x_full
+        if self.gpu is None:
+            return self.h @ x_full
+        with xp.cuda.Device(self.device):
+            y = xp.empty((self.gpu.shape[0], x_full.shape[1]), dtype=self.dtype)
+            return self.gpu.multiply_into(y, x_full.astype(self.dtype, copy=False))
 
     __matmul__ = matmat
 
