@@ -66,7 +66,10 @@ cicpu) stage cicpu ${CPU_LIMIT:-240} "python3 benchmarks/bench_cisolver.py --dev
 cpusweep) stage cpusweep ${SWEEP_LIMIT:-150} "python3 benchmarks/sweep_cisolver_threads.py --cases ${CPU_CASES:-24Mg,46Ti} --threads 1,2,4,8,16 --json $W/cpu-threads.json" ;;
 # cisolver's row kernels against its cuBLAS route, at 48Cr's and 24Mg's sizes
 rowk) stage rowk ${ROWK_LIMIT:-150} "python3 benchmarks/bench_dense_kernels.py --rows 1963461 --json $W/kernels-48cr.json && python3 benchmarks/bench_dense_kernels.py --rows 28503 --json $W/kernels-24mg.json" ;;
+# block SpMM on one and two GPUs: cisolver.gpu_spmm against cupyx as cisolver used it before (same matrix)
+spmm) stage spmm ${SPMM_LIMIT:-240} "python3 benchmarks/bench_spmm_gpu.py --cases ${SPMM_CASES:-47V} --dtype float64 --json $W/spmm-f64.json && python3 benchmarks/bench_spmm_gpu.py --cases 48Cr --dtype float32 --repeat 5 --json $W/spmm-48cr-f32.json" ;;
 # every call of a LOBPCG iteration, host and GPU time: 48Cr's real Hamiltonian, then the synthetic matrix
+trace) stage trace ${TRACE_LIMIT:-150} "for c in ${TRACE_CASES:-24Mg 47V}; do python3 benchmarks/trace_lobpcg_iteration.py --case \$c --dtype float64 --iterations 20; done" ;;
 trace48) stage trace48 ${TRACE_LIMIT:-150} "python3 benchmarks/trace_lobpcg_iteration.py --case 48Cr --iterations 15 && python3 benchmarks/trace_lobpcg_iteration.py --iterations 15" ;;
 esac; done
 echo "=== done $(date +%T)"

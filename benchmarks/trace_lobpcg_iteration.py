@@ -59,6 +59,7 @@ def main():
     else:
         h = synthetic(args.rows, dtype)
     op = SymmetricOperator(h, storage="full", devices=[0])
+    rows = h.shape[0]
     del h
     run = lambda: lobpcg(op, 5, block_size=8, tol=1e-30, maxiter=args.iterations, dtype=dtype, seed=1)
     run()                                            # compiles and warms every kernel
@@ -82,7 +83,7 @@ def main():
     wall = time.perf_counter() - t0
     cp.cuda.Device().synchronize()
     it = res.iterations
-    print(f"n = {args.rows}, {dtype.name}, {it} iterations, {wall / it * 1e3:.2f} ms per iteration (traced); "
+    print(f"n = {rows}, {dtype.name}, {it} iterations, {wall / it * 1e3:.2f} ms per iteration (traced); "
           f"phases ms/it: " + ", ".join(f"{k} {v / it * 1e3:.2f}" for k, v in sorted(res.seconds.items())))
     print(f"  {'call':28s} {'per it':>6s} {'host us':>9s} {'GPU us':>9s} {'host ms/it':>10s} {'GPU ms/it':>9s}")
     for label, rows in sorted(records.items(), key=lambda kv: -sum(r[0] for r in kv[1])):
