@@ -10,6 +10,8 @@ never waits. (cupyx's ``csr @ block``, which cisolver used before, drove the dev
 """
 import numpy as np
 
+from .arrays import row_major, row_stride
+
 ORDER_COL, ORDER_ROW = 1, 2     # cusparseOrder_t
 SPMM_DEFAULT, SPMM_CSR_ALG1, SPMM_CSR_ALG2 = 0, 4, 6     # cusparseSpMMAlg_t
 LAYOUT = "row"
@@ -17,14 +19,14 @@ OP_N = 0                        # cusparseOperation_t NON_TRANSPOSE
 _CUDA_TYPE = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}    # cudaDataType CUDA_R_32F, CUDA_R_64F
 
 
-def _row_major_ld(a):
-    """Leading dimension (row stride in elements) of a row-major 2-D block whose rows may be strided, or
-    None when cuSPARSE cannot take it as it is (column stride not one). cuSPARSE asks only that values
-    be aligned to their type (cusparseCreateDnMat), which every cupy view is."""
-    item = a.dtype.itemsize
-    if a.ndim != 2 or (a.shape[1] > 1 and a.strides[1] != item) or a.strides[0] < 0 or a.strides[0] % item:
-        return None
-    return max(a.strides[0] // item, a.shape[1], 1) if a.shape[0] > 1 else max(a.shape[1], 1)
+def _scratch(cache, device, key, shape, dtype, order="C"):
+    """A block kept between calls in ``cache`` (made on ``device`` the first time)."""
+    import cupy
+    key = (key, shape, np.dtype(dtype), order)
+    if key not in cache:
+        with cupy.cuda.Device(device):
+            cache[key] = cupy.empty(shape, dtype=dtype, order=order)
+    return cache[key]
 
 
 class DeviceCsr:
@@ -58,14 +60,6 @@ class DeviceCsr:
         self._workspace = {}
         self._scratch = {}
 
-    def _block(self, name, shape, order):
-        import cupy
-        key = (name, shape)
-        if key not in self._scratch:
-            with cupy.cuda.Device(self.device):
-                self._scratch[key] = cupy.empty(shape, dtype=self.dtype, order=order)
-        return self._scratch[key]
-
     def multiply_into(self, y, x, beta=0.0):
         import cupy
         rows, cols = self.shape
@@ -85,9 +79,9 @@ class DeviceCsr:
                 y *= beta
             return y
         if self.layout == "col":
-            xf = self._block("x", (cols, k), "F")
+            xf = _scratch(self._scratch, self.device, "x", (cols, k), self.dtype, "F")
             xf[...] = x
-            yf = self._block("y", (rows, k), "F")
+            yf = _scratch(self._scratch, self.device, "y", (rows, k), self.dtype, "F")
             self._call(yf, rows, xf, cols, k, ORDER_COL)
             if beta == 0:
                 y[...] = yf
@@ -96,16 +90,16 @@ class DeviceCsr:
                     y *= beta
                 y += yf
             return y
-        ld_x, ld_y = _row_major_ld(x), _row_major_ld(y)
-        if ld_x is None:                      # a copy cuSPARSE can read
+        # rows at a leading dimension, unit stride along a row: cuSPARSE takes them as they are (it asks
+        # only that values be aligned to their type, cusparseCreateDnMat); other layouts go through copies
+        if not row_major(x):
             x = cupy.ascontiguousarray(x)
-            ld_x = _row_major_ld(x)
-        if ld_y is None:                      # compute into a contiguous block, then copy into y
+        if not row_major(y):
             tmp = cupy.ascontiguousarray(y) if beta != 0 else cupy.empty(y.shape, dtype=y.dtype)
             self.multiply_into(tmp, x, beta)
             y[...] = tmp
             return y
-        self._call(y, ld_y, x, ld_x, k, ORDER_ROW, beta)
+        self._call(y, row_stride(y), x, row_stride(x), k, ORDER_ROW, beta)
         return y
 
     def _call(self, y, ld_y, x, ld_x, k, order, beta=0.0):
@@ -156,12 +150,7 @@ class _Part:
         self.scratch = {}
 
     def buffer(self, name, shape, dtype):
-        import cupy
-        key = (name, shape, np.dtype(dtype))
-        if key not in self.scratch:
-            with cupy.cuda.Device(self.device):
-                self.scratch[key] = cupy.empty(shape, dtype=dtype)
-        return self.scratch[key]
+        return _scratch(self.scratch, self.device, name, shape, dtype)
 
 
 def _enable_peer_access(devices):
@@ -223,8 +212,8 @@ class MultiDeviceCsr:
             for ev in done:
                 caller.wait_event(ev)
             if self.upper:
-                for i, part in enumerate(self.parts):
-                    if remote or i:
+                if remote:            # every part's U_p^T x_p, its own included (one device: added above)
+                    for i, part in enumerate(self.parts):
                         whole[part.r0:] += self._home("z", i, (n - part.r0, k))
                 whole -= self.diag[:, None] * x
             if whole is not y:
@@ -233,12 +222,7 @@ class MultiDeviceCsr:
 
     def _home(self, name, i, shape):
         """A scratch block on the first device for part i (kept between calls)."""
-        import cupy
-        key = (name, i, shape)
-        if key not in self.home:
-            with cupy.cuda.Device(self.devices[0]):
-                self.home[key] = cupy.empty(shape, dtype=self.dtype)
-        return self.home[key]
+        return _scratch(self.home, self.devices[0], (name, i), shape, self.dtype)
 
     def _remote(self, i, part, x, whole, k):
         """Start part's rows on its own stream: x in by a peer copy, its rows (and, for upper storage, its

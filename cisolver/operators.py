@@ -131,8 +131,12 @@ class SymmetricOperator:
     def matmat(self, x, out=None):
         """H x; ``out``: where to write it (e.g. a column range of a row-major block), else a new array."""
         if self.devices is not None:
-            return self.gpu.matmat(x, out=out)
-        y = self._matmat_cpu(x)
+            if x.dtype == self.dtype and (out is None or out.dtype == self.dtype):
+                return self.gpu.matmat(x, out=out)
+            # another precision: the product in the matrix's, the result in the caller's (as on the CPU)
+            y = self.gpu.matmat(x.astype(self.dtype)).astype(x.dtype if out is None else out.dtype)
+        else:
+            y = self._matmat_cpu(x)
         if out is None:
             return y
         out[...] = y

@@ -131,3 +131,19 @@ def test_device_csr_rejects_wrong_device_dtype_and_shapes():
             dev.multiply_into(cupy.zeros((40, 2), dtype=np.float32), cupy.zeros((30, 2), dtype=np.float32))
     with pytest.raises(ValueError, match="layout"):
         DeviceCsr(a, 0, np.float64, layout="diagonal")
+
+
+@pytest.mark.parametrize("devices", DEVICE_SETS)
+def test_block_in_another_precision_than_the_matrix(devices):
+    """A float64 H times a float32 block gives a float32 result (the CPU path does the same)."""
+    import cupy
+    h = _symmetric(301, 0.05, seed=5)
+    op = _operator(h, "upper", devices, np.float64)
+    x = np.random.default_rng(5).standard_normal((301, 4)).astype(np.float32)
+    with cupy.cuda.Device(devices[0]):
+        y = op.matmat(cupy.asarray(x))
+        out = cupy.full((301, 6), np.nan, dtype=np.float32)
+        op.matmat(cupy.asarray(x), out=out[:, 1:5])
+    assert y.dtype == np.float32
+    _check(y, h, x, np.float32)
+    _check(out[:, 1:5], h, x, np.float32)
