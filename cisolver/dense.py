@@ -32,7 +32,12 @@ def host_sum(c, comm):
 
 def _symmetric_host(c, comm):
     """The float64 host copy of a lower-triangle product, summed over ranks, with its upper mirrored."""
-    c = np.array(host_sum(c, comm), dtype=np.float64, order="C")    # our own copy: mirrored in place
+    return _mirrored(host_sum(c, comm))
+
+
+def _mirrored(lower):
+    """A float64 C-ordered copy of a host matrix whose lower triangle holds the values, upper mirrored."""
+    c = np.array(lower, dtype=np.float64, order="C")    # our own copy: mirrored in place
     upper = _upper_indices(c.shape[0])
     c[upper] = c.T[upper]
     return c
@@ -229,13 +234,7 @@ def _both_grams(s, hs, context, comm):
     hb.gemmt(1.0, s, hs, transa="T", c=both[:, :, 0], context=context)
     hb.syrk(1.0, s, trans="T", c=both[:, :, 1], context=context)
     host = host_sum(both, comm)
-    upper = _upper_indices(k)
-    out = []
-    for i in range(2):
-        c = np.array(host[:, :, i], dtype=np.float64, order="C")
-        c[upper] = c.T[upper]
-        out.append(c)
-    return out
+    return _mirrored(host[:, :, 0]), _mirrored(host[:, :, 1])
 
 
 def rayleigh_ritz(s, hs, n_keep, context=None, comm=None, with_gram=False):
