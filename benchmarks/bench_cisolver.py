@@ -17,11 +17,12 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from cisolver import lobpcg
+from cisolver import lobpcg, solver
 from cisolver.data import resolve_interaction
 from cisolver.operators import SymmetricOperator
 from cisolver.shellmodel import hamiltonian, snt
 
+COMPARE_TRIPS = False   # --compare-trips
 CASES = {  # name: (interaction, Zv, Nv)
     "24Mg": ("usdb", 4, 4), "28Si": ("usdb", 6, 6), "44Ti": ("gxpf1a", 2, 2), "46Ti": ("gxpf1a", 2, 4),
     "47V": ("gxpf1a", 3, 4), "48Cr": ("gxpf1a", 4, 4),
@@ -66,11 +67,18 @@ def run_case(name, nev, tol, devices, dtype, maxiter, threads, log, path, meta, 
         it = max(res.iterations, 1)
         record({"solver": label, "backend": getattr(op, "backend", None), "seconds": t,
                 "iterations": res.iterations, "converged": res.converged, "restarts": res.restarts,
-                "second_passes": res.second_passes, "energies": res.eigenvalues.tolist(),
+                "second_passes": res.second_passes, "declined": res.declined, "energies": res.eigenvalues.tolist(),
                 "residuals": res.residual_norms.tolist(),
                 "per_iteration": {k: v / it for k, v in res.seconds.items()}})
-        log(f"  {label}: {t:.2f}s, {res.iterations} it ({res.second_passes} with a second CholQR pass), "
-            f"{res.eigenvalues[:3]}")
+        log(f"  {label}: {t:.2f}s, {res.iterations} it ({res.second_passes} with a second CholQR pass, "
+            f"{res.declined} GPU passes declined), dense {res.seconds.get('dense', 0) / it * 1e3:.2f} ms/it, "
+            f"spmm {res.seconds.get('spmm', 0) / it * 1e3:.2f} ms/it, {res.eigenvalues[:3]}")
+        if devs != "cpu" and COMPARE_TRIPS and solver.OVERLAP:
+            solver.OVERLAP = False            # the same run waiting at every host trip (sessions 7-8)
+            try:
+                ours(label + "-trips", devs, storage, h)
+            finally:
+                solver.OVERLAP = True
 
     def peer(label, fn):
         try:
@@ -148,6 +156,8 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     ap.add_argument("--threads", type=int, default=None, help="threads for the Hamiltonian build")
     ap.add_argument("--gpu-only", action="store_true", help="skip the CPU solvers (ours and the peers)")
+    ap.add_argument("--compare-trips", action="store_true",
+                    help="run each GPU solve of ours a second time waiting at every host trip (solver.OVERLAP off)")
     args = ap.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     bad = [c for c in cases if c not in CASES]
@@ -159,6 +169,8 @@ def main(argv=None):
         devices = list(range(n)) if n else "cpu"
         if devices == "cpu":
             print("bench_cisolver: no CUDA GPU found; running the CPU part only", file=sys.stderr)
+    global COMPARE_TRIPS
+    COMPARE_TRIPS = args.compare_trips
     os.makedirs(args.out, exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "cpu_count": os.cpu_count(),
             "python": platform.python_version(), "numpy": np.__version__, "devices": devices,

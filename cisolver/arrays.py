@@ -35,6 +35,51 @@ def column_sumsq(block):
     return (cupy.ones(block.shape[0], dtype=np.float64) @ sq).get()
 
 
+class Ready:
+    """A host value, with the ``result()`` of a Later (the CPU path has nothing to wait for)."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class Later:
+    """A device array's copy to the host, queued on the current stream into pinned memory without waiting:
+    ``result()`` waits for that copy only, not for the work queued after it, and returns ``finish`` of the
+    host copy (its own array, the pinned buffer going back to CuPy's pool)."""
+    __slots__ = ("_device", "_host", "_event", "_finish", "_value")
+
+    def __init__(self, device_array, finish=None):
+        import cupy
+        import cupyx
+        order = "F" if device_array.flags.f_contiguous and not device_array.flags.c_contiguous else "C"
+        self._device = device_array            # alive until the copy has landed
+        self._host = cupyx.empty_pinned(device_array.shape, device_array.dtype, order=order)
+        device_array.get(out=self._host, blocking=False)
+        self._event = cupy.cuda.Event(disable_timing=True)
+        self._event.record()
+        self._finish = finish
+
+    def result(self):
+        if self._event is not None:
+            self._event.synchronize()
+            host = np.array(self._host)
+            self._value = self._finish(host) if self._finish else host
+            self._event = self._device = self._host = None
+        return self._value
+
+
+def column_totals(partials, later=False):
+    """The column sums of a small device array of per-block partial sums, added on the host in a fixed
+    order (reproducible); with ``later`` a Later of them."""
+    if later:
+        return Later(partials, lambda host: host.sum(axis=0))
+    return partials.get().sum(axis=0)
+
+
 def row_major(x):
     """Rows at a leading dimension, unit stride along a row (e.g. a column range of a row-major buffer):
     the layout BLAS, cuBLAS and cisolver's row kernels read in place."""

@@ -27,7 +27,7 @@ import ctypes
 import numpy as np
 
 from . import host_blocks, row_kernels
-from .arrays import column_sumsq, is_device, row_major, row_stride
+from .arrays import Ready, column_sumsq, column_totals, is_device, row_major, row_stride
 
 _PREFIX = {np.dtype(np.float32): "S", np.dtype(np.float64): "D"}
 
@@ -117,36 +117,41 @@ def _device_product(pairs, m, beta):
     return False
 
 
-def residual_into(r, hx, x, theta):
+def residual_into(r, hx, x, theta, later=False):
     """r <- hx - x diag(theta) (theta a host vector), and the column sums of squares of r as a float64 host
-    array. On a GPU one kernel does both (summing in double, partial sums per thread block added on the
-    host in a fixed order: reproducible); it replaced a cupy multiply, subtract, widening and product,
-    0.50 ms per iteration at 48Cr's size on an H200."""
-    theta = np.asarray(theta, dtype=np.float64)
+    array (with ``later`` an arrays.Later of it, or a Ready on the host). On a GPU one kernel does both
+    (summing in double, partial sums per thread block added on the host in a fixed order: reproducible);
+    it replaced a cupy multiply, subtract, widening and product, 0.50 ms per iteration at 48Cr's size on
+    an H200."""
+    if not is_device(theta):                  # (a GPU block's theta may be on the GPU already)
+        theta = np.asarray(theta, dtype=np.float64)
     if hx.shape != x.shape or r.shape != x.shape or theta.shape != (x.shape[1],):
         raise ValueError(f"residual of hx {hx.shape}, x {x.shape}, theta {theta.shape} into r {r.shape}")
     if not is_device(r):
         if host_blocks.blas_ready(r, hx, x):
-            return host_blocks.residual(r, hx, x, theta)
-        np.multiply(x, theta.astype(x.dtype)[None, :], out=r)
-        np.subtract(hx, r, out=r)
-        return np.einsum("ij,ij->j", r, r, dtype=np.float64)
-    return _residual_gpu(r, hx, x, theta)
+            sums = host_blocks.residual(r, hx, x, theta)
+        else:
+            np.multiply(x, theta.astype(x.dtype)[None, :], out=r)
+            np.subtract(hx, r, out=r)
+            sums = np.einsum("ij,ij->j", r, r, dtype=np.float64)
+        return Ready(sums) if later else sums
+    return _residual_gpu(r, hx, x, theta, later)
 
 
-def update_with_residual(x_next, s, hx_next, hs, m, r, theta):
+def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False):
     """LOBPCG's end of iteration: x_next <- s m, hx_next <- hs m (m is k x 2b: new X and P, H X and H P),
-    then r <- hx_next[:, :b] - x_next[:, :b] diag(theta); returns r's column sums of squares (float64, host).
+    then r <- hx_next[:, :b] - x_next[:, :b] diag(theta); returns r's column sums of squares (float64, host;
+    with ``later`` an arrays.Later or Ready of them, the host not waiting for the GPU).
     On a GPU one kernel does all of it (cisolver.row_kernels), elsewhere product_into_both and residual_into."""
     b = r.shape[1]
     if is_device(r):
         _check(x_next, s, m)
         _check(hx_next, hs, m)
-        sums = row_kernels.update_with_residual(x_next, s, hx_next, hs, m, r, theta)
+        sums = row_kernels.update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=later)
         if sums is not None:
             return sums
     product_into_both(x_next, s, hx_next, hs, m)
-    return residual_into(r, hx_next[:, :b], x_next[:, :b], theta)
+    return residual_into(r, hx_next[:, :b], x_next[:, :b], theta, later)
 
 
 def _host_product(pairs, m, beta):
@@ -204,7 +209,7 @@ def _gemm(out, a, m, beta):
     p = a.shape[1]
     if n == 0 or q == 0:
         return
-    m_dev = cupy.asarray(np.ascontiguousarray(m), dtype=out.dtype)     # row-major p x q = column-major m^T
+    m_dev = row_kernels._small_on_device(cupy, m, out.dtype)           # row-major p x q = column-major m^T
     one, one_p = _scalar(1.0, out.dtype)
     b, b_p = _scalar(beta, out.dtype)
     i = ctypes.c_int
@@ -244,16 +249,16 @@ extern "C" __global__ void residual_sumsq(const T* hx, long long ldh, const T* x
 _residual_kernels = {}
 
 
-def _residual_gpu(r, hx, x, theta):
+def _residual_gpu(r, hx, x, theta, later=False):
     import cupy
     from hybridblas.devices.cuda_skinny import multiprocessors
     n, b = r.shape
     if n == 0 or b == 0:
-        return np.zeros(b)
+        return Ready(np.zeros(b)) if later else np.zeros(b)
     if not (all(row_major(a) for a in (r, hx, x)) and r.dtype == hx.dtype == x.dtype and r.dtype in _PREFIX
             and b <= 256):
         cupy.subtract(hx, x * cupy.asarray(theta, dtype=x.dtype)[None, :], out=r)
-        return column_sumsq(r)
+        return Ready(column_sumsq(r)) if later else column_sumsq(r)
     key = (cupy.cuda.Device().id, r.dtype)
     if key not in _residual_kernels:
         ctype = "float" if r.dtype == np.float32 else "double"
@@ -263,7 +268,7 @@ def _residual_gpu(r, hx, x, theta):
     blocks = max(1, min(8 * multiprocessors(cupy), -(-n // (threads // b))))
     partials = cupy.empty((blocks, b), dtype=np.float64)
     _residual_kernels[key]((blocks,), (threads,),
-                           (hx, np.int64(row_stride(hx)), x, np.int64(row_stride(x)), cupy.asarray(theta),
+                           (hx, np.int64(row_stride(hx)), x, np.int64(row_stride(x)), cupy.asarray(theta, dtype=np.float64),
                             np.int32(b), np.int64(n), r, np.int64(row_stride(r)), partials),
                            shared_mem=8 * threads)
-    return partials.get().sum(axis=0)
+    return column_totals(partials, later)

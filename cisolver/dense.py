@@ -226,26 +226,44 @@ def next_p_coefficients(c_x, g, b):
     return z, usable
 
 
-def _both_grams(s, hs, context, comm):
-    """S^T H S and S^T S (lower triangles by hybridblas gemmt and syrk, mirrored), float64 host arrays,
-    through one buffer: one trip to the host (and one Allreduce over ranks) for both."""
+def gram_buffer(s, hs, context=None):
+    """S^T H S and S^T S, lower triangles by hybridblas gemmt and syrk, in one buffer where s lives
+    ([:, :, 0] and [:, :, 1], each column-major k x k): one trip to the host for both."""
     k = s.shape[1]
-    both = module_of(s).zeros((k, k, 2), dtype=s.dtype, order="F")    # [:, :, i]: column-major k x k
+    both = module_of(s).zeros((k, k, 2), dtype=s.dtype, order="F")
     hb.gemmt(1.0, s, hs, transa="T", c=both[:, :, 0], context=context)
     hb.syrk(1.0, s, trans="T", c=both[:, :, 1], context=context)
-    host = host_sum(both, comm)
+    return both
+
+
+def split_grams(host):
+    """The mirrored float64 pair (S^T H S, S^T S) from a host copy of gram_buffer's buffer."""
     return _mirrored(host[:, :, 0]), _mirrored(host[:, :, 1])
 
 
-def rayleigh_ritz(s, hs, n_keep, context=None, comm=None, with_gram=False):
+def _both_grams(s, hs, context, comm):
+    """S^T H S and S^T S (mirrored), float64 host arrays, through one buffer: one trip to the host (and one
+    Allreduce over ranks) for both."""
+    return split_grams(host_sum(gram_buffer(s, hs, context), comm))
+
+
+def queue_grams(s, hs, context=None):
+    """Rayleigh-Ritz's two Gram products of GPU blocks queued, and their copy to the host begun, without
+    waiting: an arrays.Later of what rayleigh_ritz's ``grams`` takes."""
+    from .arrays import Later
+    return Later(gram_buffer(s, hs, context), split_grams)
+
+
+def rayleigh_ritz(s, hs, n_keep, context=None, comm=None, with_gram=False, grams=None):
     """Smallest n_keep eigenpairs of (S^T H S, S^T S): Cholesky of S^T S, then a standard eigh.
 
     S^T S is scaled to a unit diagonal first (Jacobi), so columns of very different lengths (a P
     block that is not normalised) do not make the Cholesky fail.
+    ``grams``: the Gram pair of these s and hs queued already (queue_grams), else they are computed here.
     Returns (theta, C, all_theta), and S^T S last when ``with_gram``; raises NotPositiveDefinite when
     S^T S is ill-conditioned.
     """
-    g, o = _both_grams(s, hs, context, comm)
+    g, o = grams.result() if grams is not None else _both_grams(s, hs, context, comm)
     d = np.diag(o)
     if not (d > 0).all():
         raise NotPositiveDefinite(f"S^T S has a non-positive diagonal entry ({d.min():.3g})")

@@ -18,7 +18,7 @@ and the caller takes its cuBLAS route.
 """
 import numpy as np
 
-from .arrays import row_major, row_stride
+from .arrays import Ready, column_totals, row_major, row_stride
 
 QMAX_CHOICES = (8, 16, 32)         # accumulators per thread: the smallest that holds the output row
 SHARED_LIMIT = 32 << 10            # bytes of the staged small matrix (p x QMAX)
@@ -186,9 +186,17 @@ def _grid(cupy, n):
     return max(1, min(BLOCKS_PER_SM * multiprocessors(cupy), -(-n // THREADS)))
 
 
+def _small_on_device(cupy, m, dtype):
+    """The small matrix as a C-ordered device array of the blocks' precision (a host one is copied over; a
+    device one, e.g. written there by cisolver.gpu_ortho, is used where it is when it already fits)."""
+    if type(m).__module__.startswith("cupy"):
+        return cupy.ascontiguousarray(m, dtype=dtype)
+    return cupy.asarray(np.ascontiguousarray(m), dtype=dtype)
+
+
 def product(out, a, m):
-    """out <- a @ m on the caller's stream (``m`` a small host matrix); ``out`` may be a column range of
-    ``a`` over the same rows. False (nothing done) when the kernel does not cover these blocks."""
+    """out <- a @ m on the caller's stream (``m`` a small host or device matrix); ``out`` may be a column
+    range of ``a`` over the same rows. False (nothing done) when the kernel does not cover these blocks."""
     import cupy
     n, q = out.shape
     p = a.shape[1]
@@ -197,7 +205,7 @@ def product(out, a, m):
     if n == 0 or q == 0:
         return True
     qmax = _qmax(q)
-    m_dev = cupy.asarray(np.ascontiguousarray(m), dtype=out.dtype)
+    m_dev = _small_on_device(cupy, m, out.dtype)
     kernel = _module(cupy, out.dtype).get_function(f"rows_times_small<{qmax}>")
     kernel((_grid(cupy, n),), (THREADS,),
            (a, np.int64(row_stride(a)), out, np.int64(row_stride(out)), m_dev, np.int32(p), np.int32(q), np.int64(n),
@@ -206,10 +214,10 @@ def product(out, a, m):
     return True
 
 
-def update_with_residual(x_next, s, hx_next, hs, m, r, theta):
+def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False):
     """x_next <- s m, hx_next <- hs m (m is k x 2b), r <- hx_next[:, :b] - x_next[:, :b] diag(theta); returns
-    the column sums of squares of r (float64 host array), or None when the kernel does not cover these
-    blocks (nothing done)."""
+    the column sums of squares of r (float64 host array; with ``later`` an arrays.Later of it, the host not
+    waiting for the GPU), or None when the kernel does not cover these blocks (nothing done)."""
     import cupy
     n, q = x_next.shape
     p = s.shape[1]
@@ -219,14 +227,14 @@ def update_with_residual(x_next, s, hx_next, hs, m, r, theta):
             or hx_next.shape != x_next.shape or r.shape[0] != n or s.shape[0] != n):
         return None
     if n == 0 or b == 0:
-        return np.zeros(b)
+        return Ready(np.zeros(b)) if later else np.zeros(b)
     qmax = _qmax(q)
     staged = -(-p * qmax * r.dtype.itemsize // 16) * 16
     shared = staged + 8 * (qmax // 2) * THREADS             # the small matrix, then the sums of squares
     if shared > 48 << 10:
         return None
-    m_dev = cupy.asarray(np.ascontiguousarray(m), dtype=r.dtype)
-    theta_dev = cupy.asarray(np.asarray(theta, dtype=np.float64))
+    m_dev = _small_on_device(cupy, m, r.dtype)
+    theta_dev = cupy.asarray(theta, dtype=np.float64)      # a host vector, or already on the GPU
     grid = _grid(cupy, n)
     partials = cupy.empty((grid, b), dtype=np.float64)
     vec = sum(bit << i for i, bit in enumerate(_vector_rows(x) for x in (s, hs, x_next, hx_next, r)))
@@ -236,4 +244,4 @@ def update_with_residual(x_next, s, hx_next, hs, m, r, theta):
             hx_next, np.int64(row_stride(hx_next)), m_dev, np.int32(p), np.int32(q), theta_dev, np.int32(b),
             r, np.int64(row_stride(r)), np.int64(n), np.int32(vec), partials),
            shared_mem=shared)
-    return partials.get().sum(axis=0)
+    return column_totals(partials, later)

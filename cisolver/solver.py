@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dense
-from .arrays import Timer, column_sumsq, module_of, to_host
+from . import dense, gpu_ortho, gpu_rayleigh_ritz
+from .arrays import Later, Ready, Timer, column_sumsq, module_of, to_host
 from .blocks import product_into, residual_into, update_with_residual
 
 
@@ -27,6 +27,7 @@ class LobpcgResult:
     history: list = field(default_factory=list)   # per iteration: relative residuals of the block
     restarts: int = 0                              # iterations where P had to be dropped
     second_passes: int = 0                         # iterations whose [P W] needed a second CholQR pass
+    declined: int = 0                              # GPU orthonormalisation passes handed to the host path
 
 
 def _orthonormalise_on_host(s, q, k):
@@ -64,6 +65,17 @@ def _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm):
     return n_p, restarts
 
 
+def _orthonormalise(s, hs, w, b, n_p, k, restarts, context, comm):
+    """[P W] = s[:, b:k] orthonormal and orthogonal to X on the host path (dense.orthonormalise_tail, one
+    or two passes); returns the new n_p, restart count and passes made."""
+    try:
+        passes = dense.orthonormalise_tail(s[:, :k], hs[:, :k], b, n_p, context=context, comm=comm, adaptive=True)
+        return n_p, restarts, passes
+    except dense.NotPositiveDefinite:
+        n_p, restarts = _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm)
+        return n_p, restarts, 0
+
+
 def _multiply(op, s, hs, c0, c1):
     """hs[:, c0:c1] <- H s[:, c0:c1]; GPU operators write the column range in place."""
     if getattr(op, "devices", None) is not None:
@@ -87,6 +99,7 @@ def _as_operator(h, dtype):
     return SymmetricOperator(h, dtype=dtype)
 
 
+OVERLAP = True        # False: GPU runs wait for every host trip as CPU runs do (benchmarks compare the two)
 _host_contexts = {}
 
 
@@ -188,16 +201,27 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         sq = residual_into(r, hs[:, :b], s[:, :b], theta)      # R = H X - X Theta, and its column norms^2
     norm_est = max(np.abs(allv).max(), np.finfo(np.float64).tiny)
     p_usable = np.zeros(b, dtype=bool)       # columns of s[:, b:2b] that hold a search direction
-    history, restarts, second_passes, it = [], 0, 0, 0
+    history, restarts, second_passes, declined, it = [], 0, 0, 0, 0
     converged = np.zeros(b, dtype=bool)
-    for it in range(1, maxiter + 1):
+    pending = Ready(sq)                      # the residuals' sums of squares of the current X
+    # A GPU run (one process) queues a whole iteration before it waits: the first orthonormalisation pass
+    # is factored on the GPU (gpu_ortho), and the residuals of the current X are read once that pass is
+    # queued, so W's columns follow the residuals of the X before (soft locking decided one iteration late)
+    overlap = OVERLAP and xp is not np and comm is None and gpu_ortho.fits(s, b)
+
+    def residuals_read():
+        """Relative residuals of the current X; True when the wanted ones have converged."""
+        nonlocal converged
         with timer.phase("dense", "residual"):
-            rel = np.sqrt(dense.host_sum(sq, comm)) / norm_est     # R was made with X (start, or update)
+            rel = np.sqrt(dense.host_sum(pending.result(), comm)) / norm_est
         history.append(rel.copy())
         converged = rel <= tol
         if callback:
             callback(it, theta, rel)
-        if converged[:nev].all():
+        return converged[:nev].all()
+
+    for it in range(1, maxiter + 1):
+        if not overlap and residuals_read():
             break
         active = np.nonzero(~converged)[0]
         n_w = len(active)
@@ -213,19 +237,49 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
             k = b + n_p + n_w
             s[:, b + n_p:k] = w
             # [P W] orthonormal and orthogonal to X: one or two passes, one product and one host trip each
-            try:
-                passes = dense.orthonormalise_tail(s[:, :k], hs[:, :k], b, n_p, context=context, comm=comm,
-                                                   adaptive=True)
+            if overlap:
+                flag = Later(gpu_ortho.first_pass(s[:, :k], hs[:, :k], b, n_p, context=context))
+            else:
+                n_p, restarts, passes = _orthonormalise(s, hs, w, b, n_p, k, restarts, context, comm)
                 second_passes += passes > 1
-            except dense.NotPositiveDefinite:
-                n_p, restarts = _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm)
                 k = b + n_p + n_w
+        if overlap and residuals_read():
+            break
         with timer.phase("spmm"):
             _multiply(op, s, hs, b + n_p, k)
+        grams = rr = None
+        if overlap:
+            with timer.phase("dense", "rayleigh_ritz"):
+                both = dense.gram_buffer(s[:, :k], hs[:, :k], context=context)
+                if gpu_rayleigh_ritz.fits(s, b):
+                    rr = gpu_rayleigh_ritz.queue(both, b, dtype)
+                else:
+                    grams = Later(both, dense.split_grams)
+            if flag.result()[0]:
+                # the GPU pass left S and H S as they were (V would cancel, is rank deficient or wants a
+                # second pass): the host path, and H W again
+                declined, grams, rr = declined + 1, None, None
+                with timer.phase("dense", "orthonormalise"):
+                    n_p, restarts, passes = _orthonormalise(s, hs, w, b, n_p, k, restarts, context, comm)
+                    second_passes += passes > 1
+                    k = b + n_p + n_w
+                with timer.phase("spmm"):
+                    _multiply(op, s, hs, b + n_p, k)
+        if rr is not None:
+            with timer.phase("dense", "update"):
+                later = update_with_residual(s_next[:, :2 * b], s[:, :k], hs_next[:, :2 * b], hs[:, :k], rr.m, r,
+                                             rr.theta, later=True)
+            new_theta, largest, usable, definite = rr.summary()      # while the GPU runs the update
+            if definite:
+                theta, p_usable, pending = new_theta, usable, later
+                norm_est = max(norm_est, largest)
+                s, s_next, hs, hs_next = s_next, s, hs_next, hs
+                continue
+            # S^T S not numerically positive definite: the host path below, from the same S and H S
         with timer.phase("dense", "rayleigh_ritz"):
             try:
                 theta, c, allv, g = dense.rayleigh_ritz(s[:, :k], hs[:, :k], b, context=context, comm=comm,
-                                                        with_gram=True)
+                                                        with_gram=True, grams=grams)
             except dense.NotPositiveDefinite:
                 if n_p == 0:
                     raise
@@ -239,7 +293,8 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
             # new X = S C and P = S Z (orthogonal to X, unit columns), H X and H P; R of the new X
             z, p_usable = dense.next_p_coefficients(c, g, b)
             both = np.hstack([c, z])
-            sq = update_with_residual(s_next[:, :2 * b], s[:, :k], hs_next[:, :2 * b], hs[:, :k], both, r, theta)
+            pending = update_with_residual(s_next[:, :2 * b], s[:, :k], hs_next[:, :2 * b], hs[:, :k], both, r,
+                                           theta, later=True)
             s, s_next, hs, hs_next = s_next, s, hs_next, hs
     x = xp.ascontiguousarray(s[:, :b])
     # honest final residuals: one explicit product (the recurrences may drift, notably in float32)
@@ -247,4 +302,4 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         hx_true = op.matmat(x[:, :nev])
     rel = norms(hx_true - x[:, :nev] * xp.asarray(theta[:nev], dtype=dtype)[None, :]) / norm_est
     return LobpcgResult(np.asarray(theta[:nev]), x[:, :nev], rel, it, bool(converged[:nev].all()),
-                        dict(timer.seconds), history, restarts, second_passes)
+                        dict(timer.seconds), history, restarts, second_passes, declined)

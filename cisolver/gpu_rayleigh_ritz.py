@@ -1,0 +1,233 @@
+"""LOBPCG's small Rayleigh-Ritz problem and next search directions on the GPU, with no host trip.
+
+dense.rayleigh_ritz and dense.next_p_coefficients take the two Gram matrices to the host, factor them
+there and send the update's coefficients back; the GPU waits for the host meanwhile (0.5-0.7 ms per
+iteration at 47V's and 48Cr's sizes on an H200). Here the same steps run where the Grams are, in double:
+
+    prepare (one thread block): the Grams mirrored, S^T S Jacobi-scaled and factored (Cholesky), R^{-1},
+        A = R^{-T} (S^T H S, scaled) R^{-1}
+    cuSOLVER's syevjBatched (through cupy.linalg.eigh on a batch of one): A's eigenpairs, ascending
+    finish (one thread block): C = D R^{-1} Y[:, :b], the next P's coefficients Z (dense.next_p_coefficients),
+        [C Z] in the blocks' precision for the update kernel, theta, and a small summary for the host
+
+The host reads the summary (theta, the largest |Ritz value|, which P columns are usable, and whether S^T S
+was positive definite) while the GPU runs the update. Where the host path would raise NotPositiveDefinite
+the summary says so and the caller takes the host path from the same, untouched S and H S.
+"""
+import numpy as np
+
+from .arrays import Later, is_device
+
+KMAX = 32          # columns of S: cuSOLVER's batched Jacobi eigensolver takes matrices up to 32 x 32
+# S^T S's scaled Cholesky factor with diagonal entries this far apart sends the step to the host path. Stricter
+# than dense.cholesky_upper's: an exactly singular S^T S leaves pivots of rounding size whose sign is chance
+# (the host's LAPACK failed where this kernel took a 1e-8 pivot, float32, two equal columns); the host path
+# then decides as it always has
+SINGULAR_RATIO = 1e-6
+THREADS = 256
+
+_SOURCE = r"""
+// both: the two Grams' lower triangles, element (i, j) of Gram p at both[i * s0 + j * s1 + p * s2]
+// (p = 0: S^T H S, p = 1: S^T S). Writes a (k x k, for the eigensolver), rinv, o (S^T S mirrored), d.
+extern "C" __global__ void rr_prepare(const T* both, long long s0, long long s1, long long s2, int k,
+        double singular_ratio, double* a, double* rinv, double* o, double* d, int* flag)
+{
+    __shared__ double g[KMAX * KMAX], r[KMAX * KMAX], ri[KMAX * KMAX];
+    __shared__ double dd[KMAX];
+    __shared__ int bad;
+    const int t = threadIdx.x, nt = blockDim.x;
+    if (t == 0) bad = 0;
+    for (int e = t; e < k * k; e += nt) {
+        const int i = e / k, j = e % k, lo = i >= j ? i : j, hi = i >= j ? j : i;
+        g[e] = (double) both[lo * s0 + hi * s1];
+        r[e] = (double) both[lo * s0 + hi * s1 + s2];
+        o[e] = r[e];
+    }
+    __syncthreads();
+    if (t < k) {
+        const double v = r[t * k + t];
+        if (!(v > 0.0) || !isfinite(v)) atomicOr(&bad, 1);
+        dd[t] = v > 0.0 && isfinite(v) ? 1.0 / sqrt(v) : 1.0;
+        d[t] = dd[t];
+    }
+    __syncthreads();
+    for (int e = t; e < k * k; e += nt) {
+        const int i = e / k, j = e % k;
+        const double sc = dd[i] * dd[j];
+        r[e] *= sc;
+        g[e] *= sc;
+        if (!isfinite(r[e]) || !isfinite(g[e])) atomicOr(&bad, 1);
+    }
+    __syncthreads();
+    for (int c = 0; c < k; ++c) {                              // upper Cholesky in place: row c is R[c, c:]
+        if (t == 0) {
+            const double p = r[c * k + c];
+            if (!(p > 0.0) || !isfinite(p)) atomicOr(&bad, 1);
+            r[c * k + c] = p > 0.0 && isfinite(p) ? sqrt(p) : 1.0;
+        }
+        __syncthreads();
+        if (t > c && t < k) r[c * k + t] /= r[c * k + c];
+        __syncthreads();
+        for (int e = t; e < k * k; e += nt) {
+            const int i = e / k, j = e % k;
+            if (i > c && j >= i) r[e] -= r[c * k + i] * r[c * k + j];
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        double lo = fabs(r[0]), hi = fabs(r[0]);
+        for (int c = 1; c < k; ++c) { lo = fmin(lo, fabs(r[c * k + c])); hi = fmax(hi, fabs(r[c * k + c])); }
+        if (!(lo > singular_ratio * hi)) atomicOr(&bad, 1);
+    }
+    if (t < k) {                                               // column t of R^{-1}
+        const int j = t;
+        for (int i = 0; i < k; ++i) ri[i * k + j] = 0.0;
+        ri[j * k + j] = 1.0 / r[j * k + j];
+        for (int i = j - 1; i >= 0; --i) {
+            double s = 0.0;
+            for (int l = i + 1; l <= j; ++l) s += r[i * k + l] * ri[l * k + j];
+            ri[i * k + j] = -s / r[i * k + i];
+        }
+    }
+    __syncthreads();
+    for (int e = t; e < k * k; e += nt) {                     // r <- G_scaled R^{-1}
+        const int i = e / k, j = e % k;
+        double s = 0.0;
+        for (int l = 0; l <= j; ++l) s += g[i * k + l] * ri[l * k + j];
+        r[e] = s;
+        rinv[e] = ri[e];
+    }
+    __syncthreads();
+    for (int e = t; e < k * k; e += nt) {                     // A = R^{-T} (G_scaled R^{-1}), symmetrised
+        const int i = e / k, j = e % k;
+        double s1 = 0.0, s2 = 0.0;
+        for (int l = 0; l <= i; ++l) s1 += ri[l * k + i] * r[l * k + j];
+        for (int l = 0; l <= j; ++l) s2 += ri[l * k + j] * r[l * k + i];
+        a[e] = 0.5 * (s1 + s2);
+    }
+    if (t == 0) flag[0] = bad;
+}
+
+// w: ascending eigenvalues; eigenvector i is column i of v (element (l, i) at v[l * v0 + i * v1]).
+// m (k x 2b, row-major, T) = [C Z]; theta (b); info = [theta (b), max |w|, usable (b), flag].
+extern "C" __global__ void rr_finish(const double* w, const double* v, long long v0, long long v1,
+        const double* rinv, const double* o, const double* d, const int* flag, int k, int b,
+        T* m, double* theta, double* info)
+{
+    __shared__ double c[KMAX * KMAX], z[KMAX * KMAX], oz[KMAX * KMAX], tt[KMAX * KMAX];
+    __shared__ double before[KMAX], after[KMAX];
+    const int t = threadIdx.x, nt = blockDim.x;
+    for (int e = t; e < k * b; e += nt) {                     // C = D R^{-1} Y[:, :b]
+        const int l = e / b, j = e % b;
+        double s = 0.0;
+        for (int q = l; q < k; ++q) s += rinv[l * k + q] * v[q * v0 + j * v1];
+        c[e] = d[l] * s;
+        z[e] = l < b ? 0.0 : c[e];
+    }
+    __syncthreads();
+    for (int pass = 0; pass < 2; ++pass) {
+        for (int e = t; e < k * b; e += nt) {                 // O Z
+            const int l = e / b, j = e % b;
+            double s = 0.0;
+            for (int q = 0; q < k; ++q) s += o[l * k + q] * z[q * b + j];
+            oz[e] = s;
+        }
+        __syncthreads();
+        if (t < b) {                                           // |Z_j| in the S^T S inner product
+            double s = 0.0;
+            for (int l = 0; l < k; ++l) s += z[l * b + t] * oz[l * b + t];
+            (pass == 0 ? before : after)[t] = sqrt(fmax(s, 0.0));
+        }
+        if (pass == 1) break;
+        for (int e = t; e < b * b; e += nt) {                 // C^T O Z
+            const int i = e / b, j = e % b;
+            double s = 0.0;
+            for (int l = 0; l < k; ++l) s += c[l * b + i] * oz[l * b + j];
+            tt[e] = s;
+        }
+        __syncthreads();
+        for (int e = t; e < k * b; e += nt) {                 // Z <- Z - C (C^T O Z)
+            const int l = e / b, j = e % b;
+            double s = 0.0;
+            for (int i = 0; i < b; ++i) s += c[l * b + i] * tt[i * b + j];
+            z[e] -= s;
+        }
+        __syncthreads();
+    }
+    __syncthreads();
+    const bool ok = flag[0] == 0;
+    for (int e = t; e < k * b; e += nt) {
+        const int l = e / b, j = e % b;
+        const bool usable = after[j] > 1e3 * EPS64 * fmax(before[j], TINY64);
+        m[l * 2 * b + j] = (T) (ok ? c[e] : 0.0);
+        m[l * 2 * b + b + j] = (T) (ok && usable ? z[e] / after[j] : 0.0);
+    }
+    if (t < b) {
+        theta[t] = w[t];
+        info[t] = w[t];
+        info[b + 1 + t] = after[t] > 1e3 * EPS64 * fmax(before[t], TINY64) ? 1.0 : 0.0;
+    }
+    if (t == 0) {
+        double big = 0.0;
+        for (int i = 0; i < k; ++i) big = fmax(big, fabs(w[i]));
+        info[b] = big;
+        info[2 * b + 1] = (double) flag[0];
+    }
+}
+"""
+_modules = {}
+
+
+def fits(s, b):
+    """The kernels cover these blocks: GPU, float32/float64, at most KMAX columns in S."""
+    return is_device(s) and s.dtype in (np.float32, np.float64) and 0 < b and s.shape[1] <= KMAX
+
+
+def _module(cupy, dtype):
+    key = (cupy.cuda.Device().id, np.dtype(dtype))
+    if key not in _modules:
+        ctype = "float" if key[1] == np.float32 else "double"
+        head = (f"typedef {ctype} T;\n#define KMAX {KMAX}\n#define EPS64 {float(np.finfo(np.float64).eps)!r}\n"
+                f"#define TINY64 {float(np.finfo(np.float64).tiny)!r}\n")
+        _modules[key] = cupy.RawModule(code=head + _SOURCE)
+    return _modules[key]
+
+
+class Queued:
+    """A Rayleigh-Ritz step queued on the GPU: ``m`` ([C Z], k x 2b, device) and ``theta`` (device) feed the
+    update kernel; ``summary()`` waits for the small results only and gives (theta, max |Ritz value|,
+    usable P columns, positive definite) on the host."""
+
+    def __init__(self, m, theta, info, b):
+        self.m, self.theta, self._info, self._b = m, theta, info, b
+
+    def summary(self):
+        info, b = self._info.result(), self._b
+        return info[:b].copy(), float(info[b]), info[b + 1:2 * b + 1] > 0.5, info[2 * b + 1] == 0
+
+
+def queue(both, b, dtype):
+    """Queue Rayleigh-Ritz on the Gram buffer ``both`` (dense.gram_buffer: (k, k, 2) lower triangles of
+    S^T H S and S^T S) for the ``b`` lowest pairs, [C Z] in ``dtype``."""
+    import cupy
+    k = both.shape[0]
+    if both.shape != (k, k, 2) or not 0 < b <= k <= KMAX:
+        raise ValueError(f"gpu_rayleigh_ritz.queue: Grams {both.shape} with b={b} not covered")
+    mod = _module(cupy, dtype)
+    a = cupy.empty((1, k, k), dtype=np.float64)
+    rinv, o = cupy.empty((k, k), dtype=np.float64), cupy.empty((k, k), dtype=np.float64)
+    d = cupy.empty(k, dtype=np.float64)
+    flag = cupy.empty(1, dtype=np.int32)
+    item = both.itemsize
+    mod.get_function("rr_prepare")((1,), (THREADS,), (
+        both, np.int64(both.strides[0] // item), np.int64(both.strides[1] // item), np.int64(both.strides[2] // item),
+        np.int32(k), np.float64(SINGULAR_RATIO), a, rinv, o, d, flag))
+    w, v = cupy.linalg.eigh(a)                    # batched: cuSOLVER syevjBatched, no host wait
+    w, v = w[0], v[0]
+    m = cupy.empty((k, 2 * b), dtype=dtype)
+    theta = cupy.empty(b, dtype=np.float64)
+    info = cupy.empty(2 * b + 2, dtype=np.float64)
+    mod.get_function("rr_finish")((1,), (THREADS,), (
+        cupy.ascontiguousarray(w), v, np.int64(v.strides[0] // 8), np.int64(v.strides[1] // 8), rinv, o, d, flag,
+        np.int32(k), np.int32(b), m, theta, info))
+    return Queued(m, theta, Later(info), b)

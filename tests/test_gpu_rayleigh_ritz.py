@@ -1,0 +1,88 @@
+"""cisolver.gpu_rayleigh_ritz: the small Rayleigh-Ritz problem and next P's coefficients on the GPU equal the
+host path's (dense.rayleigh_ritz, dense.next_p_coefficients), say when S^T S is not positive definite, and
+LOBPCG falls back to the host path then."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from cisolver import dense, gpu_rayleigh_ritz, solver
+from cisolver.operators import SymmetricOperator
+
+pytestmark = pytest.mark.gpu
+TOL = {np.float32: 2e-5, np.float64: 1e-10}
+
+
+def _blocks(rng, rows, k, dtype, scales=None):
+    """S (k columns, nearly orthonormal, columns scaled by ``scales``) and H S for a random diagonal H, as
+    column ranges of wider row-major buffers."""
+    import cupy
+    s = np.linalg.qr(rng.standard_normal((rows, k)))[0] + 1e-3 * rng.standard_normal((rows, k))
+    if scales is not None:
+        s *= scales[None, :]
+    h = rng.uniform(-4, 4, rows)
+    buf = np.full((rows, k + 3), np.nan)
+    hbuf = np.full((rows, k + 3), np.nan)
+    buf[:, :k], hbuf[:, :k] = s, h[:, None] * s
+    buf, hbuf = buf.astype(dtype), hbuf.astype(dtype)
+    return buf[:, :k], hbuf[:, :k], cupy.asarray(buf)[:, :k], cupy.asarray(hbuf)[:, :k]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows,k,b", [(3001, 24, 8), (5000, 16, 8), (777, 5, 2), (2000, 32, 10), (400, 3, 1)])
+def test_rayleigh_ritz_on_gpu_equals_the_host(dtype, rows, k, b, rng):
+    import cupy
+    scales = np.where(np.arange(k) % 3 == 2, 1e-3, 1.0)     # a W part of other length: the Jacobi scaling
+    s, hs, s_dev, hs_dev = _blocks(rng, rows, k, dtype, scales)
+    theta, c, allv, g = dense.rayleigh_ritz(s, hs, b, with_gram=True)
+    z, usable = dense.next_p_coefficients(c, g, b)
+    rr = gpu_rayleigh_ritz.queue(dense.gram_buffer(s_dev, hs_dev), b, dtype)
+    got_theta, largest, got_usable, definite = rr.summary()
+    assert definite
+    np.testing.assert_allclose(got_theta, theta, rtol=TOL[dtype], atol=TOL[dtype] * np.abs(allv).max())
+    np.testing.assert_allclose(cupy.asnumpy(rr.theta), got_theta, rtol=0, atol=0)
+    assert largest == pytest.approx(np.abs(allv).max(), rel=TOL[dtype])
+    np.testing.assert_array_equal(got_usable, usable)
+    m = cupy.asnumpy(rr.m).astype(np.float64)
+    assert m.shape == (k, 2 * b) and rr.m.dtype == dtype
+    sign = np.sign(np.sum(m[:, :b] * c, axis=0))              # eigenvectors are defined up to their sign
+    want = np.hstack([c * sign, z * sign])
+    scale = np.abs(want).max(axis=0)
+    assert (np.abs(m - want) <= 50 * TOL[dtype] * scale[None, :]).all(), np.abs(m - want).max()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rayleigh_ritz_on_gpu_says_when_s_is_singular(dtype, rng):
+    s, hs, s_dev, hs_dev = _blocks(rng, 2000, 12, dtype)
+    s_dev[:, 7] = s_dev[:, 3]                                  # two equal columns
+    hs_dev[:, 7] = hs_dev[:, 3]
+    with pytest.raises(dense.NotPositiveDefinite):
+        dense.rayleigh_ritz(s_dev, hs_dev, 4)                  # the host path
+    assert not gpu_rayleigh_ritz.queue(dense.gram_buffer(s_dev, hs_dev), 4, dtype).summary()[3]
+    s_dev[:, 5] = np.nan
+    assert not gpu_rayleigh_ritz.queue(dense.gram_buffer(s_dev, hs_dev), 4, dtype).summary()[3]
+
+
+def test_queue_bad_arguments():
+    import cupy
+    with pytest.raises(ValueError, match="not covered"):
+        gpu_rayleigh_ritz.queue(cupy.zeros((40, 40, 2)), 8, np.float64)     # more than KMAX columns
+    with pytest.raises(ValueError, match="not covered"):
+        gpu_rayleigh_ritz.queue(cupy.zeros((12, 12, 2)), 13, np.float64)    # b > k
+
+
+def test_lobpcg_falls_back_to_the_host_when_the_gpu_says_not_definite(rng, monkeypatch):
+    """The first three GPU Rayleigh-Ritz steps report S^T S not positive definite: the host path takes
+    those iterations from the same S and H S, and the eigenpairs are right."""
+    a = sp.random(2500, 2500, density=0.01, random_state=rng, format="csr")
+    a = (a + a.T + sp.diags(rng.uniform(-5, 5, 2500))).tocsr()
+    real = gpu_rayleigh_ritz.Queued.summary
+    calls = []
+
+    def first_three_fail(self):
+        out = real(self)
+        calls.append(out[3])
+        return out[:3] + (False,) if len(calls) <= 3 else out
+    monkeypatch.setattr(gpu_rayleigh_ritz.Queued, "summary", first_three_fail)
+    res = solver.lobpcg(SymmetricOperator(a, devices=[0]), 5, tol=1e-9, maxiter=600, seed=4)
+    assert len(calls) > 3 and res.converged
+    np.testing.assert_allclose(res.eigenvalues, np.linalg.eigh(a.toarray())[0][:5], rtol=1e-8)
