@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import hybridblas as hb
-from cisolver import blocks, dense, lobpcg, solver
+from cisolver import blocks, dense, iterations, lobpcg, solver
 from cisolver.operators import SymmetricOperator
 from profile_lobpcg_dense import synthetic
 
@@ -71,7 +71,7 @@ def main():
             (dense, "scaled_cholesky", "host: scaled_cholesky"), (dense, "predicted_loss", "host: predicted_loss"),
             (blocks, "replace_with_product", "blocks.replace_with_product"),
             (solver, "residual_into", "blocks.residual_into"),
-            (solver, "update_with_residual", "blocks.update_with_residual"),
+            (iterations, "update_with_residual", "blocks.update_with_residual"),
             (blocks, "tail_update", "blocks.tail_update"), (dense, "_symmetric_host", "host: Gram to host"),
             (dense, "inverse_upper", "host: inverse_upper"), (dense, "next_p_coefficients", "host: next_p"),
             (dense, "orthonormalise_tail", "[orthonormalise_tail]"), (dense, "rayleigh_ritz", "[rayleigh_ritz]"),

@@ -6,14 +6,17 @@ from the Ritz coefficients, orthogonal to the new X and normalised (dense.next_p
 made orthonormal against X by BCGS-PIP2 (dense.orthonormalise_tail). Rayleigh–Ritz and the
 orthonormalisation take their tall-skinny Gram products from hybridblas.
 Converged columns are soft-locked: they stay in the Rayleigh–Ritz basis but get no new W or P.
+This module checks the arguments and makes the start; cisolver.iterations iterates (on GPUs without
+waiting for the host within an iteration).
 """
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dense, gpu_ortho, gpu_rayleigh_ritz
-from .arrays import Later, Ready, Timer, column_sumsq, module_of, to_host
-from .blocks import product_into, residual_into, update_with_residual
+from . import dense, gpu_ortho
+from .arrays import Timer, column_sumsq, module_of, to_host
+from .blocks import product_into, residual_into
+from .iterations import Iterations
 
 
 @dataclass
@@ -28,60 +31,6 @@ class LobpcgResult:
     restarts: int = 0                              # iterations where P had to be dropped
     second_passes: int = 0                         # iterations whose [P W] needed a second CholQR pass
     declined: int = 0                              # GPU orthonormalisation passes handed to the host path
-
-
-def _orthonormalise_on_host(s, q, k):
-    """Last resort for a W = s[:, q:k] that is (nearly) rank deficient, serial runs only: project it off
-    s[:, :q] twice and take a host QR."""
-    xp = module_of(s)
-    basis, w = s[:, :q], xp.ascontiguousarray(s[:, q:k])
-    for _ in range(2):
-        w -= basis @ (basis.T @ w)
-    s[:, q:k] = xp.asarray(np.linalg.qr(to_host(w))[0], dtype=s.dtype)
-
-
-def _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm):
-    """[P W] failed to orthonormalise together: find which part is at fault (returns the new n_p and
-    restart count). P alone first: if it is fine, W is (nearly) rank deficient and gets the host QR
-    against [X P], keeping P; if P alone fails too, P is dropped (a restart) and W, restored from the
-    preconditioner's output (a failed pass may have mixed P into it), is orthonormalised against X alone."""
-    n_w = k - b - n_p
-    w_alone_failed = n_p == 0                # the failed call was W alone already
-    if n_p:
-        try:
-            dense.orthonormalise_tail(s[:, :b + n_p], hs[:, :b + n_p], b, n_p, context=context, comm=comm)
-        except dense.NotPositiveDefinite:
-            n_p, restarts = 0, restarts + 1
-    s[:, b + n_p:b + n_p + n_w] = w
-    if n_p == 0 and not w_alone_failed:
-        try:
-            dense.orthonormalise_tail(s[:, :b + n_w], hs[:, :b + n_w], b, 0, context=context, comm=comm)
-            return n_p, restarts
-        except dense.NotPositiveDefinite:
-            pass
-    if comm is not None:
-        raise dense.NotPositiveDefinite("W is rank deficient on a distributed run (no host QR there)")
-    _orthonormalise_on_host(s, b + n_p, b + n_p + n_w)
-    return n_p, restarts
-
-
-def _orthonormalise(s, hs, w, b, n_p, k, restarts, context, comm):
-    """[P W] = s[:, b:k] orthonormal and orthogonal to X on the host path (dense.orthonormalise_tail, one
-    or two passes); returns the new n_p, restart count and passes made."""
-    try:
-        passes = dense.orthonormalise_tail(s[:, :k], hs[:, :k], b, n_p, context=context, comm=comm, adaptive=True)
-        return n_p, restarts, passes
-    except dense.NotPositiveDefinite:
-        n_p, restarts = _orthonormalise_apart(s, hs, w, b, n_p, k, restarts, context, comm)
-        return n_p, restarts, 0
-
-
-def _multiply(op, s, hs, c0, c1):
-    """hs[:, c0:c1] <- H s[:, c0:c1]; GPU operators write the column range in place."""
-    if getattr(op, "devices", None) is not None:
-        op.matmat(s[:, c0:c1], out=hs[:, c0:c1])
-    else:
-        hs[:, c0:c1] = op.matmat(s[:, c0:c1])
 
 
 def _as_operator(h, dtype):
@@ -200,106 +149,16 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         del x, hx
         sq = residual_into(r, hs[:, :b], s[:, :b], theta)      # R = H X - X Theta, and its column norms^2
     norm_est = max(np.abs(allv).max(), np.finfo(np.float64).tiny)
-    p_usable = np.zeros(b, dtype=bool)       # columns of s[:, b:2b] that hold a search direction
-    history, restarts, second_passes, declined, it = [], 0, 0, 0, 0
-    converged = np.zeros(b, dtype=bool)
-    pending = Ready(sq)                      # the residuals' sums of squares of the current X
-    # A GPU run (one process) queues a whole iteration before it waits: the first orthonormalisation pass
-    # is factored on the GPU (gpu_ortho), and the residuals of the current X are read once that pass is
-    # queued, so W's columns follow the residuals of the X before (soft locking decided one iteration late)
+    # a GPU run in one process queues whole iterations (cisolver.iterations); MPI ranks and CPUs wait
     overlap = OVERLAP and xp is not np and comm is None and gpu_ortho.fits(s, b)
-
-    def residuals_read():
-        """Relative residuals of the current X; True when the wanted ones have converged."""
-        nonlocal converged
-        with timer.phase("dense", "residual"):
-            rel = np.sqrt(dense.host_sum(pending.result(), comm)) / norm_est
-        history.append(rel.copy())
-        converged = rel <= tol
-        if callback:
-            callback(it, theta, rel)
-        return converged[:nev].all()
-
-    for it in range(1, maxiter + 1):
-        if not overlap and residuals_read():
-            break
-        active = np.nonzero(~converged)[0]
-        n_w = len(active)
-        with timer.phase("precond"):
-            w = r if n_w == b else r[:, active]
-            w = precond.apply(w, theta[active]) if precond is not None else w
-        with timer.phase("dense", "orthonormalise"):
-            # P of the active columns (usable ones) next to X, then W: S = [X | P_a | W]
-            keep = active[p_usable[active]]
-            n_p = len(keep)
-            if n_p and not np.array_equal(keep, np.arange(n_p)):
-                s[:, b:b + n_p], hs[:, b:b + n_p] = s[:, b + keep], hs[:, b + keep]
-            k = b + n_p + n_w
-            s[:, b + n_p:k] = w
-            # [P W] orthonormal and orthogonal to X: one or two passes, one product and one host trip each
-            if overlap:
-                flag = Later(gpu_ortho.first_pass(s[:, :k], hs[:, :k], b, n_p, context=context))
-            else:
-                n_p, restarts, passes = _orthonormalise(s, hs, w, b, n_p, k, restarts, context, comm)
-                second_passes += passes > 1
-                k = b + n_p + n_w
-        if overlap and residuals_read():
-            break
-        with timer.phase("spmm"):
-            _multiply(op, s, hs, b + n_p, k)
-        grams = rr = None
-        if overlap:
-            with timer.phase("dense", "rayleigh_ritz"):
-                both = dense.gram_buffer(s[:, :k], hs[:, :k], context=context)
-                if gpu_rayleigh_ritz.fits(s, b):
-                    rr = gpu_rayleigh_ritz.queue(both, b, dtype)
-                else:
-                    grams = Later(both, dense.split_grams)
-            if flag.result()[0]:
-                # the GPU pass left S and H S as they were (V would cancel, is rank deficient or wants a
-                # second pass): the host path, and H W again
-                declined, grams, rr = declined + 1, None, None
-                with timer.phase("dense", "orthonormalise"):
-                    n_p, restarts, passes = _orthonormalise(s, hs, w, b, n_p, k, restarts, context, comm)
-                    second_passes += passes > 1
-                    k = b + n_p + n_w
-                with timer.phase("spmm"):
-                    _multiply(op, s, hs, b + n_p, k)
-        if rr is not None:
-            with timer.phase("dense", "update"):
-                later = update_with_residual(s_next[:, :2 * b], s[:, :k], hs_next[:, :2 * b], hs[:, :k], rr.m, r,
-                                             rr.theta, later=True)
-            new_theta, largest, usable, definite = rr.summary()      # while the GPU runs the update
-            if definite:
-                theta, p_usable, pending = new_theta, usable, later
-                norm_est = max(norm_est, largest)
-                s, s_next, hs, hs_next = s_next, s, hs_next, hs
-                continue
-            # S^T S not numerically positive definite: the host path below, from the same S and H S
-        with timer.phase("dense", "rayleigh_ritz"):
-            try:
-                theta, c, allv, g = dense.rayleigh_ritz(s[:, :k], hs[:, :k], b, context=context, comm=comm,
-                                                        with_gram=True, grams=grams)
-            except dense.NotPositiveDefinite:
-                if n_p == 0:
-                    raise
-                # recover: drop P and retry with [X, W]
-                s[:, b:b + n_w], hs[:, b:b + n_w] = s[:, k - n_w:k].copy(), hs[:, k - n_w:k].copy()
-                n_p, k, restarts = 0, b + n_w, restarts + 1
-                theta, c, allv, g = dense.rayleigh_ritz(s[:, :k], hs[:, :k], b, context=context, comm=comm,
-                                                        with_gram=True)
-            norm_est = max(norm_est, float(np.abs(allv).max()))
-        with timer.phase("dense", "update"):
-            # new X = S C and P = S Z (orthogonal to X, unit columns), H X and H P; R of the new X
-            z, p_usable = dense.next_p_coefficients(c, g, b)
-            both = np.hstack([c, z])
-            pending = update_with_residual(s_next[:, :2 * b], s[:, :k], hs_next[:, :2 * b], hs[:, :k], both, r,
-                                           theta, later=True)
-            s, s_next, hs, hs_next = s_next, s, hs_next, hs
+    run = Iterations(op, (s, hs, s_next, hs_next), r, theta, norm_est, sq, nev=nev, tol=tol, precond=precond,
+                     context=context, comm=comm, timer=timer, callback=callback, overlap=overlap)
+    run.run(maxiter)
+    s, theta, norm_est, converged, it = run.s, run.theta, run.norm_est, run.converged, run.it
     x = xp.ascontiguousarray(s[:, :b])
     # honest final residuals: one explicit product (the recurrences may drift, notably in float32)
     with timer.phase("spmm"):
         hx_true = op.matmat(x[:, :nev])
     rel = norms(hx_true - x[:, :nev] * xp.asarray(theta[:nev], dtype=dtype)[None, :]) / norm_est
     return LobpcgResult(np.asarray(theta[:nev]), x[:, :nev], rel, it, bool(converged[:nev].all()),
-                        dict(timer.seconds), history, restarts, second_passes, declined)
+                        dict(timer.seconds), run.history, run.restarts, run.second_passes, run.declined)

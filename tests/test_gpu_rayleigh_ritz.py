@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from cisolver import dense, gpu_rayleigh_ritz, solver
+from cisolver import dense, gpu_ortho, gpu_rayleigh_ritz, solver
 from cisolver.operators import SymmetricOperator
 
 pytestmark = pytest.mark.gpu
@@ -85,4 +85,36 @@ def test_lobpcg_falls_back_to_the_host_when_the_gpu_says_not_definite(rng, monke
     monkeypatch.setattr(gpu_rayleigh_ritz.Queued, "summary", first_three_fail)
     res = solver.lobpcg(SymmetricOperator(a, devices=[0]), 5, tol=1e-9, maxiter=600, seed=4)
     assert len(calls) > 3 and res.converged
+    np.testing.assert_allclose(res.eigenvalues, np.linalg.eigh(a.toarray())[0][:5], rtol=1e-8)
+
+
+def test_lobpcg_redoes_the_guessed_pass_when_a_p_column_is_unusable(rng, monkeypatch):
+    """The next [P W] pass is queued before the Rayleigh-Ritz summary is read, on the guess that every active
+    P column is usable. Here the first P column is made unusable (zero) in every step: the guessed pass
+    declines (a column of zeros), the pass is queued again without it, and the eigenpairs are right."""
+    a = sp.random(2500, 2500, density=0.01, random_state=rng, format="csr")
+    a = (a + a.T + sp.diags(rng.uniform(-5, 5, 2500))).tocsr()
+    real_queue, real_pass = gpu_rayleigh_ritz.queue, gpu_ortho.first_pass
+    passes = []
+
+    def first_p_unusable(both, b, dtype):
+        rr = real_queue(both, b, dtype)
+        rr.m[:, b] = 0                      # before the update reads it (same stream)
+        summary = rr.summary
+
+        def without_first():
+            theta, largest, usable, definite = summary()
+            usable = usable.copy()
+            usable[0] = False
+            return theta, largest, usable, definite
+        rr.summary = without_first
+        return rr
+
+    def counted(*args, **kwargs):
+        passes.append(args[3])
+        return real_pass(*args, **kwargs)
+    monkeypatch.setattr(gpu_rayleigh_ritz, "queue", first_p_unusable)
+    monkeypatch.setattr(gpu_ortho, "first_pass", counted)
+    res = solver.lobpcg(SymmetricOperator(a, devices=[0]), 5, tol=1e-9, maxiter=600, seed=4)
+    assert res.converged and len(passes) > res.iterations + 1       # guessed passes queued again
     np.testing.assert_allclose(res.eigenvalues, np.linalg.eigh(a.toarray())[0][:5], rtol=1e-8)
