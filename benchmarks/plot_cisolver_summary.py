@@ -3,11 +3,11 @@
     PYTHONPATH=. python3 benchmarks/plot_cisolver_summary.py --out docs/img/cisolver_peers.png
 
 Left: time to 5 converged pairs against the M-scheme dimension (24Mg, 46Ti, 47V in float64, 48Cr in
-float32), every solver on the same matrix and start block. GPU series are from session 8's last run
-(2×H200; cupyx's 48Cr from the run before, whose cupyx code was the same); the CPU series (ours, eigsh,
-scipy lobpcg on the node's 32 cores, 24Mg and 46Ti) from session 7's last run. Right: the dense steps'
-share of an iteration on H200s, session 6's, 7's and 8's code, with the goal of 10 % (session 8's SpMM is
-1.6-3x faster, which raises the share at the same dense time).
+float32), every solver on the same matrix and start block. GPU series (ours and cupyx's lobpcg) are from
+session 9's last run (2×H200); the CPU series (ours, eigsh, scipy lobpcg on the node's 32 cores, 24Mg and
+46Ti) from session 9's CPU run. Right: the dense steps' share of an iteration on H200s with session 8's
+code (every small step waits for a host trip) and session 9's (whole iterations queued on the GPU), with
+the goal of 10 %.
 """
 import argparse
 import glob
@@ -21,11 +21,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from plotting import save  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-NOW = ["h200x2-2026-11-22-s8/run3-final"]
-PEER = ["h200x2-2026-11-22-s8/run2-layouts-events", "h200x2-2026-11-22-s8/run3-final"]   # later folders win
-SESSION7 = ["h200x2-2026-11-22-s7/run5-final"]
-SESSION6 = ["h200x2-2026-11-22-s6/run6-final"]
-CPU = ["h200x2-2026-11-22-s7/run5-final"]
+NOW = ["h200x2-2026-11-22-s9/run3-final"]
+PEER = NOW
+SESSION8 = ["h200x2-2026-11-22-s8/run3-final"]
+CPU = ["h200x2-2026-11-22-s9/run4-cpu-mpi"]
 TIMES = [  # label, folders, solver name in the JSON, style
     ("ours, 1 H200", NOW, "cisolver-gpu1", "C0o-"),
     ("ours, 2 H200", NOW, "cisolver-gpu2", "C1s-"),
@@ -71,10 +70,10 @@ def main(argv=None):
     left.set_title("LOBPCG against its peers, same matrix and start")
     left.grid(alpha=0.3, which="both")
     left.legend(fontsize=8, loc="lower right")
-    for label, folders, solver, style in (("session 6, 1 H200", SESSION6, "cisolver-gpu1", "C8d--"),
-                                          ("session 7, 1 H200", SESSION7, "cisolver-gpu1", "C7s--"),
-                                          ("now, 1 H200", NOW, "cisolver-gpu1", "C0o-"),
-                                          ("now, 2 H200", NOW, "cisolver-gpu2", "C1s-")):
+    for label, folders, solver, style in (("session 8 (host trips), 1 H200", SESSION8, "cisolver-gpu1", "C7o--"),
+                                          ("session 8 (host trips), 2 H200", SESSION8, "cisolver-gpu2", "C8s--"),
+                                          ("queued on the GPU, 1 H200", NOW, "cisolver-gpu1", "C0o-"),
+                                          ("queued on the GPU, 2 H200", NOW, "cisolver-gpu2", "C1s-")):
         pts = sorted((dim, dense_share(r)) for (case, s), (dim, r) in runs(folders).items()
                      if s == solver and dense_share(r) is not None)
         right.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
