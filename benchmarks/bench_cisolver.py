@@ -67,11 +67,11 @@ def run_case(name, nev, tol, devices, dtype, maxiter, threads, log, path, meta, 
         it = max(res.iterations, 1)
         record({"solver": label, "backend": getattr(op, "backend", None), "seconds": t,
                 "iterations": res.iterations, "converged": res.converged, "restarts": res.restarts,
-                "second_passes": res.second_passes, "declined": res.declined, "energies": res.eigenvalues.tolist(),
+                "second_passes": res.second_passes, "declined": res.declined, "redone": res.redone, "energies": res.eigenvalues.tolist(),
                 "residuals": res.residual_norms.tolist(),
                 "per_iteration": {k: v / it for k, v in res.seconds.items()}})
         log(f"  {label}: {t:.2f}s, {res.iterations} it ({res.second_passes} with a second CholQR pass, "
-            f"{res.declined} GPU passes declined), dense {res.seconds.get('dense', 0) / it * 1e3:.2f} ms/it, "
+            f"{res.declined} GPU passes declined, {res.redone} GPU steps redone), dense {res.seconds.get('dense', 0) / it * 1e3:.2f} ms/it, "
             f"spmm {res.seconds.get('spmm', 0) / it * 1e3:.2f} ms/it, {res.eigenvalues[:3]}")
         if devs != "cpu" and COMPARE_TRIPS and solver.OVERLAP:
             solver.OVERLAP = False            # the same run waiting at every host trip (sessions 7-8)

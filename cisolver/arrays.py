@@ -46,21 +46,37 @@ class Ready:
         return self.value
 
 
+_in_flight = []      # (event, pinned buffer, device array) of copies not known to have landed
+
+
+def _keep_until_landed(event, *buffers):
+    """Hold the buffers of a queued copy until its event has passed, also when nobody reads the copy: a
+    pinned buffer back in CuPy's pool too early is handed to the next small host-to-device copy, and the
+    late copy then writes into that one (a review finding: the last flag of a run, never read)."""
+    _in_flight[:] = [entry for entry in _in_flight if not _passed(entry[0])]
+    _in_flight.append((event,) + buffers)
+
+
+def _passed(event):
+    done = event.done                # a property in CuPy (a method in some versions)
+    return done() if callable(done) else bool(done)
+
+
 class Later:
     """A device array's copy to the host, queued on the current stream into pinned memory without waiting:
     ``result()`` waits for that copy only, not for the work queued after it, and returns ``finish`` of the
-    host copy (its own array, the pinned buffer going back to CuPy's pool)."""
-    __slots__ = ("_device", "_host", "_event", "_finish", "_value")
+    host copy (its own array; the pinned buffer goes back to CuPy's pool once the copy has landed)."""
+    __slots__ = ("_host", "_event", "_finish", "_value")
 
     def __init__(self, device_array, finish=None):
         import cupy
         import cupyx
         order = "F" if device_array.flags.f_contiguous and not device_array.flags.c_contiguous else "C"
-        self._device = device_array            # alive until the copy has landed
         self._host = cupyx.empty_pinned(device_array.shape, device_array.dtype, order=order)
         device_array.get(out=self._host, blocking=False)
         self._event = cupy.cuda.Event(disable_timing=True)
         self._event.record()
+        _keep_until_landed(self._event, self._host, device_array)
         self._finish = finish
 
     def result(self):
@@ -68,7 +84,7 @@ class Later:
             self._event.synchronize()
             host = np.array(self._host)
             self._value = self._finish(host) if self._finish else host
-            self._event = self._device = self._host = None
+            self._event = self._host = None
         return self._value
 
 

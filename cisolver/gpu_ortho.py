@@ -10,8 +10,9 @@ memory, and the row kernels read them from there. The host queues the pass and g
 The pass is the host path's first pass, in the same arithmetic. Where the host path would do anything else
 (project V off X first because it would cancel, fail the factorisation, or make a second pass), the kernel
 writes coefficients that leave S and H S as they were and sets a flag; the caller reads the flag when it
-next waits for the GPU anyway (cisolver.solver: at the Rayleigh-Ritz Grams) and then runs the host path on
-the untouched blocks.
+next waits for the GPU anyway (cisolver.iterations: at the Rayleigh-Ritz Grams) and then runs the host path
+on the untouched blocks. One exception: a NaN or Inf in V spreads over its row through the identity update
+(0 times NaN), into P; the run then fails with NotPositiveDefinite, as it does on the host path.
 """
 import numpy as np
 

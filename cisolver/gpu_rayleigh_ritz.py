@@ -211,8 +211,9 @@ def queue(both, b, dtype):
     S^T H S and S^T S) for the ``b`` lowest pairs, [C Z] in ``dtype``."""
     import cupy
     k = both.shape[0]
-    if both.shape != (k, k, 2) or not 0 < b <= k <= KMAX:
-        raise ValueError(f"gpu_rayleigh_ritz.queue: Grams {both.shape} with b={b} not covered")
+    if both.shape != (k, k, 2) or not 0 < b <= k <= KMAX or both.dtype != np.dtype(dtype):
+        raise ValueError(f"gpu_rayleigh_ritz.queue: Grams {both.shape} {both.dtype} with b={b}, {np.dtype(dtype)} "
+                         f"not covered")
     mod = _module(cupy, dtype)
     a = cupy.empty((1, k, k), dtype=np.float64)
     rinv, o = cupy.empty((k, k), dtype=np.float64), cupy.empty((k, k), dtype=np.float64)

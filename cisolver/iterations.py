@@ -73,7 +73,7 @@ class Iterations:
         self.p_usable = np.zeros(self.b, dtype=bool)      # columns of s[:, b:2b] that hold a search direction
         self.converged = np.zeros(self.b, dtype=bool)
         self.history, self.it = [], 0
-        self.restarts = self.second_passes = self.declined = 0
+        self.restarts = self.second_passes = self.declined = self.redone = 0
         self.open_rr = None       # a GPU Rayleigh-Ritz step whose summary is not read yet: (queued, sums, k, n_p, n_w)
 
     def run(self, maxiter):
@@ -97,6 +97,7 @@ class Iterations:
                     # an unusable P column is exactly zero, so the GPU pass declined and left the moved layout
                     if flag.result()[0] == gpu_ortho.OK:
                         raise RuntimeError("internal: the GPU pass took a P column of zeros")
+                    self.redone += 1
                     n_p, k, flag = self._orthonormalise(np.nonzero(self.p_usable[active])[0], w, n_w)
             if self.overlap and self._residuals_read():
                 return
@@ -213,6 +214,7 @@ class Iterations:
             self.theta, self.p_usable, self.pending = theta, usable, sums
             self.norm_est = max(self.norm_est, largest)
             return True
+        self.redone += 1
         self._swap()                                  # back to the S that step came from
         self._rayleigh_ritz_and_update(k, n_p, n_w)
         return False

@@ -84,7 +84,8 @@ def test_first_pass_declines_and_leaves_the_blocks(dtype, case, bit, rng):
     rng_x = np.random.default_rng(7)
     s, hs, s_dev, hs_dev, h, k = _blocks(rng_x, rows, b, n_p, 5, dtype, w=w)
     flag = int(gpu_ortho.first_pass(s_dev[:, :k], hs_dev[:, :k], b, n_p).get()[0])
-    assert flag & bit, (case, flag)
+    # two equal columns leave a pivot of rounding size: its sign is chance (failed, or a second pass wanted)
+    assert flag & bit if case != "duplicate" else flag != gpu_ortho.OK, (case, flag)
     if case == "nan":
         return
     np.testing.assert_array_equal(cupy.asnumpy(s_dev), s)
@@ -123,6 +124,8 @@ def test_lobpcg_queued_iterations_equal_the_host_trip_path(dtype, rng, monkeypat
         assert len(res.history) == res.iterations
         assert (res.residual_norms <= (10 if dtype == np.float32 else 1.5) * tol).all()
     assert abs(runs[True].iterations - runs[False].iterations) <= 3
+    # the queued path stayed on the GPU (a path that handed every step to the host would pass the above)
+    assert runs[True].declined + runs[True].redone <= runs[True].iterations // 10
     assert set(runs[True].seconds) >= {"dense:orthonormalise", "dense:rayleigh_ritz", "spmm"}
 
 
@@ -152,3 +155,19 @@ def test_lobpcg_on_gpu_fails_clearly_on_a_nan_preconditioner(overlap, rng, monke
     a = _symmetric(1200, rng)
     with pytest.raises(dense.NotPositiveDefinite):
         solver.lobpcg(SymmetricOperator(a, devices=[0]), 4, tol=1e-9, maxiter=50, seed=3, precond=Poisoning())
+
+
+def test_an_unread_later_holds_its_pinned_buffer_until_the_copy_lands():
+    """A Later nobody reads (the last orthonormalisation flag of a run) must not give its pinned buffer back
+    while the copy into it is still queued: the next small upload would be staged there and overwritten
+    (review finding)."""
+    import cupy
+    from cisolver.arrays import Later
+    big = cupy.random.default_rng(1).standard_normal((4000, 4000))
+    for _ in range(4):                     # a few ms of work ahead of the copy
+        big = big @ big
+        big /= cupy.abs(big).max()
+    Later(cupy.full(2, 123456789, dtype=np.int32))          # dropped unread
+    for _ in range(20):
+        up = cupy.asarray(np.array([5, 6], dtype=np.int32))
+        np.testing.assert_array_equal(up.get(), [5, 6])

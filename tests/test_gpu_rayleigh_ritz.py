@@ -82,10 +82,14 @@ def test_lobpcg_falls_back_to_the_host_when_the_gpu_says_not_definite(rng, monke
         out = real(self)
         calls.append(out[3])
         return out[:3] + (False,) if len(calls) <= 3 else out
+    plain = solver.lobpcg(SymmetricOperator(a, devices=[0]), 5, tol=1e-9, maxiter=600, seed=4)
     monkeypatch.setattr(gpu_rayleigh_ritz.Queued, "summary", first_three_fail)
     res = solver.lobpcg(SymmetricOperator(a, devices=[0]), 5, tol=1e-9, maxiter=600, seed=4)
-    assert len(calls) > 3 and res.converged
+    assert len(calls) > 3 and res.converged and res.redone == 3 and plain.redone == 0
     np.testing.assert_allclose(res.eigenvalues, np.linalg.eigh(a.toarray())[0][:5], rtol=1e-8)
+    # the host redid the same steps from the same blocks: the run follows the plain one
+    assert res.iterations == plain.iterations
+    np.testing.assert_allclose(np.array(res.history), np.array(plain.history), rtol=1e-4, atol=1e-13)
 
 
 def test_lobpcg_redoes_the_guessed_pass_when_a_p_column_is_unusable(rng, monkeypatch):
@@ -116,5 +120,5 @@ def test_lobpcg_redoes_the_guessed_pass_when_a_p_column_is_unusable(rng, monkeyp
     monkeypatch.setattr(gpu_rayleigh_ritz, "queue", first_p_unusable)
     monkeypatch.setattr(gpu_ortho, "first_pass", counted)
     res = solver.lobpcg(SymmetricOperator(a, devices=[0]), 5, tol=1e-9, maxiter=600, seed=4)
-    assert res.converged and len(passes) > res.iterations + 1       # guessed passes queued again
+    assert res.converged and len(passes) > res.iterations + 1 and res.redone > 0   # guessed passes queued again
     np.testing.assert_allclose(res.eigenvalues, np.linalg.eigh(a.toarray())[0][:5], rtol=1e-8)
