@@ -101,6 +101,11 @@ class Iterations:
                     n_p, k, flag = self._orthonormalise(np.nonzero(self.p_usable[active])[0], w, n_w)
             if self.overlap and self._residuals_read():
                 return
+            if flag is not None and self.declined * 10 > self.it and flag.result()[0]:
+                # a run whose GPU passes are often declined (float32 whose [P W] wants a second pass) looks
+                # at the flag before H W rather than after it: one short wait instead of a second SpMM
+                self.declined, flag = self.declined + 1, None
+                n_p, k = self._orthonormalise_on_host_path(w, n_p, k)
             with self.timer.phase("spmm"):
                 self._multiply(b + n_p, k)
             rr = grams = None
@@ -111,7 +116,7 @@ class Iterations:
                         rr = gpu_rayleigh_ritz.queue(both, b, self.s.dtype)
                     else:
                         grams = Later(both, dense.split_grams)
-                if flag.result()[0]:
+                if flag is not None and flag.result()[0]:
                     # the GPU pass left S and H S as they were (V would cancel, is rank deficient or wants a
                     # second pass): the host path, and H W again
                     self.declined, rr, grams = self.declined + 1, None, None

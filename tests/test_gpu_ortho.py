@@ -124,8 +124,12 @@ def test_lobpcg_queued_iterations_equal_the_host_trip_path(dtype, rng, monkeypat
         assert len(res.history) == res.iterations
         assert (res.residual_norms <= (10 if dtype == np.float32 else 1.5) * tol).all()
     assert abs(runs[True].iterations - runs[False].iterations) <= 3
-    # the queued path stayed on the GPU (a path that handed every step to the host would pass the above)
-    assert runs[True].declined + runs[True].redone <= runs[True].iterations // 10
+    # the queued path stayed on the GPU (a path that handed every step to the host would pass the above):
+    # it declines only where the host path wants a second pass (float32 here, about half the iterations)
+    queued = runs[True]
+    assert queued.declined - queued.second_passes <= queued.iterations // 10
+    assert queued.redone <= queued.iterations // 10
+    assert abs(queued.second_passes - runs[False].second_passes) <= 3 + runs[False].iterations // 10
     assert set(runs[True].seconds) >= {"dense:orthonormalise", "dense:rayleigh_ritz", "spmm"}
 
 
