@@ -79,6 +79,12 @@ class Iterations:
     def run(self, maxiter):
         b = self.b
         for self.it in range(1, maxiter + 1):
+            if self.overlap and self.declined >= 3 and self.declined * 10 > self.it:
+                # the GPU passes are declined often (float32 whose [P W] wants a second pass): each decline
+                # costs a wait and a host pass beside the GPU's, so the run takes the trip path from here on
+                self.overlap = False
+                if self.open_rr is not None:
+                    self._settle()
             if not self.overlap and self._residuals_read():
                 return
             active = np.nonzero(~self.converged)[0]
@@ -101,11 +107,6 @@ class Iterations:
                     n_p, k, flag = self._orthonormalise(np.nonzero(self.p_usable[active])[0], w, n_w)
             if self.overlap and self._residuals_read():
                 return
-            if flag is not None and self.declined * 10 > self.it and flag.result()[0]:
-                # a run whose GPU passes are often declined (float32 whose [P W] wants a second pass) looks
-                # at the flag before H W rather than after it: one short wait instead of a second SpMM
-                self.declined, flag = self.declined + 1, None
-                n_p, k = self._orthonormalise_on_host_path(w, n_p, k)
             with self.timer.phase("spmm"):
                 self._multiply(b + n_p, k)
             rr = grams = None

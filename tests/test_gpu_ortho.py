@@ -125,11 +125,11 @@ def test_lobpcg_queued_iterations_equal_the_host_trip_path(dtype, rng, monkeypat
         assert (res.residual_norms <= (10 if dtype == np.float32 else 1.5) * tol).all()
     assert abs(runs[True].iterations - runs[False].iterations) <= 3
     # the queued path stayed on the GPU (a path that handed every step to the host would pass the above):
-    # it declines only where the host path wants a second pass (float32 here, about half the iterations)
+    # in float64 it declines nothing here; in float32 [P W] wants a second pass in about half the
+    # iterations, and after three declines the run takes the trip path
     queued = runs[True]
-    assert queued.declined - queued.second_passes <= queued.iterations // 10
+    assert queued.declined <= max(3, queued.iterations // 10)
     assert queued.redone <= queued.iterations // 10
-    assert abs(queued.second_passes - runs[False].second_passes) <= 3 + runs[False].iterations // 10
     assert set(runs[True].seconds) >= {"dense:orthonormalise", "dense:rayleigh_ritz", "spmm"}
 
 
