@@ -247,19 +247,12 @@ def _both_grams(s, hs, context, comm):
     return split_grams(host_sum(gram_buffer(s, hs, context), comm))
 
 
-def queue_grams(s, hs, context=None):
-    """Rayleigh-Ritz's two Gram products of GPU blocks queued, and their copy to the host begun, without
-    waiting: an arrays.Later of what rayleigh_ritz's ``grams`` takes."""
-    from .arrays import Later
-    return Later(gram_buffer(s, hs, context), split_grams)
-
-
 def rayleigh_ritz(s, hs, n_keep, context=None, comm=None, with_gram=False, grams=None):
     """Smallest n_keep eigenpairs of (S^T H S, S^T S): Cholesky of S^T S, then a standard eigh.
 
     S^T S is scaled to a unit diagonal first (Jacobi), so columns of very different lengths (a P
     block that is not normalised) do not make the Cholesky fail.
-    ``grams``: the Gram pair of these s and hs queued already (queue_grams), else they are computed here.
+    ``grams``: an arrays.Later of split_grams of these s and hs (queued already), else they are computed here.
     Returns (theta, C, all_theta), and S^T S last when ``with_gram``; raises NotPositiveDefinite when
     S^T S is ill-conditioned.
     """
