@@ -268,7 +268,8 @@ def _residual_gpu(r, hx, x, theta, later=False):
     blocks = max(1, min(8 * multiprocessors(cupy), -(-n // (threads // b))))
     partials = cupy.empty((blocks, b), dtype=np.float64)
     _residual_kernels[key]((blocks,), (threads,),
-                           (hx, np.int64(row_stride(hx)), x, np.int64(row_stride(x)), cupy.asarray(theta, dtype=np.float64),
-                            np.int32(b), np.int64(n), r, np.int64(row_stride(r)), partials),
+                           (hx, np.int64(row_stride(hx)), x, np.int64(row_stride(x)),
+                            cupy.asarray(theta, dtype=np.float64), np.int32(b), np.int64(n), r,
+                            np.int64(row_stride(r)), partials),
                            shared_mem=8 * threads)
     return column_totals(partials, later)
