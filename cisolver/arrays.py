@@ -96,6 +96,15 @@ def column_totals(partials, later=False):
     return partials.get().sum(axis=0)
 
 
+def small_on_device(m, dtype):
+    """A small matrix as a C-ordered GPU array of ``dtype`` for a kernel to read: a host one is copied over,
+    a GPU one (e.g. written there by cisolver.gpu_ortho) is used where it is when it fits already."""
+    import cupy
+    if is_device(m):
+        return cupy.ascontiguousarray(m, dtype=dtype)
+    return cupy.asarray(np.ascontiguousarray(m), dtype=dtype)
+
+
 def row_major(x):
     """Rows at a leading dimension, unit stride along a row (e.g. a column range of a row-major buffer):
     the layout BLAS, cuBLAS and cisolver's row kernels read in place."""

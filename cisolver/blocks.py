@@ -26,8 +26,8 @@ import ctypes
 
 import numpy as np
 
-from . import host_blocks, row_kernels
-from .arrays import Ready, column_sumsq, column_totals, is_device, row_major, row_stride
+from . import cuda_modules, host_blocks, row_kernels
+from .arrays import Ready, column_sumsq, column_totals, is_device, row_major, row_stride, small_on_device
 
 _PREFIX = {np.dtype(np.float32): "S", np.dtype(np.float64): "D"}
 
@@ -51,10 +51,12 @@ def product_into_both(out0, a0, out1, a1, m):
     """out0 <- a0 @ m and out1 <- a1 @ m (LOBPCG's X, P and H X, H P updates with the same coefficients).
 
     On a GPU two row-kernel launches: 238 against 361 us for two cuBLAS gemms at 48Cr's size in float32 on
-    an H200 (session 7; session 6's kernel, one thread per entry, had lost: 0.72 against 0.36 ms)."""
+    an H200 (session 7; session 6's kernel, one thread per entry, had lost: 0.72 against 0.36 ms); float64
+    blocks beyond row_kernels.DOUBLE_ROWS_LIMIT take the gemms (47V: 164 against 247 us with the residual)."""
     _check(out0, a0, m)
     _check(out1, a1, m)
-    if is_device(out0) and row_kernels.product(out0, a0, m) and row_kernels.product(out1, a1, m):
+    if (is_device(out0) and row_kernels.product(out0, a0, m, long_double=False)
+            and row_kernels.product(out1, a1, m, long_double=False)):
         return out0, out1
     if not _device_product([(out0, a0), (out1, a1)], m, 0.0):
         _host_product([(out0, a0), (out1, a1)], m, 0.0)
@@ -204,12 +206,11 @@ def _scalar(value, dtype):
 
 def _gemm(out, a, m, beta):
     """Row-major out (n x q) = a (n x p) m (p x q) + beta out, as the column-major out^T = m^T a^T."""
-    import cupy
     n, q = out.shape
     p = a.shape[1]
     if n == 0 or q == 0:
         return
-    m_dev = row_kernels._small_on_device(cupy, m, out.dtype)           # row-major p x q = column-major m^T
+    m_dev = small_on_device(m, out.dtype)              # row-major p x q = column-major m^T
     one, one_p = _scalar(1.0, out.dtype)
     b, b_p = _scalar(beta, out.dtype)
     i = ctypes.c_int
@@ -246,7 +247,6 @@ extern "C" __global__ void residual_sumsq(const T* hx, long long ldh, const T* x
     }
 }
 """
-_residual_kernels = {}
 
 
 def _residual_gpu(r, hx, x, theta, later=False):
@@ -259,15 +259,11 @@ def _residual_gpu(r, hx, x, theta, later=False):
             and b <= 256):
         cupy.subtract(hx, x * cupy.asarray(theta, dtype=x.dtype)[None, :], out=r)
         return Ready(column_sumsq(r)) if later else column_sumsq(r)
-    key = (cupy.cuda.Device().id, r.dtype)
-    if key not in _residual_kernels:
-        ctype = "float" if r.dtype == np.float32 else "double"
-        module = cupy.RawModule(code=f"typedef {ctype} T;\n" + _RESIDUAL_SOURCE)
-        _residual_kernels[key] = module.get_function("residual_sumsq")
+    kernel = cuda_modules.module(cupy, r.dtype, _RESIDUAL_SOURCE).get_function("residual_sumsq")
     threads = 256 // b * b
     blocks = max(1, min(8 * multiprocessors(cupy), -(-n // (threads // b))))
     partials = cupy.empty((blocks, b), dtype=np.float64)
-    _residual_kernels[key]((blocks,), (threads,),
+    kernel((blocks,), (threads,),
                            (hx, np.int64(row_stride(hx)), x, np.int64(row_stride(x)),
                             cupy.asarray(theta, dtype=np.float64), np.int32(b), np.int64(n), r,
                             np.int64(row_stride(r)), partials),

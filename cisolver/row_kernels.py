@@ -13,25 +13,28 @@ two cuBLAS gemms and the residual kernel, and with them two launches' worth of h
 H X and X.
 
 Shapes the kernels do not cover (more than max(QMAX_CHOICES) output columns, a small matrix larger than
-SHARED_LIMIT bytes, non-row-major blocks, float64 blocks beyond DOUBLE_ROWS_LIMIT rows) return False (None)
-and the caller takes its cuBLAS route.
+SHARED_LIMIT bytes, non-row-major blocks, an end of iteration on float64 blocks beyond DOUBLE_ROWS_LIMIT rows)
+return False (None) and the caller takes its cuBLAS route.
 """
 import numpy as np
 
-from .arrays import Ready, column_totals, row_major, row_stride
+from . import cuda_modules
+from .arrays import Ready, column_totals, row_major, row_stride, small_on_device
 
 QMAX_CHOICES = (8, 16, 32)         # accumulators per thread: the smallest that holds the output row
 SHARED_LIMIT = 32 << 10            # bytes of the staged small matrix (p x QMAX)
 THREADS = 256
 BLOCKS_PER_SM = 4
 ENABLED = True                     # False: every caller takes its cuBLAS route (benchmarks compare the two)
-# float64 blocks longer than this take cuBLAS: at 48Cr's size (1.96e6 rows, H200) its gemms did both
-# updates in 481 us against the row kernel's 843 (float32: 361 against 238; 24Mg's 28503 rows: row kernel
-# ahead in both precisions, its one launch costing less host time)
+# LOBPCG's end of iteration on float64 blocks longer than this takes cuBLAS: at 48Cr's size (1.96e6 rows,
+# H200) its gemms did both updates in 481 us against the row kernel's 843 (float32: 361 against 238; 24Mg's
+# 28503 rows: row kernel ahead in both precisions, its one launch costing less host time). A product of one
+# block (the orthonormalisation's in-place updates) takes the row kernel at any length: cuBLAS needs a
+# scratch block and a copy back there (47V, 484 k rows: 48 against 76 us for H P, 94 against 98 for S)
 DOUBLE_ROWS_LIMIT = 1 << 18
 
 _SOURCE = r"""
-// typedef T (float or double) and VT (float4 or double2) come first; VEC elements per 16-byte vector.
+// T (float or double) and VT (float4 or double2) are typedef'd first; VEC elements per 16-byte vector.
 #define VEC ((int) (16 / sizeof(T)))
 union Vec { VT v; T e[VEC]; };
 
@@ -150,17 +153,9 @@ __global__ void __launch_bounds__(256, 2) update_residual(
     }
 }
 """
-_modules = {}
-
-
 def _module(cupy, dtype):
-    key = (cupy.cuda.Device().id, np.dtype(dtype))
-    if key not in _modules:
-        ctype, vtype = ("float", "float4") if key[1] == np.float32 else ("double", "double2")
-        names = [f"{kernel}<{q}>" for kernel in ("rows_times_small", "update_residual") for q in QMAX_CHOICES]
-        _modules[key] = cupy.RawModule(code=f"typedef {ctype} T;\ntypedef {vtype} VT;\n" + _SOURCE,
-                                       options=("--std=c++14",), name_expressions=names)
-    return _modules[key]
+    names = [f"{kernel}<{q}>" for kernel in ("rows_times_small", "update_residual") for q in QMAX_CHOICES]
+    return cuda_modules.module(cupy, dtype, _SOURCE, name_expressions=names)
 
 
 def _qmax(q):
@@ -172,11 +167,12 @@ def _vector_rows(x):
     return x.data.ptr % 16 == 0 and (row_stride(x) * x.itemsize) % 16 == 0
 
 
-def _fits(blocks, p, q):
+def _fits(blocks, p, q, long_double=False):
+    """The kernels cover these blocks; float64 blocks beyond DOUBLE_ROWS_LIMIT rows only with ``long_double``."""
     x0 = blocks[0]
     qmax = _qmax(q)
     return (ENABLED and type(x0).__module__.startswith("cupy") and x0.dtype in (np.float32, np.float64)
-            and (x0.dtype == np.float32 or x0.shape[0] <= DOUBLE_ROWS_LIMIT)
+            and (x0.dtype == np.float32 or long_double or x0.shape[0] <= DOUBLE_ROWS_LIMIT)
             and qmax is not None and p * qmax * x0.dtype.itemsize <= SHARED_LIMIT
             and all(x.dtype == x0.dtype and x.device.id == x0.device.id and row_major(x) for x in blocks))
 
@@ -186,26 +182,19 @@ def _grid(cupy, n):
     return max(1, min(BLOCKS_PER_SM * multiprocessors(cupy), -(-n // THREADS)))
 
 
-def _small_on_device(cupy, m, dtype):
-    """The small matrix as a C-ordered device array of the blocks' precision (a host one is copied over; a
-    device one, e.g. written there by cisolver.gpu_ortho, is used where it is when it already fits)."""
-    if type(m).__module__.startswith("cupy"):
-        return cupy.ascontiguousarray(m, dtype=dtype)
-    return cupy.asarray(np.ascontiguousarray(m), dtype=dtype)
-
-
-def product(out, a, m):
+def product(out, a, m, long_double=True):
     """out <- a @ m on the caller's stream (``m`` a small host or device matrix); ``out`` may be a column
-    range of ``a`` over the same rows. False (nothing done) when the kernel does not cover these blocks."""
+    range of ``a`` over the same rows. False (nothing done) when the kernel does not cover these blocks
+    (with ``long_double`` False: nor float64 blocks beyond DOUBLE_ROWS_LIMIT rows)."""
     import cupy
     n, q = out.shape
     p = a.shape[1]
-    if not _fits([out, a], p, q) or m.shape != (p, q) or a.shape[0] != n:
+    if not _fits([out, a], p, q, long_double) or m.shape != (p, q) or a.shape[0] != n:
         return False
     if n == 0 or q == 0:
         return True
     qmax = _qmax(q)
-    m_dev = _small_on_device(cupy, m, out.dtype)
+    m_dev = small_on_device(m, out.dtype)
     kernel = _module(cupy, out.dtype).get_function(f"rows_times_small<{qmax}>")
     kernel((_grid(cupy, n),), (THREADS,),
            (a, np.int64(row_stride(a)), out, np.int64(row_stride(out)), m_dev, np.int32(p), np.int32(q), np.int64(n),
@@ -233,7 +222,7 @@ def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False):
     shared = staged + 8 * (qmax // 2) * THREADS             # the small matrix, then the sums of squares
     if shared > 48 << 10:
         return None
-    m_dev = _small_on_device(cupy, m, r.dtype)
+    m_dev = small_on_device(m, r.dtype)
     theta_dev = cupy.asarray(theta, dtype=np.float64)      # a host vector, or already on the GPU
     grid = _grid(cupy, n)
     partials = cupy.empty((grid, b), dtype=np.float64)

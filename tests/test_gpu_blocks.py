@@ -132,8 +132,9 @@ def test_row_kernel_in_place_and_fallbacks(dtype, cols, rng):
     np.testing.assert_array_equal(got[:, untouched], host[:, untouched])
 
 
-def test_long_float64_blocks_take_cublas(rng, monkeypatch):
-    """Beyond DOUBLE_ROWS_LIMIT rows float64 goes to cuBLAS (faster there); float32 stays on the kernel."""
+def test_long_float64_blocks_take_cublas_at_the_end_of_iteration(rng, monkeypatch):
+    """Beyond DOUBLE_ROWS_LIMIT rows a float64 end of iteration goes to cuBLAS (faster there); float32 stays
+    on the kernel, and so does a product of one block (cuBLAS would need a scratch block and a copy back)."""
     import cupy
     from cisolver import row_kernels
     from cisolver.blocks import update_with_residual
@@ -142,8 +143,14 @@ def test_long_float64_blocks_take_cublas(rng, monkeypatch):
         s = cupy.asarray(rng.standard_normal((255, 24)).astype(dtype))
         out = cupy.full((255, 16), np.nan, dtype=dtype)
         m = rng.standard_normal((24, 16))
-        assert row_kernels.product(out, s, m) == kernel
+        assert row_kernels.product(out, s, m)
+        assert row_kernels.product(out, s, m, long_double=False) == kernel
+        np.testing.assert_allclose(out.get(), s.get().astype(np.float64) @ m, rtol=0,
+                                   atol=1e-4 * np.abs(s.get().astype(np.float64) @ m).max())
         r = cupy.empty((255, 8), dtype=dtype)
+        took = row_kernels.update_with_residual(out, s, cupy.empty_like(out), s, m, r, np.ones(8)) is not None
+        assert took == kernel
+        out[...] = np.nan
         sq = update_with_residual(out, s, cupy.empty_like(out), s, m, r, np.ones(8))
         expected = s.get().astype(np.float64) @ m
         np.testing.assert_allclose(out.get(), expected, rtol=0, atol=1e-4 * np.abs(expected).max())
