@@ -16,7 +16,7 @@ on the untouched blocks. One exception: a NaN or Inf in V spreads over its row t
 """
 import numpy as np
 
-from . import blocks, dense
+from . import blocks, cuda_modules, dense, gpu_grams
 from .arrays import is_device
 
 QMAX = 32          # columns of V the kernel takes (P and W together)
@@ -25,10 +25,10 @@ THREADS = 256
 OK, CANCELS, NOT_DEFINITE, SECOND_PASS = 0, 1, 2, 4      # flag bits
 
 _SOURCE = r"""
-// One thread block. y (k x q, k = b + q, element (i, j) at y[i * yi + j * yj]) holds [X^T V; V^T V].
+// One thread block. y (k x q, k = b + q, element (i, j) at y[i * yi + j * yj]) holds [X^T V; V^T V] in double.
 // Writes m (k x q, row-major): [-X^T V R^{-1}; triu(R^{-1})], and m_hp ((b + n_p) x n_p, row-major) its
 // first b + n_p rows and n_p columns (H P's update), or the identity update [0; I] when flag != 0.
-extern "C" __global__ void ortho_factor(const T* y, long long yi, long long yj, int b, int q, int n_p,
+extern "C" __global__ void ortho_factor(const double* y, long long yi, long long yj, int b, int q, int n_p,
         double unit_roundoff, double cancellation, double single_pass_loss, double singular_ratio,
         T* m, T* m_hp, int* flag)
 {
@@ -66,44 +66,19 @@ extern "C" __global__ void ortho_factor(const T* y, long long yi, long long yj, 
     __syncthreads();
     for (int e = t; e < q * q; e += nt) a[e] /= d[e / q] * d[e % q];
     __syncthreads();
-    for (int c = 0; c < q; ++c) {                              // upper Cholesky in place, row c is R_s[c, c:]
-        if (t == 0) {
-            const double p = a[c * q + c];
-            if (!(p > 0.0) || !isfinite(p)) atomicOr(&bad, NOT_DEFINITE);
-            a[c * q + c] = p > 0.0 && isfinite(p) ? sqrt(p) : 1.0;
-        }
-        __syncthreads();
-        if (t > c && t < q) a[c * q + t] /= a[c * q + c];
-        __syncthreads();
-        for (int e = t; e < q * q; e += nt) {
-            const int i = e / q, j = e % q;
-            if (i > c && j >= i) a[e] -= a[c * q + i] * a[c * q + j];
-        }
-        __syncthreads();
-    }
-    if (t == 0) {                                              // numerically singular, as cholesky_upper
-        double lo = fabs(a[0]), hi = fabs(a[0]);
-        for (int c = 1; c < q; ++c) { lo = fmin(lo, fabs(a[c * q + c])); hi = fmax(hi, fabs(a[c * q + c])); }
-        if (!(lo > singular_ratio * hi)) atomicOr(&bad, NOT_DEFINITE);
-    }
+    cholesky_upper(a, q, &bad, NOT_DEFINITE);                  // row c is R_s[c, c:]
+    flag_singular(a, q, singular_ratio, &bad, NOT_DEFINITE);   // numerically singular, as cholesky_upper
     __syncthreads();
     for (int e = t; e < q * q; e += nt) {                     // R = R_s diag(d), upper
         const int i = e / q, j = e % q;
         a[e] = j >= i ? a[e] * d[j] : 0.0;
     }
     __syncthreads();
-    if (t < q) {                                               // column t of R^{-1}, back substitution
-        const int j = t;
-        for (int i = 0; i < q; ++i) ri[i * q + j] = 0.0;
-        ri[j * q + j] = 1.0 / a[j * q + j];
-        for (int i = j - 1; i >= 0; --i) {
-            double s = 0.0;
-            for (int l = i + 1; l <= j; ++l) s += a[i * q + l] * ri[l * q + j];
-            ri[i * q + j] = -s / a[i * q + i];
-        }
-        double c2 = 0.0;                                       // column length of R
-        for (int i = 0; i <= j; ++i) c2 += a[i * q + j] * a[i * q + j];
-        col[j] = sqrt(c2);
+    inverse_upper(a, ri, q);
+    if (t < q) {                                               // column lengths of R
+        double c2 = 0.0;
+        for (int i = 0; i <= t; ++i) c2 += a[i * q + t] * a[i * q + t];
+        col[t] = sqrt(c2);
     }
     __syncthreads();
     if (t == 0) {                                              // predicted loss: u kappa^2, kappa bounded by
@@ -136,9 +111,6 @@ extern "C" __global__ void ortho_factor(const T* y, long long yi, long long yj, 
     }
 }
 """
-_kernels = {}
-
-
 def fits(s, b):
     """The kernel covers LOBPCG's blocks: a GPU buffer, float32/float64, X of at most BMAX columns and
     [P W] of at most QMAX."""
@@ -147,14 +119,16 @@ def fits(s, b):
 
 
 def _kernel(cupy, dtype):
-    key = (cupy.cuda.Device().id, np.dtype(dtype))
-    if key not in _kernels:
-        ctype = "float" if key[1] == np.float32 else "double"
-        code = (f"typedef {ctype} T;\n#define BMAX {BMAX}\n#define QMAX {QMAX}\n"
-                f"#define CANCELS {CANCELS}\n#define NOT_DEFINITE {NOT_DEFINITE}\n#define SECOND_PASS {SECOND_PASS}\n"
-                + _SOURCE)
-        _kernels[key] = cupy.RawModule(code=code).get_function("ortho_factor")
-    return _kernels[key]
+    defines = {"BMAX": BMAX, "QMAX": QMAX, "CANCELS": CANCELS, "NOT_DEFINITE": NOT_DEFINITE, "SECOND_PASS": SECOND_PASS}
+    return cuda_modules.module(cupy, dtype, cuda_modules.SMALL_FACTOR + _SOURCE, defines).get_function("ortho_factor")
+
+
+def _cross_products(s, b, context):
+    """[X^T V; V^T V] = (S^T S)[:, b:] in double, on the GPU."""
+    if gpu_grams.preferred(s):
+        return gpu_grams.grams(s)[:, b:, 1]
+    import hybridblas as hb
+    return hb.gemm(1.0, s, s[:, b:], transa="T", context=context).astype(np.float64)
 
 
 def first_pass(s, hs, b, n_p, context=None):
@@ -163,12 +137,11 @@ def first_pass(s, hs, b, n_p, context=None):
     when the pass was made and one pass is enough, else the flag bits say why the host path is needed,
     and s and hs are left as they were."""
     import cupy
-    import hybridblas as hb
     k = s.shape[1]
     q = k - b
     if not fits(s, b) or hs.shape[0] != s.shape[0] or hs.shape[1] < b + n_p or not 0 <= n_p <= q:
         raise ValueError(f"gpu_ortho.first_pass: s {s.shape}, hs {hs.shape}, b={b}, n_p={n_p} not covered")
-    y = hb.gemm(1.0, s, s[:, b:], transa="T", context=context)      # [X^T V; V^T V] on the GPU
+    y = _cross_products(s, b, context)
     m = cupy.empty((k, q), dtype=s.dtype)
     m_hp = cupy.empty((b + n_p, n_p), dtype=s.dtype)
     flag = cupy.empty(1, dtype=np.int32)

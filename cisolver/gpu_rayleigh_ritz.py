@@ -6,16 +6,24 @@ iteration at 47V's and 48Cr's sizes on an H200). Here the same steps run where t
 
     prepare (one thread block): the Grams mirrored, S^T S Jacobi-scaled and factored (Cholesky), R^{-1},
         A = R^{-T} (S^T H S, scaled) R^{-1}
-    cuSOLVER's syevjBatched (through cupy.linalg.eigh on a batch of one): A's eigenpairs, ascending
+    cuSOLVER's batched Jacobi eigensolver (syevjBatched on a batch of one, called directly: through
+        cupy.linalg.eigh it cost 60-100 us of host time per call): A's eigenpairs, ascending
     finish (one thread block): C = D R^{-1} Y[:, :b], the next P's coefficients Z (dense.next_p_coefficients),
         [C Z] in the blocks' precision for the update kernel, theta, and a small summary for the host
 
 The host reads the summary (theta, the largest |Ritz value|, which P columns are usable, and whether S^T S
-was positive definite) while the GPU runs the update. Where the host path would raise NotPositiveDefinite
-the summary says so and the caller takes the host path from the same, untouched S and H S.
+was positive definite and the eigensolver converged) while the GPU runs the update. Where the host path
+would raise NotPositiveDefinite the summary says so and the caller takes the host path from the same,
+untouched S and H S.
+
+A one-block Jacobi kernel in place of cuSOLVER (a thread per element of A, the round's rotations worked
+out by one warp) was tried in session 10 and is not used: 228 us of GPU time for a dense 24 x 24 A on an
+H200 against cuSOLVER's 128 (both 8 sweeps; each of the 184 rounds waits on a chain of double-precision
+divisions and square roots, about 1 us).
 """
 import numpy as np
 
+from . import cuda_modules
 from .arrays import Later, is_device
 
 KMAX = 32          # columns of S: cuSOLVER's batched Jacobi eigensolver takes matrices up to 32 x 32
@@ -27,9 +35,10 @@ SINGULAR_RATIO = 1e-6
 THREADS = 256
 
 _SOURCE = r"""
-// both: the two Grams' lower triangles, element (i, j) of Gram p at both[i * s0 + j * s1 + p * s2]
-// (p = 0: S^T H S, p = 1: S^T S). Writes a (k x k, for the eigensolver), rinv, o (S^T S mirrored), d.
-extern "C" __global__ void rr_prepare(const T* both, long long s0, long long s1, long long s2, int k,
+// both: the two Grams (at least their lower triangles, in double), element (i, j) of Gram p at
+// both[i * s0 + j * s1 + p * s2] (p = 0: S^T H S, p = 1: S^T S). Writes a (k x k, for the eigensolver), rinv,
+// o (S^T S mirrored), d.
+extern "C" __global__ void rr_prepare(const double* both, long long s0, long long s1, long long s2, int k,
         double singular_ratio, double* a, double* rinv, double* o, double* d, int* flag)
 {
     __shared__ double g[KMAX * KMAX], r[KMAX * KMAX], ri[KMAX * KMAX];
@@ -59,36 +68,9 @@ extern "C" __global__ void rr_prepare(const T* both, long long s0, long long s1,
         if (!isfinite(r[e]) || !isfinite(g[e])) atomicOr(&bad, 1);
     }
     __syncthreads();
-    for (int c = 0; c < k; ++c) {                              // upper Cholesky in place: row c is R[c, c:]
-        if (t == 0) {
-            const double p = r[c * k + c];
-            if (!(p > 0.0) || !isfinite(p)) atomicOr(&bad, 1);
-            r[c * k + c] = p > 0.0 && isfinite(p) ? sqrt(p) : 1.0;
-        }
-        __syncthreads();
-        if (t > c && t < k) r[c * k + t] /= r[c * k + c];
-        __syncthreads();
-        for (int e = t; e < k * k; e += nt) {
-            const int i = e / k, j = e % k;
-            if (i > c && j >= i) r[e] -= r[c * k + i] * r[c * k + j];
-        }
-        __syncthreads();
-    }
-    if (t == 0) {
-        double lo = fabs(r[0]), hi = fabs(r[0]);
-        for (int c = 1; c < k; ++c) { lo = fmin(lo, fabs(r[c * k + c])); hi = fmax(hi, fabs(r[c * k + c])); }
-        if (!(lo > singular_ratio * hi)) atomicOr(&bad, 1);
-    }
-    if (t < k) {                                               // column t of R^{-1}
-        const int j = t;
-        for (int i = 0; i < k; ++i) ri[i * k + j] = 0.0;
-        ri[j * k + j] = 1.0 / r[j * k + j];
-        for (int i = j - 1; i >= 0; --i) {
-            double s = 0.0;
-            for (int l = i + 1; l <= j; ++l) s += r[i * k + l] * ri[l * k + j];
-            ri[i * k + j] = -s / r[i * k + i];
-        }
-    }
+    cholesky_upper(r, k, &bad, 1);
+    flag_singular(r, k, singular_ratio, &bad, 1);
+    inverse_upper(r, ri, k);
     __syncthreads();
     for (int e = t; e < k * k; e += nt) {                     // r <- G_scaled R^{-1}
         const int i = e / k, j = e % k;
@@ -108,10 +90,11 @@ extern "C" __global__ void rr_prepare(const T* both, long long s0, long long s1,
     if (t == 0) flag[0] = bad;
 }
 
-// w: ascending eigenvalues; eigenvector i is column i of v (element (l, i) at v[l * v0 + i * v1]).
+// w: ascending eigenvalues; eigenvector i is column i of v (element (l, i) at v[l * v0 + i * v1]);
+// eig_info: the eigensolver's status (0: converged).
 // m (k x 2b, row-major, T) = [C Z]; theta (b); info = [theta (b), max |w|, usable (b), flag].
 extern "C" __global__ void rr_finish(const double* w, const double* v, long long v0, long long v1,
-        const double* rinv, const double* o, const double* d, const int* flag, int k, int b,
+        const double* rinv, const double* o, const double* d, const int* flag, const int* eig_info, int k, int b,
         T* m, double* theta, double* info)
 {
     __shared__ double c[KMAX * KMAX], z[KMAX * KMAX], oz[KMAX * KMAX], tt[KMAX * KMAX];
@@ -155,7 +138,8 @@ extern "C" __global__ void rr_finish(const double* w, const double* v, long long
         __syncthreads();
     }
     __syncthreads();
-    const bool ok = flag[0] == 0;
+    const int bad = flag[0] | (eig_info[0] != 0 ? 2 : 0);       // 2: the eigensolver did not converge
+    const bool ok = bad == 0;
     for (int e = t; e < k * b; e += nt) {
         const int l = e / b, j = e % b;
         const bool usable = after[j] > 1e3 * EPS64 * fmax(before[j], TINY64);
@@ -171,11 +155,10 @@ extern "C" __global__ void rr_finish(const double* w, const double* v, long long
         double big = 0.0;
         for (int i = 0; i < k; ++i) big = fmax(big, fabs(w[i]));
         info[b] = big;
-        info[2 * b + 1] = (double) flag[0];
+        info[2 * b + 1] = (double) bad;
     }
 }
 """
-_modules = {}
 
 
 def fits(s, b):
@@ -184,19 +167,38 @@ def fits(s, b):
 
 
 def _module(cupy, dtype):
-    key = (cupy.cuda.Device().id, np.dtype(dtype))
-    if key not in _modules:
-        ctype = "float" if key[1] == np.float32 else "double"
-        head = (f"typedef {ctype} T;\n#define KMAX {KMAX}\n#define EPS64 {float(np.finfo(np.float64).eps)!r}\n"
-                f"#define TINY64 {float(np.finfo(np.float64).tiny)!r}\n")
-        _modules[key] = cupy.RawModule(code=head + _SOURCE)
-    return _modules[key]
+    defines = {"KMAX": KMAX, "EPS64": repr(float(np.finfo(np.float64).eps)),
+               "TINY64": repr(float(np.finfo(np.float64).tiny))}
+    return cuda_modules.module(cupy, dtype, cuda_modules.SMALL_FACTOR + _SOURCE, defines)
+
+
+_syevj_params = {}       # device -> (cuSOLVER syevj parameters, {k: workspace elements})
+
+
+def _eigh_in_place(cupy, a, w, info):
+    """cuSOLVER syevjBatched on the k x k symmetric a (a batch of one) on the current stream: a <- its
+    eigenvectors (column-major: eigenvector i is a's row i as a C array), w <- the eigenvalues ascending,
+    info <- 0 when converged."""
+    from cupy_backends.cuda.libs import cusolver
+    k = a.shape[0]
+    handle = cupy.cuda.device.get_cusolver_handle()
+    cusolver.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    dev = cupy.cuda.Device().id
+    if dev not in _syevj_params:
+        _syevj_params[dev] = (cusolver.createSyevjInfo(), {})
+    params, sizes = _syevj_params[dev]
+    vector, lower = 1, 0            # CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER
+    if k not in sizes:
+        sizes[k] = cusolver.dsyevjBatched_bufferSize(handle, vector, lower, k, a.data.ptr, k, w.data.ptr, params, 1)
+    work = cupy.empty(max(sizes[k], 1), dtype=np.float64)
+    cusolver.dsyevjBatched(handle, vector, lower, k, a.data.ptr, k, w.data.ptr, work.data.ptr, sizes[k],
+                           info.data.ptr, params, 1)
 
 
 class Queued:
     """A Rayleigh-Ritz step queued on the GPU: ``m`` ([C Z], k x 2b, device) and ``theta`` (device) feed the
     update kernel; ``summary()`` waits for the small results only and gives (theta, max |Ritz value|,
-    usable P columns, positive definite) on the host."""
+    usable P columns, and whether S^T S was positive definite and the eigensolver converged) on the host."""
 
     def __init__(self, m, theta, info, b):
         self.m, self.theta, self._info, self._b = m, theta, info, b
@@ -207,28 +209,26 @@ class Queued:
 
 
 def queue(both, b, dtype):
-    """Queue Rayleigh-Ritz on the Gram buffer ``both`` (dense.gram_buffer: (k, k, 2) lower triangles of
-    S^T H S and S^T S) for the ``b`` lowest pairs, [C Z] in ``dtype``."""
+    """Queue Rayleigh-Ritz on the Gram buffer ``both`` ((k, k, 2), at least the lower triangles of S^T H S
+    and S^T S: cisolver.gpu_grams.grams, or dense.gram_buffer) for the ``b`` lowest pairs, [C Z] in ``dtype``."""
     import cupy
     k = both.shape[0]
-    if both.shape != (k, k, 2) or not 0 < b <= k <= KMAX or both.dtype != np.dtype(dtype):
+    if both.shape != (k, k, 2) or not 0 < b <= k <= KMAX or np.dtype(dtype) not in (np.float32, np.float64):
         raise ValueError(f"gpu_rayleigh_ritz.queue: Grams {both.shape} {both.dtype} with b={b}, {np.dtype(dtype)} "
                          f"not covered")
+    both = both.astype(np.float64, copy=False)
     mod = _module(cupy, dtype)
-    a = cupy.empty((1, k, k), dtype=np.float64)
-    rinv, o = cupy.empty((k, k), dtype=np.float64), cupy.empty((k, k), dtype=np.float64)
-    d = cupy.empty(k, dtype=np.float64)
-    flag = cupy.empty(1, dtype=np.int32)
+    a, rinv, o = (cupy.empty((k, k), dtype=np.float64) for _ in range(3))
+    d, w = cupy.empty(k, dtype=np.float64), cupy.empty(k, dtype=np.float64)
+    flag, eig_info = cupy.empty(1, dtype=np.int32), cupy.empty(1, dtype=np.int32)
     item = both.itemsize
     mod.get_function("rr_prepare")((1,), (THREADS,), (
         both, np.int64(both.strides[0] // item), np.int64(both.strides[1] // item), np.int64(both.strides[2] // item),
         np.int32(k), np.float64(SINGULAR_RATIO), a, rinv, o, d, flag))
-    w, v = cupy.linalg.eigh(a)                    # batched: cuSOLVER syevjBatched, no host wait
-    w, v = w[0], v[0]
+    _eigh_in_place(cupy, a, w, eig_info)
     m = cupy.empty((k, 2 * b), dtype=dtype)
     theta = cupy.empty(b, dtype=np.float64)
     info = cupy.empty(2 * b + 2, dtype=np.float64)
     mod.get_function("rr_finish")((1,), (THREADS,), (
-        cupy.ascontiguousarray(w), v, np.int64(v.strides[0] // 8), np.int64(v.strides[1] // 8), rinv, o, d, flag,
-        np.int32(k), np.int32(b), m, theta, info))
+        w, a, np.int64(1), np.int64(k), rinv, o, d, flag, eig_info, np.int32(k), np.int32(b), m, theta, info))
     return Queued(m, theta, Later(info), b)

@@ -9,7 +9,8 @@ On the host, and with MPI ranks, every small step waits for its Gram matrices (a
 one process (``overlap``) queues whole iterations instead, and the host only reads small results the GPU
 has long finished:
 - the first orthonormalisation pass is factored on the GPU (cisolver.gpu_ortho) and Rayleigh-Ritz runs
-  there too (cisolver.gpu_rayleigh_ritz);
+  there too (cisolver.gpu_rayleigh_ritz), on Grams of one pass over S and H S for blocks of up to 2^18
+  rows (cisolver.gpu_grams; hybridblas beyond);
 - the residuals of X are read once the next [P W] pass is queued, so W's columns follow the residuals of
   the X before (soft locking decided one iteration late; the convergence test itself is not late);
 - the Rayleigh-Ritz summary (theta, which P columns are usable, whether S^T S was positive definite) is
@@ -19,7 +20,7 @@ left as they were.
 """
 import numpy as np
 
-from . import dense, gpu_ortho, gpu_rayleigh_ritz
+from . import dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz
 from .arrays import Later, Ready, module_of, to_host
 from .blocks import update_with_residual
 
@@ -112,9 +113,13 @@ class Iterations:
             rr = grams = None
             if self.overlap:
                 with self.timer.phase("dense", "rayleigh_ritz"):
-                    both = dense.gram_buffer(self.s[:, :k], self.hs[:, :k], context=self.context)
-                    if gpu_rayleigh_ritz.fits(self.s, b):
-                        rr = gpu_rayleigh_ritz.queue(both, b, self.s.dtype)
+                    s, hs = self.s[:, :k], self.hs[:, :k]
+                    if gpu_grams.preferred(s, hs):
+                        both = gpu_grams.grams(s, hs)
+                    else:
+                        both = dense.gram_buffer(s, hs, context=self.context)
+                    if gpu_rayleigh_ritz.fits(s, b):
+                        rr = gpu_rayleigh_ritz.queue(both, b, s.dtype)
                     else:
                         grams = Later(both, dense.split_grams)
                 if flag is not None and flag.result()[0]:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from cisolver import dense, gpu_ortho, gpu_rayleigh_ritz, solver
+from cisolver import dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz, solver
 from cisolver.operators import SymmetricOperator
 
 pytestmark = pytest.mark.gpu
@@ -48,6 +48,32 @@ def test_rayleigh_ritz_on_gpu_equals_the_host(dtype, rows, k, b, rng):
     want = np.hstack([c * sign, z * sign])
     scale = np.abs(want).max(axis=0)
     assert (np.abs(m - want) <= 50 * TOL[dtype] * scale[None, :]).all(), np.abs(m - want).max()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rayleigh_ritz_on_gpu_with_repeated_ritz_values(dtype, rng):
+    """S spans 8 vectors from each of H's three eigenspaces, mixed by a random rotation: the pencil's
+    eigenvalues are -2, 0.5 and 3, eight times each, and the eigenvectors are defined only up to a rotation
+    within each eigenspace. The Jacobi kernel's C must solve the pencil and be S^T S-orthonormal."""
+    import cupy
+    rows, b = 3000, 8
+    h = np.repeat([-2.0, 0.5, 3.0], rows // 3)
+    s = np.zeros((rows, 3 * b))
+    for g in range(3):
+        s[g * 1000:(g + 1) * 1000, g * b:(g + 1) * b] = rng.standard_normal((1000, b)) / 30
+    s = s @ np.linalg.qr(rng.standard_normal((3 * b, 3 * b)))[0]
+    s_dev, hs_dev = cupy.asarray(s.astype(dtype)), cupy.asarray((h[:, None] * s).astype(dtype))
+    both = gpu_grams.grams(s_dev, hs_dev)
+    rr = gpu_rayleigh_ritz.queue(both, b, dtype)
+    theta, largest, usable, definite = rr.summary()
+    assert definite
+    tol = 1e-5 if dtype == np.float32 else 1e-11
+    np.testing.assert_allclose(theta, -2.0, atol=tol)
+    assert largest == pytest.approx(3.0, abs=tol)
+    g, o = both.get()[:, :, 0], both.get()[:, :, 1]
+    c = cupy.asnumpy(rr.m)[:, :b].astype(np.float64)
+    np.testing.assert_allclose(c.T @ o @ c, np.eye(b), atol=10 * tol)
+    np.testing.assert_allclose(g @ c, (o @ c) * theta[None, :], atol=10 * tol)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -1,0 +1,203 @@
+"""LOBPCG's Gram matrices S^T H S and S^T S of tall row-major blocks (k <= KMAX columns) on a GPU, in one pass.
+
+Rayleigh-Ritz wants both Grams of S = [X P W] and H S, the orthonormalisation wants S^T S's last columns.
+Through hybridblas they were a gemmt and a syrk (S read twice) and, for the orthonormalisation, a gemm:
+each call about 55-70 us of GPU time and 130-275 us of host time at 47V's size (484 k rows, float64, H200,
+benchmarks/bench_queued_steps.py), where the whole dense budget is about 0.5 ms per iteration.
+
+Here one kernel reads S and H S once. Each thread block stages tiles of TILE rows in shared memory
+(coalesced, 16-byte loads where the rows allow) and each thread accumulates a 4 x 4 tile of a Gram over its share of the rows, in double
+(also for float32 blocks: the sum over millions of rows then loses nothing to float32 rounding). A second
+kernel adds the blocks' partial sums in a fixed order (reproducible) into full, mirrored float64 matrices
+(one thread block per element: a thread per element had taken ~0.1 ms for 528 dependent loads each).
+"""
+import numpy as np
+
+from . import cuda_modules
+from .arrays import is_device, row_major, row_stride
+
+KMAX = 32
+# Beyond this many rows cuBLAS (hybridblas' gemmt and syrk) takes less GPU time than this kernel (47V, 484 k
+# rows, float64, H200: 126 against 150 us for both Grams; 48Cr float32: 408 against 485), and the GPU time
+# sets the pace there; below it the host's time does (a hybridblas call costs 130-275 us of it, this 45)
+ROWS_LIMIT = 1 << 18
+TILE = 64                # rows staged per step
+THREADS = 256
+TOTAL_THREADS = 128      # per element of the Grams in the second kernel
+BLOCKS_PER_SM = 4
+
+_SOURCE = r"""
+// Tasks: a 4 x 4 tile of S^T H S (every tile, when has_hs) or of S^T S (tiles on or below the diagonal).
+// Thread t takes task t % tasks and rows phase, phase + phases, ... of each staged tile (phase = t / tasks).
+__device__ __forceinline__ void task_tile(int task, int nt4, int tasks0, int* gram, int* ti, int* tj)
+{
+    if (task < tasks0) { *gram = 0; *ti = task / nt4; *tj = task % nt4; return; }
+    int u = task - tasks0, i = 0;
+    while (u > i) { u -= i + 1; ++i; }
+    *gram = 1; *ti = i; *tj = u;
+}
+
+#define VEC ((int) (16 / sizeof(T)))
+
+// x <- the 4 elements at p (16-byte aligned in shared memory), in double
+__device__ __forceinline__ void load4(const T* p, double (&x)[4])
+{
+    union { VT v[4 / VEC]; T e[4]; } u;
+    #pragma unroll
+    for (int c = 0; c < 4 / VEC; ++c) u.v[c] = reinterpret_cast<const VT*>(p)[c];
+    #pragma unroll
+    for (int c = 0; c < 4; ++c) x[c] = (double) u.e[c];
+}
+
+// rows [r0, r0 + rows) of src (k columns at leading dimension ld) into dst (rows x kp, zero past column k):
+// 16-byte loads where ``vec`` (k == kp and every row 16-byte aligned), else one element per thread
+__device__ __forceinline__ void stage(const T* src, long long ld, long long r0, int rows, int k, int kp, bool vec,
+                                      T* dst)
+{
+    const int t = threadIdx.x, nt = blockDim.x;
+    if (vec) {
+        const int per_row = kp / VEC, rows_per_pass = nt / per_row, r = t / per_row, c = (t % per_row) * VEC;
+        if (r < rows_per_pass)
+            for (int rr = r; rr < rows; rr += rows_per_pass)
+                *reinterpret_cast<VT*>(dst + rr * kp + c) = *reinterpret_cast<const VT*>(src + (r0 + rr) * ld + c);
+    } else {
+        const int rows_per_pass = nt / kp, r = t / kp, c = t % kp;
+        if (r < rows_per_pass)
+            for (int rr = r; rr < rows; rr += rows_per_pass)
+                dst[rr * kp + c] = c < k ? src[(r0 + rr) * ld + c] : (T) 0;
+    }
+}
+
+// partials: 2 x k x k rows of gridDim.x doubles, one per block (Gram 0 = S^T H S, Gram 1 = S^T S; S^T S only
+// on and below the diagonal); shared: 2 * TILE * kp elements of T and THREADS * 16 doubles (the larger of the two)
+extern "C" __global__ void __launch_bounds__(THREADS) gram_partials(const T* s, long long lds, const T* hs,
+        long long ldh, long long n, int k, int vec, double* partials)
+{
+    extern __shared__ __align__(16) unsigned char shared[];
+    const int t = threadIdx.x, nt = blockDim.x, nt4 = (k + 3) / 4, kp = 4 * nt4;
+    const int has_hs = hs != nullptr;
+    const int tasks0 = has_hs ? nt4 * nt4 : 0, tasks = tasks0 + nt4 * (nt4 + 1) / 2;
+    const int phases = nt / tasks, task = t % tasks, phase = t / tasks;
+    const bool active = phase < phases;
+    T* ss = reinterpret_cast<T*>(shared);
+    T* hh = ss + TILE * kp;
+    int gram = 1, ti = 0, tj = 0;
+    if (active) task_tile(task, nt4, tasks0, &gram, &ti, &tj);
+    const T* left = ss + 4 * ti;
+    const T* right = (gram == 0 ? hh : ss) + 4 * tj;
+    double acc[4][4];
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
+    for (long long r0 = (long long) blockIdx.x * TILE; r0 < n; r0 += (long long) gridDim.x * TILE) {
+        const int rows = n - r0 < TILE ? (int) (n - r0) : TILE;
+        __syncthreads();                                       // the last tile's readers are done
+        stage(s, lds, r0, rows, k, kp, vec & 1, ss);
+        if (has_hs) stage(hs, ldh, r0, rows, k, kp, vec & 2, hh);
+        __syncthreads();
+        if (active) {
+            for (int r = phase; r < rows; r += phases) {
+                double x[4], y[4];
+                load4(left + r * kp, x);
+                load4(right + r * kp, y);
+                #pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    #pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * y[j];
+            }
+        }
+    }
+    __syncthreads();
+    double* red = reinterpret_cast<double*>(shared);
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) red[t * 16 + i * 4 + j] = acc[i][j];
+    __syncthreads();
+    for (int e = t; e < tasks * 16; e += nt) {
+        const int tk = e / 16, x = e % 16;
+        double sum = 0.0;
+        for (int p = 0; p < phases; ++p) sum += red[(p * tasks + tk) * 16 + x];
+        int g, a, b;
+        task_tile(tk, nt4, tasks0, &g, &a, &b);
+        const int i = 4 * a + x / 4, j = 4 * b + x % 4;
+        if (i < k && j < k) partials[(long long) ((g * k + i) * k + j) * gridDim.x + blockIdx.x] = sum;
+    }
+}
+
+// out (element (i, j) of Gram g at out[i * o0 + j * o1 + g * o2]) <- the sum of the blocks' partials: one
+// thread block per element, its threads' sums added in a fixed order (reproducible); S^T S mirrored from
+// its lower triangle. Gram 0 only when has_hs.
+extern "C" __global__ void gram_total(const double* partials, int blocks, int k, int has_hs, double* out,
+        long long o0, long long o1, long long o2)
+{
+    __shared__ double sums[TOTAL_THREADS];
+    const int e = blockIdx.x, t = threadIdx.x;
+    const int g = e / (k * k), i = (e / k) % k, j = e % k;
+    if (g == 0 && !has_hs) return;
+    const int src = g == 1 && i < j ? (g * k + j) * k + i : e;
+    double sum = 0.0;
+    for (int blk = t; blk < blocks; blk += TOTAL_THREADS) sum += partials[(long long) src * blocks + blk];
+    sums[t] = sum;
+    __syncthreads();
+    for (int half = TOTAL_THREADS / 2; half > 0; half /= 2) {
+        if (t < half) sums[t] += sums[t + half];
+        __syncthreads();
+    }
+    if (t == 0) out[i * o0 + j * o1 + g * o2] = sums[0];
+}
+"""
+
+
+def fits(s, hs=None):
+    """The kernels cover these blocks: row-major float32/float64 GPU blocks of at most KMAX columns (and H S
+    like S)."""
+    return (is_device(s) and s.dtype in (np.float32, np.float64) and s.ndim == 2 and 0 < s.shape[1] <= KMAX
+            and (row_major(s) or s.shape[0] == 0)
+            and (hs is None or (is_device(hs) and hs.shape == s.shape and hs.dtype == s.dtype
+                                and (row_major(hs) or hs.shape[0] == 0) and hs.device.id == s.device.id)))
+
+
+def preferred(s, hs=None):
+    """The kernels cover these blocks and are the faster way to their Grams (at most ROWS_LIMIT rows)."""
+    return fits(s, hs) and s.shape[0] <= ROWS_LIMIT
+
+
+def _kernels(cupy, dtype):
+    mod = cuda_modules.module(cupy, dtype, _SOURCE, {"TILE": TILE, "THREADS": THREADS, "TOTAL_THREADS": TOTAL_THREADS})
+    return mod.get_function("gram_partials"), mod.get_function("gram_total")
+
+
+def _vector_rows(x, k):
+    """Rows of x can be staged by 16-byte loads: k a multiple of 4 and every row 16-byte aligned."""
+    return k % 4 == 0 and x.data.ptr % 16 == 0 and (row_stride(x) * x.itemsize) % 16 == 0
+
+
+def grams(s, hs=None):
+    """(k, k, 2) float64 GPU array, column-major per Gram like dense.gram_buffer: [:, :, 0] = S^T H S (with
+    ``hs``; zeros without) and [:, :, 1] = S^T S, both whole (not only their lower triangles)."""
+    import cupy
+    from hybridblas.devices.cuda_skinny import multiprocessors
+    if not fits(s, hs):
+        raise ValueError(f"gpu_grams.grams: s {s.shape} {s.dtype}"
+                         + (f", hs {hs.shape} {hs.dtype}" if hs is not None else "") + " not covered")
+    n, k = s.shape
+    out = cupy.zeros((k, k, 2), dtype=np.float64, order="F")
+    if n == 0:
+        return out
+    blocks = max(1, min(BLOCKS_PER_SM * multiprocessors(cupy), -(-n // TILE)))
+    partials = cupy.empty((2, k, k, blocks), dtype=np.float64)
+    kp = 4 * -(-k // 4)
+    shared = max(2 * TILE * kp * s.itemsize, THREADS * 16 * 8)
+    vec = int(_vector_rows(s, k)) + 2 * int(hs is not None and _vector_rows(hs, k))
+    partial_kernel, total_kernel = _kernels(cupy, s.dtype)
+    partial_kernel((blocks,), (THREADS,),
+                   (s, np.int64(row_stride(s)), hs if hs is not None else np.uint64(0),
+                    np.int64(row_stride(hs) if hs is not None else 0), np.int64(n), np.int32(k), np.int32(vec),
+                    partials),
+                   shared_mem=shared)
+    total_kernel((2 * k * k,), (TOTAL_THREADS,),
+                 (partials, np.int32(blocks), np.int32(k), np.int32(hs is not None), out, np.int64(1), np.int64(k),
+                  np.int64(k * k)))
+    return out

@@ -1,0 +1,93 @@
+"""cisolver.gpu_grams: S^T H S and S^T S of tall row-major blocks in one pass equal float64 products of the
+same inputs (double accumulation, also for float32 blocks), are whole and symmetric, reproducible, and
+read column ranges of wider buffers in place."""
+import numpy as np
+import pytest
+
+from cisolver import gpu_grams
+
+pytestmark = pytest.mark.gpu
+
+
+def _poison_pool():
+    """Leave NaN in the memory CuPy hands out next, so an output or scratch left unwritten shows."""
+    import cupy
+    junk = cupy.full(1 << 24, np.nan)
+    del junk
+
+
+def _buffers(rng, rows, k, dtype, width=None):
+    """S and H S as the first k columns of row-major buffers of ``width`` columns (the rest NaN)."""
+    import cupy
+    width = width or k + 3
+    s = np.full((rows, width), np.nan)
+    hs = np.full((rows, width), np.nan)
+    s[:, :k] = rng.standard_normal((rows, k)) + 0.5
+    hs[:, :k] = rng.uniform(-3, 3, rows)[:, None] * s[:, :k] + 0.1 * rng.standard_normal((rows, k))
+    s, hs = s.astype(dtype), hs.astype(dtype)
+    return s[:, :k], hs[:, :k], cupy.asarray(s)[:, :k], cupy.asarray(hs)[:, :k]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows,k", [(0, 5), (1, 1), (5, 3), (63, 24), (64, 24), (65, 24), (3001, 16), (4099, 30),
+                                    (2000, 32), (300001, 24), (777, 7)])
+def test_grams_equal_float64_products(dtype, rows, k, rng):
+    s, hs, s_dev, hs_dev = _buffers(rng, rows, k, dtype)
+    _poison_pool()
+    got = gpu_grams.grams(s_dev, hs_dev).get()
+    assert got.shape == (k, k, 2) and got.dtype == np.float64
+    s64, hs64 = s.astype(np.float64), hs.astype(np.float64)
+    for g, want in enumerate([s64.T @ hs64, s64.T @ s64]):
+        scale = max(np.abs(want).max(), 1.0)
+        assert np.abs(got[:, :, g] - want).max() <= 1e-12 * scale, (g, np.abs(got[:, :, g] - want).max())
+    np.testing.assert_array_equal(got[:, :, 1], got[:, :, 1].T)          # S^T S mirrored exactly
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows,k,width", [(100003, 24, 24), (65, 24, 32), (5001, 16, 20), (4099, 32, 32), (7, 4, 4),
+                                          (3001, 8, 24)])
+def test_grams_of_aligned_rows(dtype, rows, k, width, rng):
+    """Rows that start on 16-byte boundaries are staged by vector loads (the LOBPCG buffers' usual layout)."""
+    s, hs, s_dev, hs_dev = _buffers(rng, rows, k, dtype, width=width)
+    assert gpu_grams._vector_rows(s_dev, k)
+    _poison_pool()
+    got = gpu_grams.grams(s_dev, hs_dev).get()
+    s64, hs64 = s.astype(np.float64), hs.astype(np.float64)
+    for g, want in enumerate([s64.T @ hs64, s64.T @ s64]):
+        assert np.abs(got[:, :, g] - want).max() <= 1e-12 * max(np.abs(want).max(), 1.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_grams_without_hs_and_reproducible(dtype, rng):
+    s, _, s_dev, _ = _buffers(rng, 100003, 24, dtype, width=25)
+    first = gpu_grams.grams(s_dev).get()
+    np.testing.assert_array_equal(first[:, :, 0], 0.0)
+    s64 = s.astype(np.float64)
+    assert np.abs(first[:, :, 1] - s64.T @ s64).max() <= 1e-12 * np.abs(s64.T @ s64).max()
+    for _ in range(3):
+        np.testing.assert_array_equal(gpu_grams.grams(s_dev).get(), first)
+
+
+def test_grams_of_float32_beat_float32_accumulation(rng):
+    """Double accumulation: two million float32 rows give Grams to float64 accuracy, where a float32 product
+    (cuBLAS through cupy) loses digits to the long sum."""
+    import cupy
+    s = rng.standard_normal((2_000_000, 8)).astype(np.float32) + 1.0
+    want = s.astype(np.float64).T @ s.astype(np.float64)
+    s_dev = cupy.asarray(s)
+    ours = np.abs(gpu_grams.grams(s_dev).get()[:, :, 1] - want).max() / np.abs(want).max()
+    single = np.abs((s_dev.T @ s_dev).get().astype(np.float64) - want).max() / np.abs(want).max()
+    assert ours <= 1e-13 and ours < single / 100, (ours, single)
+
+
+def test_grams_bad_arguments():
+    import cupy
+    with pytest.raises(ValueError, match="not covered"):
+        gpu_grams.grams(cupy.zeros((10, 33)))                              # more than KMAX columns
+    with pytest.raises(ValueError, match="not covered"):
+        gpu_grams.grams(cupy.zeros((10, 8)), cupy.zeros((10, 7)))         # H S of another shape
+    with pytest.raises(ValueError, match="not covered"):
+        gpu_grams.grams(cupy.zeros((10, 8), order="F"))                   # not row-major
+    with pytest.raises(ValueError, match="not covered"):
+        gpu_grams.grams(cupy.zeros((10, 8), dtype=np.complex128))
+    assert not gpu_grams.fits(np.zeros((10, 8)))
