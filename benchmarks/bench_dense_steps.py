@@ -9,14 +9,13 @@ CholQR2 / orthonormalisation / Rayleigh-Ritz calls of cisolver.dense.
     PYTHONPATH=. python3 benchmarks/bench_dense_steps.py --rows 1963461 --block 8 --dtype float32 [--json F]
 """
 import argparse
-import json
 
 import cupy as cp
 import numpy as np
 import scipy.linalg as sla
 
 import hybridblas as hb
-from gpu_timing import per_call
+from gpu_timing import per_call, save_json
 from cisolver import dense
 from cisolver.blocks import product_into
 
@@ -103,9 +102,7 @@ def main():
         err = float(np.abs(got[low] - ref[low]).max() / np.abs(ref).max())
         out["gram_rel_error"][name] = err
         print(f"  S^T HS rel. error, {name:28s} {err:.2e}", flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+    save_json(args.json, out)
 
 
 if __name__ == "__main__":

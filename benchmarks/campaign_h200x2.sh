@@ -71,5 +71,7 @@ spmm) stage spmm ${SPMM_LIMIT:-240} "python3 benchmarks/bench_spmm_gpu.py --case
 # every call of a LOBPCG iteration, host and GPU time: 48Cr's real Hamiltonian, then the synthetic matrix
 trace) stage trace ${TRACE_LIMIT:-150} "for c in ${TRACE_CASES:-24Mg 47V}; do python3 benchmarks/trace_lobpcg_iteration.py --case \$c --dtype float64 --iterations 20; done" ;;
 trace48) stage trace48 ${TRACE_LIMIT:-150} "python3 benchmarks/trace_lobpcg_iteration.py --case 48Cr --iterations 15 && python3 benchmarks/trace_lobpcg_iteration.py --iterations 15" ;;
+# the GPU time of each queued dense step of an iteration, apart from the host's, at 24Mg's to 48Cr's sizes
+steps) stage steps ${STEPS_LIMIT:-200} "for c in 28503:float64 86810:float64 483887:float64 1963461:float32; do python3 benchmarks/bench_queued_steps.py --rows \${c%:*} --dtype \${c#*:} --json $W/steps-\${c%:*}.json; done" ;;
 esac; done
 echo "=== done $(date +%T)"

@@ -1,4 +1,5 @@
 """Timing helper shared by the GPU micro-benchmarks (run as scripts: this folder is on sys.path)."""
+import json
 import time
 
 import cupy as cp
@@ -13,3 +14,10 @@ def per_call(fn, reps):
         fn()
     cp.cuda.Device().synchronize()
     return (time.perf_counter() - t0) / reps
+
+
+def save_json(path, record):
+    """Write the benchmark's record to ``path`` (nothing when path is None)."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump(record, fh, indent=1)
