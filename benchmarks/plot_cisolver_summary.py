@@ -4,10 +4,11 @@
 
 Left: time to 5 converged pairs against the M-scheme dimension (24Mg, 46Ti, 47V in float64, 48Cr in
 float32), every solver on the same matrix and start block. GPU series (ours and cupyx's lobpcg) are from
-session 9's last run (2×H200); the CPU series (ours, eigsh, scipy lobpcg on the node's 32 cores, 24Mg and
-46Ti) from session 9's CPU run. Right: the dense steps' share of an iteration on H200s with session 8's
-code (every small step waits for a host trip) and session 9's (whole iterations queued on the GPU), with
-the goal of 10 %.
+session 10's last runs (2×H200); the CPU series (ours, eigsh, scipy lobpcg on the node's 32 cores, 24Mg and
+46Ti) from session 9's CPU run (the CPU path has not changed since). Right: the dense steps' share of an
+iteration on H200s with session 8's code (every small step waits for a host trip), session 9's (whole
+iterations queued on the GPU) and session 10's (one-pass Grams, cuSOLVER called directly), with the goal
+of 10 %.
 """
 import argparse
 import glob
@@ -21,7 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from plotting import save  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-NOW = ["h200x2-2026-11-22-s9/run3-final"]
+NOW = ["h200x2-2026-11-22-s10/run8-final", "h200x2-2026-11-22-s10/run9-final-47V-46Ti"]   # the later wins
+SESSION9 = ["h200x2-2026-11-22-s9/run3-final"]
 PEER = NOW
 SESSION8 = ["h200x2-2026-11-22-s8/run3-final"]
 CPU = ["h200x2-2026-11-22-s9/run4-cpu-mpi"]
@@ -72,8 +74,10 @@ def main(argv=None):
     left.legend(fontsize=8, loc="lower right")
     for label, folders, solver, style in (("session 8 (host trips), 1 H200", SESSION8, "cisolver-gpu1", "C7o--"),
                                           ("session 8 (host trips), 2 H200", SESSION8, "cisolver-gpu2", "C8s--"),
-                                          ("queued on the GPU, 1 H200", NOW, "cisolver-gpu1", "C0o-"),
-                                          ("queued on the GPU, 2 H200", NOW, "cisolver-gpu2", "C1s-")):
+                                          ("session 9 (queued), 1 H200", SESSION9, "cisolver-gpu1", "C9o:"),
+                                          ("session 9 (queued), 2 H200", SESSION9, "cisolver-gpu2", "C5s:"),
+                                          ("session 10, 1 H200", NOW, "cisolver-gpu1", "C0o-"),
+                                          ("session 10, 2 H200", NOW, "cisolver-gpu2", "C1s-")):
         pts = sorted((dim, dense_share(r)) for (case, s), (dim, r) in runs(folders).items()
                      if s == solver and dense_share(r) is not None)
         right.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
