@@ -131,8 +131,7 @@ def main():
                 finally:
                     row_kernels.DOUBLE_ROWS_LIMIT = limit
             return call
-        for name in ["ortho: S[:, b:] <- S m", "ortho: HP <- H[X P] m_hp", "update: update_with_residual"]:
-            steps[name + " (row kernel)"] = row_kernel_route(steps[name])
+        steps["update: update_with_residual (row kernel)"] = row_kernel_route(steps["update: update_with_residual"])
 
     def iteration():                  # as cisolver.iterations queues them
         w_copy()

@@ -40,7 +40,8 @@ def _check(out, a, m):
 def product_into(out, a, m):
     """out <- a @ m; ``m`` a small host matrix (cast to the blocks' precision)."""
     _check(out, a, m)
-    if is_device(out) and row_kernels.product(out, a, m):
+    # out of place: cuBLAS needs no scratch block here, and is faster on long float64 blocks
+    if is_device(out) and row_kernels.product(out, a, m, long_double=False):
         return out
     if not _device_product([(out, a)], m, 0.0):
         _host_product([(out, a)], m, 0.0)

@@ -1,8 +1,10 @@
 """CUDA sources shared by cisolver's GPU kernels, and their compilation once per (device, dtype, source).
 
 SMALL_FACTOR holds the device functions of the one-block kernels (cisolver.gpu_ortho, gpu_rayleigh_ritz)
-that factor a small matrix in shared memory: the in-place upper Cholesky factor, its test for a numerically
-singular factor, and the triangular inverse. Every thread of the block must call them (they synchronise).
+that factor a small q x q matrix in shared memory: the in-place upper Cholesky factor, its test for a
+numerically singular factor, and the triangular inverse. Every thread of the block must call them, with at
+least q threads. cholesky_upper synchronises the block before it returns; flag_singular and inverse_upper do
+not: the caller synchronises before another thread reads *bad or the inverse.
 """
 import numpy as np
 
@@ -67,7 +69,7 @@ def module(cupy, dtype, source, defines=None, name_expressions=None):
     dtype = np.dtype(dtype)
     head = "typedef {} T;\ntypedef {} VT;\n".format(*_CTYPES[dtype])
     head += "".join(f"#define {name} {value}\n" for name, value in (defines or {}).items())
-    key = (cupy.cuda.Device().id, head, source)
+    key = (cupy.cuda.Device().id, head, source, tuple(name_expressions or ()))
     if key not in _compiled:
         options = ("--std=c++14",) if name_expressions else ()
         _compiled[key] = cupy.RawModule(code=head + source, options=options, name_expressions=name_expressions)

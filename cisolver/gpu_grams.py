@@ -6,10 +6,11 @@ each call about 55-70 us of GPU time and 130-275 us of host time at 47V's size (
 benchmarks/bench_queued_steps.py), where the whole dense budget is about 0.5 ms per iteration.
 
 Here one kernel reads S and H S once. Each thread block stages tiles of TILE rows in shared memory
-(coalesced, 16-byte loads where the rows allow) and each thread accumulates a 4 x 4 tile of a Gram over its share of the rows, in double
-(also for float32 blocks: the sum over millions of rows then loses nothing to float32 rounding). A second
-kernel adds the blocks' partial sums in a fixed order (reproducible) into full, mirrored float64 matrices
-(one thread block per element: a thread per element had taken ~0.1 ms for 528 dependent loads each).
+(coalesced, 16-byte loads where the rows allow) and each thread accumulates a 4 x 4 tile of a Gram over its
+share of the rows, in double (also for float32 blocks: the sum over millions of rows then loses nothing to
+float32 rounding). A second kernel adds the blocks' partial sums in a fixed order (reproducible) into full,
+mirrored float64 matrices (one thread block per element: a thread per element had taken ~0.1 ms for 528
+dependent loads each).
 """
 import numpy as np
 

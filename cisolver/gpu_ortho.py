@@ -128,7 +128,7 @@ def _cross_products(s, b, context):
     if gpu_grams.preferred(s):
         return gpu_grams.grams(s)[:, b:, 1]
     import hybridblas as hb
-    return hb.gemm(1.0, s, s[:, b:], transa="T", context=context).astype(np.float64)
+    return hb.gemm(1.0, s, s[:, b:], transa="T", context=context).astype(np.float64, copy=False)
 
 
 def first_pass(s, hs, b, n_p, context=None):

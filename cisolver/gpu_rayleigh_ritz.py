@@ -32,14 +32,15 @@ KMAX = 32          # columns of S: cuSOLVER's batched Jacobi eigensolver takes m
 # (the host's LAPACK failed where this kernel took a 1e-8 pivot, float32, two equal columns); the host path
 # then decides as it always has
 SINGULAR_RATIO = 1e-6
+EIG_RESIDUAL = 1e-10   # |A y - w y| / max |w| of an eigenpair beyond which the eigensolve is taken as failed
 THREADS = 256
 
 _SOURCE = r"""
 // both: the two Grams (at least their lower triangles, in double), element (i, j) of Gram p at
-// both[i * s0 + j * s1 + p * s2] (p = 0: S^T H S, p = 1: S^T S). Writes a (k x k, for the eigensolver), rinv,
-// o (S^T S mirrored), d.
+// both[i * s0 + j * s1 + p * s2] (p = 0: S^T H S, p = 1: S^T S). Writes a (k x k, for the eigensolver) and a
+// copy a0, rinv, o (S^T S mirrored), d.
 extern "C" __global__ void rr_prepare(const double* both, long long s0, long long s1, long long s2, int k,
-        double singular_ratio, double* a, double* rinv, double* o, double* d, int* flag)
+        double singular_ratio, double* a, double* a0, double* rinv, double* o, double* d, int* flag)
 {
     __shared__ double g[KMAX * KMAX], r[KMAX * KMAX], ri[KMAX * KMAX];
     __shared__ double dd[KMAX];
@@ -86,20 +87,34 @@ extern "C" __global__ void rr_prepare(const double* both, long long s0, long lon
         for (int l = 0; l <= i; ++l) s1 += ri[l * k + i] * r[l * k + j];
         for (int l = 0; l <= j; ++l) s2 += ri[l * k + j] * r[l * k + i];
         a[e] = 0.5 * (s1 + s2);
+        a0[e] = a[e];                                          // kept: the eigensolver overwrites a
     }
     if (t == 0) flag[0] = bad;
 }
 
-// w: ascending eigenvalues; eigenvector i is column i of v (element (l, i) at v[l * v0 + i * v1]);
-// eig_info: the eigensolver's status (0: converged).
+// w: ascending eigenvalues; eigenvector i is column i of v (element (l, i) at v[l * v0 + i * v1]) of a0;
+// eig_info: the eigensolver's status (0: converged). A residual |a0 y - w y| above EIG_RESIDUAL max |w|, or a
+// nonzero status, sends the step to the host path (flag bit 2).
 // m (k x 2b, row-major, T) = [C Z]; theta (b); info = [theta (b), max |w|, usable (b), flag].
 extern "C" __global__ void rr_finish(const double* w, const double* v, long long v0, long long v1,
-        const double* rinv, const double* o, const double* d, const int* flag, const int* eig_info, int k, int b,
-        T* m, double* theta, double* info)
+        const double* a0, const double* rinv, const double* o, const double* d, const int* flag, const int* eig_info,
+        int k, int b, T* m, double* theta, double* info)
 {
     __shared__ double c[KMAX * KMAX], z[KMAX * KMAX], oz[KMAX * KMAX], tt[KMAX * KMAX];
     __shared__ double before[KMAX], after[KMAX];
+    __shared__ int unsolved;
     const int t = threadIdx.x, nt = blockDim.x;
+    if (t == 0) unsolved = eig_info[0] != 0;
+    __syncthreads();
+    double scale = TINY64;                                     // max |w|
+    for (int i = 0; i < k; ++i) scale = fmax(scale, fabs(w[i]));
+    for (int e = t; e < k * k; e += nt) {                     // every eigenpair's residual: cuSOLVER's batched
+        const int l = e / k, i = e % k;                        // syevj reports 0 also when its sweeps ran out
+        double s = -w[i] * v[l * v0 + i * v1];
+        for (int q = 0; q < k; ++q) s += a0[l * k + q] * v[q * v0 + i * v1];
+        if (!(fabs(s) <= EIG_RESIDUAL * scale)) unsolved = 1;
+    }
+    __syncthreads();
     for (int e = t; e < k * b; e += nt) {                     // C = D R^{-1} Y[:, :b]
         const int l = e / b, j = e % b;
         double s = 0.0;
@@ -138,7 +153,7 @@ extern "C" __global__ void rr_finish(const double* w, const double* v, long long
         __syncthreads();
     }
     __syncthreads();
-    const int bad = flag[0] | (eig_info[0] != 0 ? 2 : 0);       // 2: the eigensolver did not converge
+    const int bad = flag[0] | (unsolved ? 2 : 0);               // 2: the eigensolver did not converge
     const bool ok = bad == 0;
     for (int e = t; e < k * b; e += nt) {
         const int l = e / b, j = e % b;
@@ -168,7 +183,7 @@ def fits(s, b):
 
 def _module(cupy, dtype):
     defines = {"KMAX": KMAX, "EPS64": repr(float(np.finfo(np.float64).eps)),
-               "TINY64": repr(float(np.finfo(np.float64).tiny))}
+               "TINY64": repr(float(np.finfo(np.float64).tiny)), "EIG_RESIDUAL": repr(EIG_RESIDUAL)}
     return cuda_modules.module(cupy, dtype, cuda_modules.SMALL_FACTOR + _SOURCE, defines)
 
 
@@ -178,10 +193,11 @@ _syevj_params = {}       # device -> (cuSOLVER syevj parameters, {k: workspace e
 def _eigh_in_place(cupy, a, w, info):
     """cuSOLVER syevjBatched on the k x k symmetric a (a batch of one) on the current stream: a <- its
     eigenvectors (column-major: eigenvector i is a's row i as a C array), w <- the eigenvalues ascending,
-    info <- 0 when converged."""
+    info <- its status (0 also when the sweeps ran out, for k <= 32: rr_finish checks the residuals)."""
     from cupy_backends.cuda.libs import cusolver
     k = a.shape[0]
     handle = cupy.cuda.device.get_cusolver_handle()
+    # CuPy's handle is shared per device and thread: its stream is set before every call, as CuPy does
     cusolver.setStream(handle, cupy.cuda.get_current_stream().ptr)
     dev = cupy.cuda.Device().id
     if dev not in _syevj_params:
@@ -213,22 +229,23 @@ def queue(both, b, dtype):
     and S^T S: cisolver.gpu_grams.grams, or dense.gram_buffer) for the ``b`` lowest pairs, [C Z] in ``dtype``."""
     import cupy
     k = both.shape[0]
-    if both.shape != (k, k, 2) or not 0 < b <= k <= KMAX or np.dtype(dtype) not in (np.float32, np.float64):
+    if (both.shape != (k, k, 2) or not 0 < b <= k <= KMAX or np.dtype(dtype) not in (np.float32, np.float64)
+            or both.dtype not in (np.float32, np.float64)):
         raise ValueError(f"gpu_rayleigh_ritz.queue: Grams {both.shape} {both.dtype} with b={b}, {np.dtype(dtype)} "
                          f"not covered")
     both = both.astype(np.float64, copy=False)
     mod = _module(cupy, dtype)
-    a, rinv, o = (cupy.empty((k, k), dtype=np.float64) for _ in range(3))
+    a, a0, rinv, o = (cupy.empty((k, k), dtype=np.float64) for _ in range(4))
     d, w = cupy.empty(k, dtype=np.float64), cupy.empty(k, dtype=np.float64)
     flag, eig_info = cupy.empty(1, dtype=np.int32), cupy.empty(1, dtype=np.int32)
     item = both.itemsize
     mod.get_function("rr_prepare")((1,), (THREADS,), (
         both, np.int64(both.strides[0] // item), np.int64(both.strides[1] // item), np.int64(both.strides[2] // item),
-        np.int32(k), np.float64(SINGULAR_RATIO), a, rinv, o, d, flag))
+        np.int32(k), np.float64(SINGULAR_RATIO), a, a0, rinv, o, d, flag))
     _eigh_in_place(cupy, a, w, eig_info)
     m = cupy.empty((k, 2 * b), dtype=dtype)
     theta = cupy.empty(b, dtype=np.float64)
     info = cupy.empty(2 * b + 2, dtype=np.float64)
     mod.get_function("rr_finish")((1,), (THREADS,), (
-        w, a, np.int64(1), np.int64(k), rinv, o, d, flag, eig_info, np.int32(k), np.int32(b), m, theta, info))
+        w, a, np.int64(1), np.int64(k), a0, rinv, o, d, flag, eig_info, np.int32(k), np.int32(b), m, theta, info))
     return Queued(m, theta, Later(info), b)

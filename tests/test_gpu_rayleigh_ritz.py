@@ -54,7 +54,7 @@ def test_rayleigh_ritz_on_gpu_equals_the_host(dtype, rows, k, b, rng):
 def test_rayleigh_ritz_on_gpu_with_repeated_ritz_values(dtype, rng):
     """S spans 8 vectors from each of H's three eigenspaces, mixed by a random rotation: the pencil's
     eigenvalues are -2, 0.5 and 3, eight times each, and the eigenvectors are defined only up to a rotation
-    within each eigenspace. The Jacobi kernel's C must solve the pencil and be S^T S-orthonormal."""
+    within each eigenspace. The GPU's C must solve the pencil and be S^T S-orthonormal."""
     import cupy
     rows, b = 3000, 8
     h = np.repeat([-2.0, 0.5, 3.0], rows // 3)
@@ -77,6 +77,26 @@ def test_rayleigh_ritz_on_gpu_with_repeated_ritz_values(dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rayleigh_ritz_on_gpu_says_when_the_eigensolver_did_not_converge(dtype, rng):
+    """cuSOLVER's batched Jacobi solver reports success also when its sweeps ran out (k <= 32): with one
+    sweep allowed, the residual check must send the step to the host path, with [C Z] zero."""
+    import cupy
+    from cupy_backends.cuda.libs import cusolver
+    s, hs, s_dev, hs_dev = _blocks(rng, 3001, 24, dtype)
+    both = gpu_grams.grams(s_dev, hs_dev)
+    assert gpu_rayleigh_ritz.queue(both, 8, dtype).summary()[3]            # converged with the default sweeps
+    params = gpu_rayleigh_ritz._syevj_params[cupy.cuda.Device().id][0]
+    cusolver.xsyevjSetMaxSweeps(params, 1)
+    try:
+        rr = gpu_rayleigh_ritz.queue(both, 8, dtype)
+        assert not rr.summary()[3]
+        np.testing.assert_array_equal(cupy.asnumpy(rr.m), 0)
+    finally:
+        cusolver.xsyevjSetMaxSweeps(params, 100)                          # cuSOLVER's default
+    assert gpu_rayleigh_ritz.queue(both, 8, dtype).summary()[3]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_rayleigh_ritz_on_gpu_says_when_s_is_singular(dtype, rng):
     s, hs, s_dev, hs_dev = _blocks(rng, 2000, 12, dtype)
     s_dev[:, 7] = s_dev[:, 3]                                  # two equal columns
@@ -94,6 +114,8 @@ def test_queue_bad_arguments():
         gpu_rayleigh_ritz.queue(cupy.zeros((40, 40, 2)), 8, np.float64)     # more than KMAX columns
     with pytest.raises(ValueError, match="not covered"):
         gpu_rayleigh_ritz.queue(cupy.zeros((12, 12, 2)), 13, np.float64)    # b > k
+    with pytest.raises(ValueError, match="not covered"):
+        gpu_rayleigh_ritz.queue(cupy.zeros((12, 12, 2), dtype=np.complex128), 4, np.float64)
 
 
 def test_lobpcg_falls_back_to_the_host_when_the_gpu_says_not_definite(rng, monkeypatch):
