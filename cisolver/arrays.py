@@ -117,6 +117,11 @@ def row_stride(x):
     return max(x.strides[0] // x.itemsize if x.shape[0] > 1 else x.shape[1], 1)
 
 
+def aligned_rows(x):
+    """Every row of the GPU block x starts on a 16-byte boundary (16-byte loads and stores are aligned)."""
+    return x.data.ptr % 16 == 0 and (row_stride(x) * x.itemsize) % 16 == 0
+
+
 class Timer:
     """Accumulates seconds per named phase. ``phase("dense", "rayleigh_ritz")`` charges both "dense" and
     "dense:rayleigh_ritz".

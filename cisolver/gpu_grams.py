@@ -15,7 +15,7 @@ dependent loads each).
 import numpy as np
 
 from . import cuda_modules
-from .arrays import is_device, row_major, row_stride
+from .arrays import aligned_rows, is_device, row_major, row_stride
 
 KMAX = 32
 # Beyond this many rows cuBLAS (hybridblas' gemmt and syrk) takes less GPU time than this kernel (47V, 484 k
@@ -172,7 +172,7 @@ def _kernels(cupy, dtype):
 
 def _vector_rows(x, k):
     """Rows of x can be staged by 16-byte loads: k a multiple of 4 and every row 16-byte aligned."""
-    return k % 4 == 0 and x.data.ptr % 16 == 0 and (row_stride(x) * x.itemsize) % 16 == 0
+    return k % 4 == 0 and aligned_rows(x)
 
 
 def grams(s, hs=None):

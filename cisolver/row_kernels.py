@@ -19,7 +19,7 @@ return False (None) and the caller takes its cuBLAS route.
 import numpy as np
 
 from . import cuda_modules
-from .arrays import Ready, column_totals, row_major, row_stride, small_on_device
+from .arrays import Ready, aligned_rows, column_totals, row_major, row_stride, small_on_device
 
 QMAX_CHOICES = (8, 16, 32)         # accumulators per thread: the smallest that holds the output row
 SHARED_LIMIT = 32 << 10            # bytes of the staged small matrix (p x QMAX)
@@ -162,11 +162,6 @@ def _qmax(q):
     return next((c for c in QMAX_CHOICES if q <= c), None)
 
 
-def _vector_rows(x):
-    """Every row of x starts on a 16-byte boundary (so 16-byte loads and stores are aligned)."""
-    return x.data.ptr % 16 == 0 and (row_stride(x) * x.itemsize) % 16 == 0
-
-
 def _fits(blocks, p, q, long_double=False):
     """The kernels cover these blocks; float64 blocks beyond DOUBLE_ROWS_LIMIT rows only with ``long_double``."""
     x0 = blocks[0]
@@ -198,7 +193,7 @@ def product(out, a, m, long_double=True):
     kernel = _module(cupy, out.dtype).get_function(f"rows_times_small<{qmax}>")
     kernel((_grid(cupy, n),), (THREADS,),
            (a, np.int64(row_stride(a)), out, np.int64(row_stride(out)), m_dev, np.int32(p), np.int32(q), np.int64(n),
-            np.int32(_vector_rows(a)), np.int32(_vector_rows(out))),
+            np.int32(aligned_rows(a)), np.int32(aligned_rows(out))),
            shared_mem=p * qmax * out.dtype.itemsize)
     return True
 
@@ -226,7 +221,7 @@ def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False):
     theta_dev = cupy.asarray(theta, dtype=np.float64)      # a host vector, or already on the GPU
     grid = _grid(cupy, n)
     partials = cupy.empty((grid, b), dtype=np.float64)
-    vec = sum(bit << i for i, bit in enumerate(_vector_rows(x) for x in (s, hs, x_next, hx_next, r)))
+    vec = sum(bit << i for i, bit in enumerate(aligned_rows(x) for x in (s, hs, x_next, hx_next, r)))
     kernel = _module(cupy, r.dtype).get_function(f"update_residual<{qmax}>")
     kernel((grid,), (THREADS,),
            (s, np.int64(row_stride(s)), hs, np.int64(row_stride(hs)), x_next, np.int64(row_stride(x_next)),
