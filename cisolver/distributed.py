@@ -8,7 +8,7 @@ import numpy as np
 
 from hybridblas import distributed as _d
 
-__all__ = ["world", "block_ranges", "DistributedOperator", "build_local", "allreduce", "colnorms"]
+__all__ = ["world", "block_ranges", "DistributedOperator", "build_local", "allreduce", "device_sum", "colnorms"]
 
 world = _d.world
 allreduce = _d.allreduce
@@ -25,24 +25,51 @@ def block_ranges(sizes, n_ranks):
     return [range(a, b) for a, b in zip(cuts, cuts[1:])]
 
 
+def row_ranges(sizes, weights, n_ranks):
+    """Contiguous row ranges [lo, hi), one per rank, with about equal weight each: block i has sizes[i] rows
+    and weights[i] spread evenly over them (the sparse product's nonzeros), so a cut may fall inside a block."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    weights = np.asarray(weights, dtype=np.float64)
+    rows = np.concatenate([[0], np.cumsum(sizes)])
+    cum = np.concatenate([[0.0], np.cumsum(weights)])
+    cuts = [0]
+    for r in range(1, n_ranks):
+        target = r * cum[-1] / n_ranks
+        i = min(int(np.searchsorted(cum, target, side="right")) - 1, len(sizes) - 1)
+        inside = (target - cum[i]) / weights[i] * sizes[i] if weights[i] > 0 else 0.0
+        cuts.append(int(min(max(cuts[-1], rows[i] + round(inside)), rows[-1])))
+    cuts.append(int(rows[-1]))
+    return list(zip(cuts, cuts[1:]))
+
+
 def build_local(problem, comm, dtype=np.float64, n_threads=None):
-    """This rank's rows of H (full storage), and its row range [lo, hi)."""
+    """This rank's rows of H (full storage), and its row range [lo, hi). The ranges give every rank about
+    the same number of nonzeros (ShellModelProblem.row_block_weights); the blocks a cut falls in are built
+    by both ranks beside it, each keeping its rows."""
     blocks = problem.basis.blocks
-    mine = block_ranges([b.size for b in blocks], comm.Get_size() if comm else 1)[comm.Get_rank() if comm else 0]
-    lo = blocks[mine.start].offset if len(mine) else 0
-    hi = lo + sum(blocks[i].size for i in mine)
-    if len(mine) == 0:
+    n_ranks, rank = (comm.Get_size(), comm.Get_rank()) if comm else (1, 0)
+    lo, hi = row_ranges([b.size for b in blocks], problem.row_block_weights(), n_ranks)[rank]
+    if hi == lo:
         import scipy.sparse as sp
         return sp.csr_matrix((0, problem.dimension), dtype=dtype), lo, lo
-    h, _ = problem.build(storage="full", dtype=dtype, n_threads=n_threads, blocks=mine)
+    ends = np.cumsum([b.size for b in blocks])
+    first = int(np.searchsorted(ends, lo, side="right"))
+    last = int(np.searchsorted(ends, hi, side="left"))
+    h, _ = problem.build(storage="full", dtype=dtype, n_threads=n_threads, blocks=range(first, last + 1))
+    start = blocks[first].offset
+    if (lo, hi) != (start, start + h.shape[0]):
+        h = h[lo - start:hi - start]
     return h, lo, hi
 
 
 class DistributedOperator:
     """y_local = H[lo:hi, :] x for x distributed by rows: gather x (Allgatherv), multiply the local rows.
 
-    device: a CUDA device id to hold this rank's rows and vectors there (cisolver.gpu_spmm); the gather then goes
-    GPU to GPU through NCCL where CuPy has it (hybridblas.distributed.allgather_rows).
+    device: a CUDA device id to hold this rank's rows and vectors there (cisolver.gpu_spmm). Where CuPy has
+    NCCL (``queued``), x is gathered GPU to GPU into a full block kept for the next call, by NCCL broadcasts
+    queued on the stream (hybridblas.distributed.gather_rows_into), and the product is written into ``out``:
+    the host does not wait, so a GPU rank can queue whole iterations (cisolver.iterations). Else the gather
+    goes through host memory and MPI.
     """
 
     def __init__(self, h_local, lo, hi, n, comm, dtype=None, device=None):
@@ -53,28 +80,61 @@ class DistributedOperator:
         self.comm = comm
         self.xp = np
         self.device = device
+        self.devices = None              # set for a GPU rank: Iterations then passes ``out``
         self.gpu = None
+        self.queued = False
+        self.counts = comm.allgather(hi - lo)
+        self._full = {}
         if device is not None:
             import cupy
             from .gpu_spmm import DeviceCsr
             self.gpu = DeviceCsr(self.h, device, self.dtype)     # row-major cuSPARSE products (gpu_spmm)
             self.h = None                                        # the rows live on the GPU now
             self.xp = cupy
+            self.devices = [device]
+            with cupy.cuda.Device(device):
+                self.queued = _d.device_collectives(comm, cupy.empty(1, dtype=self.dtype))
         self.comm_seconds = 0.0
 
-    def matmat(self, x_local):
+    def matmat(self, x_local, out=None):
         import time
         t0 = time.perf_counter()
         xp = self.xp
+        if self.queued:
+            with xp.cuda.Device(self.device):
+                full = self._full.get(x_local.shape[1])
+                if full is None:
+                    full = self._full[x_local.shape[1]] = xp.empty((self.shape[0], x_local.shape[1]), self.dtype)
+                lo, hi = self.local
+                full[lo:hi] = x_local
+                _d.gather_rows_into(full, self.counts, self.comm)
+                self.comm_seconds += time.perf_counter() - t0
+                y = out if out is not None else xp.empty((self.gpu.shape[0], full.shape[1]), dtype=self.dtype)
+                return self.gpu.multiply_into(y, full)
         x_full = _d.allgather_rows(xp.ascontiguousarray(x_local), self.comm)
         self.comm_seconds += time.perf_counter() - t0
         if self.gpu is None:
-            return self.h @ x_full
-        with xp.cuda.Device(self.device):
-            y = xp.empty((self.gpu.shape[0], x_full.shape[1]), dtype=self.dtype)
-            return self.gpu.multiply_into(y, x_full.astype(self.dtype, copy=False))
+            y = self.h @ x_full
+        else:
+            with xp.cuda.Device(self.device):
+                y = xp.empty((self.gpu.shape[0], x_full.shape[1]), dtype=self.dtype)
+                y = self.gpu.multiply_into(y, x_full.astype(self.dtype, copy=False))
+        if out is not None:
+            out[...] = y
+            return out
+        return y
 
     __matmul__ = matmat
+
+
+def device_sum(x, comm):
+    """x (a cupy Gram or vector of this rank's rows) summed over the ranks, queued on the stream (NCCL);
+    unchanged when ``comm`` is None. Returns a C-contiguous float64 array (the same layout on every rank)."""
+    if comm is None:
+        return x
+    import cupy
+    x = cupy.ascontiguousarray(x, dtype=np.float64)
+    return allreduce(x, comm, wait=False)
 
 
 def colnorms(r, comm):

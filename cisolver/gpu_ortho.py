@@ -18,6 +18,7 @@ import numpy as np
 
 from . import blocks, cuda_modules, dense, gpu_grams
 from .arrays import is_device
+from .distributed import device_sum
 
 QMAX = 32          # columns of V the kernel takes (P and W together)
 BMAX = 64          # columns of X
@@ -131,17 +132,18 @@ def _cross_products(s, b, context):
     return hb.gemm(1.0, s, s[:, b:], transa="T", context=context).astype(np.float64, copy=False)
 
 
-def first_pass(s, hs, b, n_p, context=None):
+def first_pass(s, hs, b, n_p, context=None, comm=None):
     """Queue one pass of dense.orthonormalise_tail (adaptive) on the GPU: V = s[:, b:] orthonormal and
     orthogonal to X = s[:, :b], and H P = hs[:, b:b + n_p] following P. Returns a device int32 flag: OK
     when the pass was made and one pass is enough, else the flag bits say why the host path is needed,
-    and s and hs are left as they were."""
+    and s and hs are left as they were. comm: MPI ranks holding rows each (the cross products summed over
+    them on the GPU, cisolver.distributed.device_sum; every rank then factors the same sum)."""
     import cupy
     k = s.shape[1]
     q = k - b
     if not fits(s, b) or hs.shape[0] != s.shape[0] or hs.shape[1] < b + n_p or not 0 <= n_p <= q:
         raise ValueError(f"gpu_ortho.first_pass: s {s.shape}, hs {hs.shape}, b={b}, n_p={n_p} not covered")
-    y = _cross_products(s, b, context)
+    y = device_sum(_cross_products(s, b, context), comm)
     m = cupy.empty((k, q), dtype=s.dtype)
     m_hp = cupy.empty((b + n_p, n_p), dtype=s.dtype)
     flag = cupy.empty(1, dtype=np.int32)

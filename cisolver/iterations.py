@@ -5,9 +5,10 @@ made orthonormal and orthogonal to X; H W (the only sparse product); Rayleigh-Ri
 the new X, P, H X, H P and the residual of the new X in one update. S and H S are column ranges of one
 row-major buffer each (s, hs); the update writes the next pair (s_next, hs_next), then the pairs swap.
 
-On the host, and with MPI ranks, every small step waits for its Gram matrices (a host trip). A GPU run in
-one process (``overlap``) queues whole iterations instead, and the host only reads small results the GPU
-has long finished:
+On the host, and with MPI ranks on CPUs, every small step waits for its Gram matrices (a host trip). A GPU
+run (``overlap``: in one process, or on MPI ranks with one GPU each whose Gram sums and row gathers NCCL
+queues on the stream) queues whole iterations instead, and the host only reads small results the GPU has
+long finished:
 - the first orthonormalisation pass is factored on the GPU (cisolver.gpu_ortho) and Rayleigh-Ritz runs
   there too (cisolver.gpu_rayleigh_ritz), on Grams of one pass over S and H S for blocks of up to 2^18
   rows (cisolver.gpu_grams; hybridblas beyond);
@@ -16,13 +17,16 @@ has long finished:
 - the Rayleigh-Ritz summary (theta, which P columns are usable, whether S^T S was positive definite) is
   read once the next iteration's [P W] pass is queued on the guess that every active P column is usable.
 Whatever the GPU kernels decline, or a guess that did not hold, goes to the host path from blocks the GPU
-left as they were.
+left as they were. MPI ranks sum their Grams on the GPUs (cisolver.distributed.device_sum) and every rank
+then runs the same small kernels on the same sums, so all take the same path; each small result read on
+the host is compared across ranks (``_agreed``).
 """
 import numpy as np
 
 from . import dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz
 from .arrays import Later, Ready, module_of, to_host
 from .blocks import update_with_residual
+from .distributed import device_sum
 
 
 def _orthonormalise_on_host(s, q, k):
@@ -118,6 +122,7 @@ class Iterations:
                         both = gpu_grams.grams(s, hs)
                     else:
                         both = dense.gram_buffer(s, hs, context=self.context)
+                    both = device_sum(both, self.comm)
                     if gpu_rayleigh_ritz.fits(s, b):
                         rr = gpu_rayleigh_ritz.queue(both, b, s.dtype)
                     else:
@@ -168,7 +173,8 @@ class Iterations:
             k = b + n_p + n_w
             s[:, b + n_p:k] = w
             if self.overlap:
-                return n_p, k, Later(gpu_ortho.first_pass(s[:, :k], hs[:, :k], b, n_p, context=self.context))
+                return n_p, k, Later(gpu_ortho.first_pass(s[:, :k], hs[:, :k], b, n_p, context=self.context,
+                                                          comm=self.comm), self._agreed)
         n_p, k = self._orthonormalise_on_host_path(w, n_p, k)
         return n_p, k, None
 
@@ -220,7 +226,7 @@ class Iterations:
         GPU's update of it is overwritten) and False is returned."""
         rr, sums, k, n_p, n_w = self.open_rr
         self.open_rr = None
-        theta, largest, usable, definite = rr.summary()
+        theta, largest, usable, definite = self._agreed(rr.summary())
         if definite:
             self.theta, self.p_usable, self.pending = theta, usable, sums
             self.norm_est = max(self.norm_est, largest)
@@ -229,6 +235,17 @@ class Iterations:
         self._swap()                                  # back to the S that step came from
         self._rayleigh_ritz_and_update(k, n_p, n_w)
         return False
+
+    def _agreed(self, value):
+        """A small result the GPU worked out, as this rank read it. MPI ranks queue the same steps on the same
+        summed Grams, so they must read the same; were they not to, they would take different paths and
+        wait for each other for ever, so that is an error."""
+        if self.comm is None:
+            return value
+        key = b"".join(np.asarray(v).tobytes() for v in (value if isinstance(value, tuple) else (value,)))
+        if len(set(self.comm.allgather(key))) > 1:
+            raise RuntimeError("MPI ranks read different results of the same GPU step (non-deterministic kernel?)")
+        return value
 
     def _swap(self):
         self.s, self.s_next, self.hs, self.hs_next = self.s_next, self.s, self.hs_next, self.hs

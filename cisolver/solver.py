@@ -32,6 +32,7 @@ class LobpcgResult:
     second_passes: int = 0                         # iterations whose [P W] needed a second CholQR pass
     declined: int = 0                              # GPU orthonormalisation passes handed to the host path
     redone: int = 0                                # GPU Rayleigh-Ritz steps or guessed passes redone on the host path
+    queued: bool = False                           # the iterations were queued on the GPU (cisolver.iterations)
 
 
 def _as_operator(h, dtype):
@@ -150,8 +151,10 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         del x, hx
         sq = residual_into(r, hs[:, :b], s[:, :b], theta)      # R = H X - X Theta, and its column norms^2
     norm_est = max(np.abs(allv).max(), np.finfo(np.float64).tiny)
-    # a GPU run in one process queues whole iterations (cisolver.iterations); MPI ranks and CPUs wait
-    overlap = OVERLAP and xp is not np and comm is None and gpu_ortho.fits(s, b)
+    # a GPU run queues whole iterations (cisolver.iterations): in one process, or on MPI ranks whose sums and
+    # gathers NCCL queues on the GPU; CPUs and other MPI runs wait at every host trip
+    overlap = (OVERLAP and xp is not np and (comm is None or getattr(op, "queued", False))
+               and gpu_ortho.fits(s, b))
     run = Iterations(op, (s, hs, s_next, hs_next), r, theta, norm_est, sq, nev=nev, tol=tol, precond=precond,
                      context=context, comm=comm, timer=timer, callback=callback, overlap=overlap)
     run.run(maxiter)
@@ -163,4 +166,4 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
     rel = norms(hx_true - x[:, :nev] * xp.asarray(theta[:nev], dtype=dtype)[None, :]) / norm_est
     return LobpcgResult(np.asarray(theta[:nev]), x[:, :nev], rel, it, bool(converged[:nev].all()),
                         dict(timer.seconds), run.history, run.restarts, run.second_passes, run.declined,
-                        run.redone)
+                        run.redone, overlap)

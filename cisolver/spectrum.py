@@ -74,7 +74,7 @@ def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None,
         "devices": devs, "energies": [float(e) for e in res.eigenvalues],
         "j2": [float(x) for x in j2], "j": [float(x) for x in angmom.j_from_j2(j2)],
         "residuals": [float(x) for x in res.residual_norms], "iterations": res.iterations,
-        "converged": res.converged,
+        "converged": res.converged, "queued": res.queued,
         "seconds": {"read+build": t1 - t0, "setup": t2 - t1, "solve": t3 - t2, "j2": t4 - t3,
                     "build_detail": info.seconds, "solve_detail": res.seconds},
     }
@@ -98,6 +98,7 @@ def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, 
         h_local, lo, hi = build_local(problem, comm, dtype=dtype, n_threads=n_threads)
         t1 = time.perf_counter()
         op = DistributedOperator(h_local, lo, hi, problem.dimension, comm, dtype=dtype, device=gpu)
+        comm.Barrier()                  # every rank's rows uploaded: "solve" starts together
         storage = "full (row blocks)"
     else:
         grid = TriangularLayout([b.size for b in problem.basis.blocks], comm.Get_size())
@@ -105,6 +106,7 @@ def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, 
         t1 = time.perf_counter()
         op = TriangularOperator(h_local, grid, problem.dimension, comm, dtype=dtype)
         storage = f"triangular blocks (n_d = {grid.n_d}; diagonal blocks in full)"
+    t_setup = time.perf_counter()
     res = _lobpcg.lobpcg(op, nev, block_size=block_size, tol=tol, maxiter=maxiter, seed=seed,
                          dtype=dtype, comm=comm)
     t2 = time.perf_counter()
@@ -121,6 +123,7 @@ def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, 
         "j2": [float(x) for x in j2], "j": [float(x) for x in angmom.j_from_j2(j2)],
         "residuals": [float(x) for x in res.residual_norms], "iterations": res.iterations,
         "converged": res.converged,
-        "seconds": {"read+build": t1 - t0, "solve": t2 - t1, "j2": t3 - t2,
+        "queued": res.queued, "nnz_local": comm.allgather(int(h_local.nnz)),
+        "seconds": {"read+build": t1 - t0, "setup": t_setup - t1, "solve": t2 - t_setup, "j2": t3 - t2,
                     "solve_detail": dict(res.seconds, communication=op.comm_seconds)},
     }

@@ -6,8 +6,8 @@ product over the local rows followed by one Allreduce.
 """
 import numpy as np
 
-__all__ = ["world", "local_rank", "block_range", "allreduce", "allgather_rows", "gram",
-           "node_context", "rank_print"]
+__all__ = ["world", "local_rank", "block_range", "allreduce", "allgather_rows", "gather_rows_into",
+           "device_collectives", "gram", "node_context", "rank_print"]
 
 
 def world():
@@ -43,9 +43,10 @@ def _is_cupy(x):
     return type(x).__module__.split(".")[0] == "cupy"
 
 
-def allreduce(x, comm):
+def allreduce(x, comm, wait=True):
     """Sum x over the ranks, in place; returns x. Host arrays through MPI, cupy arrays through NCCL
-    when CuPy has it (else through host memory)."""
+    when CuPy has it (else through host memory). wait=False leaves NCCL's sum queued on the current
+    stream (work queued after it on that stream sees the sum; the host does not wait)."""
     if comm is None:
         return x
     from mpi4py import MPI
@@ -54,11 +55,12 @@ def allreduce(x, comm):
         if nccl is not None:
             import cupy
             from cupy.cuda import nccl as _n
-            count = x.size * (2 if x.dtype.kind == "c" else 1)
-            real = {4: _n.NCCL_FLOAT32, 8: _n.NCCL_FLOAT64}[x.dtype.itemsize // (2 if x.dtype.kind == "c" else 1)]
-            nccl.allReduce(x.data.ptr, x.data.ptr, count, real, _n.NCCL_SUM,
+            if not (x.flags.c_contiguous or x.flags.f_contiguous):
+                raise ValueError("allreduce needs a contiguous array (C or Fortran order)")
+            nccl.allReduce(x.data.ptr, x.data.ptr, x.size * _reals(x), _nccl_type(_n, x), _n.NCCL_SUM,
                            cupy.cuda.get_current_stream().ptr)
-            cupy.cuda.get_current_stream().synchronize()
+            if wait:
+                cupy.cuda.get_current_stream().synchronize()
             return x
         host = x.get()
         comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
@@ -68,6 +70,44 @@ def allreduce(x, comm):
         raise ValueError("allreduce needs a contiguous array (C or Fortran order)")
     comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
     return x
+
+
+def _reals(x):
+    return 2 if x.dtype.kind == "c" else 1
+
+
+def _nccl_type(_n, x):
+    return {4: _n.NCCL_FLOAT32, 8: _n.NCCL_FLOAT64}[x.dtype.itemsize // _reals(x)]
+
+
+def device_collectives(comm, device_array):
+    """True when sums and gathers of cupy arrays over ``comm`` can stay queued on the GPU (NCCL)."""
+    return comm is not None and _is_cupy(device_array) and _nccl_comm(comm, device_array) is not None
+
+
+def gather_rows_into(full, counts, comm):
+    """Every rank's rows of ``full`` (C-contiguous, rank r's rows at sum(counts[:r]), already written there by
+    that rank) onto every rank, in place: one NCCL broadcast per rank in one group, queued on the current
+    stream (no padding, no concatenation, no host wait). Needs device_collectives(comm, full)."""
+    import cupy
+    from cupy.cuda import nccl as _n
+    if not full.flags.c_contiguous or full.shape[0] != sum(counts):
+        raise ValueError(f"gather_rows_into: full {full.shape} (C-contiguous: {full.flags.c_contiguous}) "
+                         f"against row counts {counts}")
+    nccl = _nccl_comm(comm, full)
+    row = int(np.prod(full.shape[1:])) * _reals(full)
+    kind, stream = _nccl_type(_n, full), cupy.cuda.get_current_stream().ptr
+    start = 0
+    _n.groupStart()
+    try:
+        for root, count in enumerate(counts):
+            if count:
+                ptr = full.data.ptr + start * row * full.itemsize // _reals(full)
+                nccl.broadcast(ptr, ptr, count * row, kind, root, stream)
+            start += count
+    finally:
+        _n.groupEnd()
+    return full
 
 
 _NCCL = {}
@@ -123,8 +163,7 @@ def _nccl_allgather_rows(nccl, local, counts):
     send = cupy.zeros((width,) + tail, dtype=local.dtype)
     send[:local.shape[0]] = local
     recv = cupy.empty((len(counts), width) + tail, dtype=local.dtype)
-    real = 2 if local.dtype.kind == "c" else 1
-    kind = {4: _n.NCCL_FLOAT32, 8: _n.NCCL_FLOAT64}[local.dtype.itemsize // real]
+    real, kind = _reals(local), _nccl_type(_n, local)
     stream = cupy.cuda.get_current_stream()
     nccl.allGather(send.data.ptr, recv.data.ptr, send.size * real, kind, stream.ptr)
     out = cupy.concatenate([recv[r, :c] for r, c in enumerate(counts)])

@@ -80,6 +80,26 @@ class ShellModelProblem:
     def dimension(self):
         return self.basis.dim
 
+    def row_block_weights(self):
+        """About how many nonzeros each row block of the full H has (an upper bound: the element pairs the
+        build visits, before exact zeros are dropped), from the jump lists alone, without building: a
+        distributed build gives ranks equal sparse work with it."""
+        bas = self.basis
+        weights = np.zeros(len(bas.blocks))
+        for bi, B in enumerate(bas.blocks):
+            w = B.size
+            for h_s, jumps, twom, start, n_mov, n_spec in (
+                    (self.h_p, self.jumps_p, B.twom_p, B.p_start, B.n_p, B.n_n),
+                    (self.h_n, self.jumps_n, bas.twice_m - B.twom_p, B.n_start, B.n_n, B.n_p)):
+                js = jumps.between(twom, twom)
+                w += (h_s[start:start + n_mov].nnz + js.stop - js.start) * n_spec
+            for C in bas.blocks:
+                jp = self.jumps_p.between(C.twom_p, B.twom_p)
+                jn = self.jumps_n.between(bas.twice_m - C.twom_p, bas.twice_m - B.twom_p)
+                w += (jp.stop - jp.start) * (jn.stop - jn.start)
+            weights[bi] = w
+        return weights
+
     # ---- one row block -------------------------------------------------------------------------
     def _row_block(self, bi, upper, dtype):
         """COO pieces (local rows, global cols, values) of row block ``bi``."""

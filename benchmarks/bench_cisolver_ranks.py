@@ -1,0 +1,129 @@
+"""LOBPCG on MPI ranks, one GPU each (rows of H and of the vectors split by nonzeros), on the same matrix
+and start block as bench_cisolver.py (seed 2024), so its times and per-iteration split sit beside that
+benchmark's one- and two-GPU runs in one process.
+
+    mpiexec -n 2 python3 benchmarks/bench_cisolver_ranks.py --cases 47V --out results/
+    mpiexec -n 2 python3 benchmarks/bench_cisolver_ranks.py --cases 48Cr --dtype float32 --tol 1e-5 --out results/
+
+Each case runs with its iterations queued on the GPUs (NCCL sums and gathers, cisolver.iterations) and,
+with --compare-trips, once more waiting at every host trip. Rank 0 writes cisolver_ranks_<case>.json.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from bench_cisolver import CASES
+from cisolver import lobpcg, solver
+from cisolver.data import resolve_interaction
+from cisolver.distributed import DistributedOperator, build_local
+from cisolver.shellmodel import hamiltonian, snt
+
+
+def run_case(name, comm, args, log):
+    import cupy
+    inter_name, z, n = CASES[name]
+    dtype = np.dtype(args.dtype)
+    problem = hamiltonian.ShellModelProblem(snt.read_snt(resolve_interaction(inter_name)), z, n)
+    t0 = time.perf_counter()
+    h, lo, hi = build_local(problem, comm, dtype=dtype, n_threads=args.threads)
+    t_build = time.perf_counter() - t0
+    op = DistributedOperator(h, lo, hi, problem.dimension, comm, dtype=dtype, device=cupy.cuda.Device().id)
+    nnz = comm.allgather(int(h.nnz))
+    del h
+    b = args.nev + 3
+    spmm_ms = comm.allgather(_local_spmm_ms(op, b))
+    x0 = np.random.default_rng(2024).standard_normal((problem.dimension, b)).astype(dtype)
+    rec = {"case": name, "ranks": comm.Get_size(), "dimension": problem.dimension, "nnz_per_rank": nnz,
+           "rows_per_rank": op.counts, "local_spmm_ms_per_rank": spmm_ms, "build_seconds": t_build, "dtype": str(dtype), "tol": args.tol,
+           "nev": args.nev, "block_size": b, "queued_collectives": op.queued, "runs": [],
+           "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    log(f"{name}: dim {problem.dimension}, nnz per rank {nnz}, local SpMM of {b} vectors per rank "
+        f"{[round(x, 3) for x in spmm_ms]} ms, build {t_build:.1f} s")
+    for queued in (True, False) if args.compare_trips else (True,):
+        solver.OVERLAP = queued
+        comm.Barrier()
+        t0 = time.perf_counter()
+        res = lobpcg(op, args.nev, block_size=b, x0=x0, tol=args.tol, maxiter=args.maxiter, dtype=dtype, comm=comm)
+        seconds = time.perf_counter() - t0
+        it = max(res.iterations, 1)
+        per = {k: v / it for k, v in res.seconds.items()}
+        share = per.get("dense", 0.0) / max(per.get("dense", 0.0) + per.get("spmm", 0.0), 1e-30)
+        per_rank = comm.allgather(per)
+        label = f"cisolver-ranks{comm.Get_size()}" + ("" if queued else "-trips")
+        rec["runs"].append({"solver": label, "queued": res.queued, "seconds": seconds, "iterations": res.iterations,
+                            "converged": res.converged, "declined": res.declined, "redone": res.redone,
+                            "restarts": res.restarts, "energies": res.eigenvalues.tolist(),
+                            "dense_share": share, "per_iteration": per, "per_iteration_per_rank": per_rank})
+        log(f"  {label}: {seconds:.3f} s, {res.iterations} it, dense {per.get('dense', 0) * 1e3:.2f} ms/it, "
+            f"spmm {per.get('spmm', 0) * 1e3:.2f} ms/it, dense share {100 * share:.1f} %, "
+            f"declined {res.declined}, redone {res.redone}, {res.eigenvalues[:3]}; per rank dense / spmm ms "
+            f"{[(round(p.get('dense', 0) * 1e3, 3), round(p.get('spmm', 0) * 1e3, 3)) for p in per_rank]}")
+    solver.OVERLAP = True
+    return rec
+
+
+def _local_spmm_ms(op, b, reps=5):
+    """This rank's sparse product alone (no gather), b vectors, ms per call after one warm-up call."""
+    import cupy
+    x = cupy.ones((op.shape[0], b), dtype=op.dtype)
+    y = cupy.empty((op.gpu.shape[0], b), dtype=op.dtype)
+    op.gpu.multiply_into(y, x)
+    cupy.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        op.gpu.multiply_into(y, x)
+    cupy.cuda.Device().synchronize()
+    return 1e3 * (time.perf_counter() - t0) / reps
+
+
+def warm_up(comm, dtype):
+    """Compile and load every kernel a timed run uses, on 23Na's rows (USDB), before any timing."""
+    import cupy
+    problem = hamiltonian.ShellModelProblem(snt.read_snt(resolve_interaction("usdb")), 3, 4)
+    h, lo, hi = build_local(problem, comm, dtype=dtype)
+    op = DistributedOperator(h, lo, hi, problem.dimension, comm, dtype=dtype, device=cupy.cuda.Device().id)
+    for queued in (True, False):
+        solver.OVERLAP = queued
+        lobpcg(op, 5, maxiter=8, dtype=dtype, comm=comm)
+    solver.OVERLAP = True
+    cupy.cuda.Device().synchronize()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for the JSON results (rank 0 writes)")
+    ap.add_argument("--cases", default="47V", help=f"comma list from {sorted(CASES)}")
+    ap.add_argument("--nev", type=int, default=5)
+    ap.add_argument("--tol", type=float, default=1e-7)
+    ap.add_argument("--maxiter", type=int, default=500)
+    ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    ap.add_argument("--threads", type=int, default=None, help="threads for each rank's Hamiltonian build")
+    ap.add_argument("--compare-trips", action="store_true", help="also run each case waiting at every host trip")
+    args = ap.parse_args(argv)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    bad = [c for c in cases if c not in CASES]
+    if bad:
+        ap.error(f"unknown case(s) {bad}; choose from {sorted(CASES)}")
+    from mpi4py import MPI
+    import cupy
+    from hybridblas.distributed import local_rank
+    comm = MPI.COMM_WORLD
+    cupy.cuda.Device(local_rank(comm)[0] % cupy.cuda.runtime.getDeviceCount()).use()
+    rank0 = comm.Get_rank() == 0
+    log = (lambda m: print(m, flush=True)) if rank0 else (lambda m: None)
+    warm_up(comm, np.dtype(args.dtype))
+    os.makedirs(args.out, exist_ok=True)
+    for c in cases:
+        rec = run_case(c, comm, args, log)
+        if rank0:
+            with open(os.path.join(args.out, f"cisolver_ranks_{c}.json"), "w") as fh:
+                json.dump(rec, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
