@@ -83,8 +83,11 @@ class DistributedOperator:
         self.devices = None              # set for a GPU rank: Iterations then passes ``out``
         self.gpu = None
         self.queued = False
-        self.counts = comm.allgather(hi - lo)
-        self._full = {}
+        ranges = comm.allgather((lo, hi))
+        self.counts = [b - a for a, b in ranges]
+        if [a for a, _ in ranges] != [int(x) for x in np.concatenate([[0], np.cumsum(self.counts)[:-1]])]:
+            raise ValueError(f"DistributedOperator: the ranks' row ranges {ranges} are not contiguous in rank order")
+        self._gathered = None             # one flat buffer for the gathered block, as wide as the widest asked
         if device is not None:
             import cupy
             from .gpu_spmm import DeviceCsr
@@ -94,7 +97,7 @@ class DistributedOperator:
             self.devices = [device]
             with cupy.cuda.Device(device):
                 self.queued = _d.device_collectives(comm, cupy.empty(1, dtype=self.dtype))
-        self.comm_seconds = 0.0
+        self.comm_seconds = 0.0           # host time of gathers through host memory (queued gathers: none)
 
     def matmat(self, x_local, out=None):
         import time
@@ -102,13 +105,13 @@ class DistributedOperator:
         xp = self.xp
         if self.queued:
             with xp.cuda.Device(self.device):
-                full = self._full.get(x_local.shape[1])
-                if full is None:
-                    full = self._full[x_local.shape[1]] = xp.empty((self.shape[0], x_local.shape[1]), self.dtype)
+                n, width = self.shape[0], x_local.shape[1]
+                if self._gathered is None or self._gathered.size < n * width:
+                    self._gathered = xp.empty(n * width, dtype=self.dtype)
+                full = self._gathered[:n * width].reshape(n, width)     # reused in stream order
                 lo, hi = self.local
                 full[lo:hi] = x_local
-                _d.gather_rows_into(full, self.counts, self.comm)
-                self.comm_seconds += time.perf_counter() - t0
+                _d.gather_rows_into(full, self.counts, self.comm)      # queued: its time is in the product's
                 y = out if out is not None else xp.empty((self.gpu.shape[0], full.shape[1]), dtype=self.dtype)
                 return self.gpu.multiply_into(y, full)
         x_full = _d.allgather_rows(xp.ascontiguousarray(x_local), self.comm)

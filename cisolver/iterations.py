@@ -21,6 +21,8 @@ left as they were. MPI ranks sum their Grams on the GPUs (cisolver.distributed.d
 then runs the same small kernels on the same sums, so all take the same path; each small result read on
 the host is compared across ranks (``_agreed``).
 """
+import hashlib
+
 import numpy as np
 
 from . import dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz
@@ -150,7 +152,7 @@ class Iterations:
         with self.timer.phase("dense", "residual"):
             rel = np.sqrt(dense.host_sum(self.pending.result(), self.comm)) / self.norm_est
         self.history.append(rel.copy())
-        self.converged = rel <= self.tol
+        self.converged = self._agreed(rel <= self.tol)     # sets the active columns: the ranks' widths
         if self.callback:
             self.callback(self.it, self.theta, rel)
         return self.converged[:self.nev].all()
@@ -243,7 +245,10 @@ class Iterations:
         if self.comm is None:
             return value
         key = b"".join(np.asarray(v).tobytes() for v in (value if isinstance(value, tuple) else (value,)))
-        if len(set(self.comm.allgather(key))) > 1:
+        digest = np.frombuffer(hashlib.blake2b(key, digest_size=16).digest(), dtype=np.uint64)
+        every = np.empty((self.comm.Get_size(), 2), dtype=np.uint64)
+        self.comm.Allgather(digest, every)              # a buffer collective: no pickling on the host's path
+        if (every != digest[None, :]).any():
             raise RuntimeError("MPI ranks read different results of the same GPU step (non-deterministic kernel?)")
         return value
 

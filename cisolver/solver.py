@@ -32,7 +32,7 @@ class LobpcgResult:
     second_passes: int = 0                         # iterations whose [P W] needed a second CholQR pass
     declined: int = 0                              # GPU orthonormalisation passes handed to the host path
     redone: int = 0                                # GPU Rayleigh-Ritz steps or guessed passes redone on the host path
-    queued: bool = False                           # the iterations were queued on the GPU (cisolver.iterations)
+    queued: bool = False                           # the iterations were queued on the GPU to the end (cisolver.iterations)
 
 
 def _as_operator(h, dtype):
@@ -166,4 +166,4 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
     rel = norms(hx_true - x[:, :nev] * xp.asarray(theta[:nev], dtype=dtype)[None, :]) / norm_est
     return LobpcgResult(np.asarray(theta[:nev]), x[:, :nev], rel, it, bool(converged[:nev].all()),
                         dict(timer.seconds), run.history, run.restarts, run.second_passes, run.declined,
-                        run.redone, overlap)
+                        run.redone, run.overlap)

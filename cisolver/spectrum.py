@@ -123,7 +123,7 @@ def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, 
         "j2": [float(x) for x in j2], "j": [float(x) for x in angmom.j_from_j2(j2)],
         "residuals": [float(x) for x in res.residual_norms], "iterations": res.iterations,
         "converged": res.converged,
-        "queued": res.queued, "nnz_local": comm.allgather(int(h_local.nnz)),
+        "queued": res.queued, "declined": res.declined, "nnz_local": comm.allgather(int(h_local.nnz)),
         "seconds": {"read+build": t1 - t0, "setup": t_setup - t1, "solve": t2 - t_setup, "j2": t3 - t2,
                     "solve_detail": dict(res.seconds, communication=op.comm_seconds)},
     }

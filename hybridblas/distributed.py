@@ -57,10 +57,12 @@ def allreduce(x, comm, wait=True):
             from cupy.cuda import nccl as _n
             if not (x.flags.c_contiguous or x.flags.f_contiguous):
                 raise ValueError("allreduce needs a contiguous array (C or Fortran order)")
-            nccl.allReduce(x.data.ptr, x.data.ptr, x.size * _reals(x), _nccl_type(_n, x), _n.NCCL_SUM,
-                           cupy.cuda.get_current_stream().ptr)
-            if wait:
-                cupy.cuda.get_current_stream().synchronize()
+            with cupy.cuda.Device(x.device.id):
+                stream = cupy.cuda.get_current_stream()
+                nccl.allReduce(x.data.ptr, x.data.ptr, x.size * _reals(x), _nccl_type(_n, x), _n.NCCL_SUM,
+                               stream.ptr)
+                if wait:
+                    stream.synchronize()
             return x
         host = x.get()
         comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
@@ -81,8 +83,15 @@ def _nccl_type(_n, x):
 
 
 def device_collectives(comm, device_array):
-    """True when sums and gathers of cupy arrays over ``comm`` can stay queued on the GPU (NCCL)."""
-    return comm is not None and _is_cupy(device_array) and _nccl_comm(comm, device_array) is not None
+    """True when sums and gathers of cupy arrays over ``comm`` can stay queued on the GPU (NCCL). Collective:
+    the ranks agree first (a rank without NCCL makes it False for all, rather than some ranks waiting in
+    NCCL's set-up), then build the communicator for the array's device."""
+    if comm is None or not _is_cupy(device_array):
+        return False
+    from mpi4py import MPI
+    if not comm.allreduce(int(_nccl_available()), op=MPI.MIN):
+        return False
+    return _nccl_comm(comm, device_array) is not None
 
 
 def gather_rows_into(full, counts, comm):
@@ -96,37 +105,44 @@ def gather_rows_into(full, counts, comm):
                          f"against row counts {counts}")
     nccl = _nccl_comm(comm, full)
     row = int(np.prod(full.shape[1:])) * _reals(full)
-    kind, stream = _nccl_type(_n, full), cupy.cuda.get_current_stream().ptr
-    start = 0
-    _n.groupStart()
-    try:
-        for root, count in enumerate(counts):
-            if count:
-                ptr = full.data.ptr + start * row * full.itemsize // _reals(full)
-                nccl.broadcast(ptr, ptr, count * row, kind, root, stream)
-            start += count
-    finally:
-        _n.groupEnd()
+    with cupy.cuda.Device(full.device.id):
+        kind, stream = _nccl_type(_n, full), cupy.cuda.get_current_stream().ptr
+        start = 0
+        _n.groupStart()
+        try:
+            for root, count in enumerate(counts):
+                if count:
+                    ptr = full.data.ptr + start * row * full.itemsize // _reals(full)
+                    nccl.broadcast(ptr, ptr, count * row, kind, root, stream)
+                start += count
+        finally:
+            _n.groupEnd()
     return full
 
 
 _NCCL = {}
 
 
-def _nccl_comm(comm, x):
-    """One NCCL communicator per MPI communicator and device, built from an id broadcast over MPI."""
+def _nccl_available():
     try:
-        import cupy
         from cupy.cuda import nccl
     except ImportError:
+        return False
+    return bool(nccl.available)
+
+
+def _nccl_comm(comm, x):
+    """One NCCL communicator per MPI communicator and device (x's), built from an id broadcast over MPI."""
+    if not _nccl_available():
         return None
-    if not nccl.available:
-        return None
-    key = (id(comm), cupy.cuda.runtime.getDevice())
+    import cupy
+    from cupy.cuda import nccl
+    key = (id(comm), x.device.id)
     if key not in _NCCL:
         uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
         uid = comm.bcast(uid, root=0)
-        _NCCL[key] = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
+        with cupy.cuda.Device(x.device.id):
+            _NCCL[key] = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
     return _NCCL[key]
 
 

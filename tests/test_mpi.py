@@ -27,7 +27,8 @@ def run_mpi(script, ranks, *args, timeout=240):
                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                # Open MPI refuses to start as root (containers, GPU nodes) without these; MPICH ignores them
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd = [exe, "-n", str(ranks), sys.executable, str(JOBS / script), *map(str, args)]
+    # mpi4py's runner aborts every rank when one raises, so a failed assert does not leave the others waiting
+    cmd = [exe, "-n", str(ranks), sys.executable, "-m", "mpi4py", str(JOBS / script), *map(str, args)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout
@@ -52,6 +53,13 @@ def test_flapw_kpoints_over_ranks(ranks, tmp_path):
 def test_distributed_lobpcg(ranks):
     out = run_mpi("lobpcg_job.py", ranks)
     assert f"lobpcg OK on {ranks} ranks" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ranks_compare_what_they_read(ranks):
+    out = run_mpi("agreed_job.py", ranks)
+    assert f"agreed OK on {ranks} ranks" in out
 
 
 @pytest.mark.mpi
