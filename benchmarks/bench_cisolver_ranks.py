@@ -43,12 +43,24 @@ def run_case(name, comm, args, log):
            "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     log(f"{name}: dim {problem.dimension}, nnz per rank {nnz}, local SpMM of {b} vectors per rank "
         f"{[round(x, 3) for x in spmm_ms]} ms, build {t_build:.1f} s")
-    for queued in (True, False) if args.compare_trips else (True,):
+    for queued in (True, False) if args.compare_trips else (True,):   # this case's kernels (sizes, alignments)
+        solver.OVERLAP = queued                                         # compiled before any timing
+        lobpcg(op, args.nev, block_size=b, x0=x0, tol=args.tol, maxiter=3, dtype=dtype, comm=comm)
+    runs = [True] * args.repeats + ([False] if args.compare_trips else [])
+    for repeat, queued in enumerate(runs):
         solver.OVERLAP = queued
         comm.Barrier()
+        profile = None
+        if args.profile and repeat == 0:
+            import cProfile
+            profile = cProfile.Profile()
+            profile.enable()
         t0 = time.perf_counter()
         res = lobpcg(op, args.nev, block_size=b, x0=x0, tol=args.tol, maxiter=args.maxiter, dtype=dtype, comm=comm)
         seconds = time.perf_counter() - t0
+        if profile is not None:
+            profile.disable()
+            _print_profile(profile, comm, log)
         it = max(res.iterations, 1)
         per = {k: v / it for k, v in res.seconds.items()}
         share = per.get("dense", 0.0) / max(per.get("dense", 0.0) + per.get("spmm", 0.0), 1e-30)
@@ -66,6 +78,19 @@ def run_case(name, comm, args, log):
     return rec
 
 
+def _print_profile(profile, comm, log):
+    """Each rank's host time by function (tottime, then the waits by cumtime), printed by rank 0."""
+    import io
+    import pstats
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out)
+    stats.sort_stats("tottime").print_stats(18)
+    stats.print_callers("compileProgram")                # a kernel compiled inside the timed run: from where
+    texts = comm.gather(out.getvalue(), root=0)
+    for rank, text in enumerate(texts or []):
+        log(f"--- host profile, rank {rank}\n" + "\n".join(line for line in text.splitlines() if line.strip())[-6000:])
+
+
 def _local_spmm_ms(op, b, reps=5):
     """This rank's sparse product alone (no gather), b vectors, ms per call after one warm-up call."""
     import cupy
@@ -81,14 +106,15 @@ def _local_spmm_ms(op, b, reps=5):
 
 
 def warm_up(comm, dtype):
-    """Compile and load every kernel a timed run uses, on 23Na's rows (USDB), before any timing."""
+    """Compile and load every kernel a timed run uses, on 23Na's rows (USDB), before any timing: solved to
+    convergence, so soft locking's column selection (a CuPy kernel of its own) is compiled too."""
     import cupy
     problem = hamiltonian.ShellModelProblem(snt.read_snt(resolve_interaction("usdb")), 3, 4)
     h, lo, hi = build_local(problem, comm, dtype=dtype)
     op = DistributedOperator(h, lo, hi, problem.dimension, comm, dtype=dtype, device=cupy.cuda.Device().id)
     for queued in (True, False):
         solver.OVERLAP = queued
-        lobpcg(op, 5, maxiter=8, dtype=dtype, comm=comm)
+        lobpcg(op, 5, maxiter=200, dtype=dtype, comm=comm)
     solver.OVERLAP = True
     cupy.cuda.Device().synchronize()
 
@@ -103,6 +129,8 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     ap.add_argument("--threads", type=int, default=None, help="threads for each rank's Hamiltonian build")
     ap.add_argument("--compare-trips", action="store_true", help="also run each case waiting at every host trip")
+    ap.add_argument("--repeats", type=int, default=1, help="queued runs per case (the spread shows in the JSON)")
+    ap.add_argument("--profile", action="store_true", help="profile the first queued run's host time (cProfile)")
     args = ap.parse_args(argv)
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     bad = [c for c in cases if c not in CASES]

@@ -3,12 +3,13 @@
     PYTHONPATH=. python3 benchmarks/plot_cisolver_summary.py --out docs/img/cisolver_peers.png
 
 Left: time to 5 converged pairs against the M-scheme dimension (24Mg, 46Ti, 47V in float64, 48Cr in
-float32), every solver on the same matrix and start block. GPU series (ours and cupyx's lobpcg) are from
-session 10's last runs (2×H200); the CPU series (ours, eigsh, scipy lobpcg on the node's 32 cores, 24Mg and
-46Ti) from session 9's CPU run (the CPU path has not changed since). Right: the dense steps' share of an
-iteration on H200s with session 8's code (every small step waits for a host trip), session 9's (whole
-iterations queued on the GPU) and session 10's (one-pass Grams, cuSOLVER called directly), with the goal
-of 10 %.
+float32), every solver on the same matrix and start block. GPU series (ours in one process on one and two
+GPUs, ours on two MPI ranks with one GPU each, and cupyx's lobpcg) are from session 11's last run (2×H200);
+the CPU series (ours, eigsh, scipy lobpcg on the node's 32 cores, 24Mg and 46Ti) from session 9's CPU run
+(the CPU path has not changed since). Right: the dense steps' share of an iteration on H200s with session
+8's code (every small step waits for a host trip), session 9's (whole iterations queued on the GPU),
+session 10's (one-pass Grams, cuSOLVER called directly) and session 11's two ranks (iterations queued on
+both GPUs, NCCL sums), with the goal of 10 %.
 """
 import argparse
 import glob
@@ -22,7 +23,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from plotting import save  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-NOW = ["h200x2-2026-11-22-s10/run8-final", "h200x2-2026-11-22-s10/run9-final-47V-46Ti"]   # the later wins
+NOW = ["h200x2-2026-11-22-s11/run5-final"]
+SESSION10 = ["h200x2-2026-11-22-s10/run8-final", "h200x2-2026-11-22-s10/run9-final-47V-46Ti"]   # the later wins
 SESSION9 = ["h200x2-2026-11-22-s9/run3-final"]
 PEER = NOW
 SESSION8 = ["h200x2-2026-11-22-s8/run3-final"]
@@ -30,6 +32,7 @@ CPU = ["h200x2-2026-11-22-s9/run4-cpu-mpi"]
 TIMES = [  # label, folders, solver name in the JSON, style
     ("ours, 1 H200", NOW, "cisolver-gpu1", "C0o-"),
     ("ours, 2 H200", NOW, "cisolver-gpu2", "C1s-"),
+    ("ours, 2 H200, 2 MPI ranks", NOW, "cisolver-ranks2", "C6D-"),
     ("cupyx lobpcg, 1 H200", PEER, "cupyx-lobpcg", "C3^--"),
     ("ours, CPU (32 cores)", CPU, "cisolver-cpu-full", "C2o:"),
     ("scipy eigsh, CPU", CPU, "scipy-eigsh", "C4v:"),
@@ -76,8 +79,9 @@ def main(argv=None):
                                           ("session 8 (host trips), 2 H200", SESSION8, "cisolver-gpu2", "C8s--"),
                                           ("session 9 (queued), 1 H200", SESSION9, "cisolver-gpu1", "C9o:"),
                                           ("session 9 (queued), 2 H200", SESSION9, "cisolver-gpu2", "C5s:"),
-                                          ("session 10, 1 H200", NOW, "cisolver-gpu1", "C0o-"),
-                                          ("session 10, 2 H200", NOW, "cisolver-gpu2", "C1s-")):
+                                          ("session 10, 1 H200", SESSION10, "cisolver-gpu1", "C0o-"),
+                                          ("session 10, 2 H200", SESSION10, "cisolver-gpu2", "C1s-"),
+                                          ("session 11, 2 H200 on 2 ranks", NOW, "cisolver-ranks2", "C6D-")):
         pts = sorted((dim, dense_share(r)) for (case, s), (dim, r) in runs(folders).items()
                      if s == solver and dense_share(r) is not None)
         right.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
