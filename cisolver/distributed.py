@@ -101,7 +101,6 @@ class DistributedOperator:
 
     def matmat(self, x_local, out=None):
         import time
-        t0 = time.perf_counter()
         xp = self.xp
         if self.queued:
             with xp.cuda.Device(self.device):
@@ -114,6 +113,7 @@ class DistributedOperator:
                 _d.gather_rows_into(full, self.counts, self.comm)      # queued: its time is in the product's
                 y = out if out is not None else xp.empty((self.gpu.shape[0], full.shape[1]), dtype=self.dtype)
                 return self.gpu.multiply_into(y, full)
+        t0 = time.perf_counter()
         x_full = _d.allgather_rows(xp.ascontiguousarray(x_local), self.comm)
         self.comm_seconds += time.perf_counter() - t0
         if self.gpu is None:

@@ -113,17 +113,17 @@ def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, 
     vecs = to_host(allgather_rows(res.eigenvectors, comm))
     j2 = angmom.expectation_j2(problem, vecs)
     t3 = time.perf_counter()
-    nnz = comm.allreduce(int(h_local.nnz))
+    nnz_local = comm.allgather(int(h_local.nnz))
     return {
         "interaction": str(inter.path), "protons": problem.n_protons, "neutrons": problem.n_neutrons,
         "mass": problem.mass, "twice_m": problem.basis.twice_m, "tbme_factor": problem.factor,
-        "dimension": problem.dimension, "nnz_stored": nnz, "storage": storage,
+        "dimension": problem.dimension, "nnz_stored": sum(nnz_local), "storage": storage,
         "dtype": str(np.dtype(dtype)), "devices": "cpu" if gpu is None else [gpu], "ranks": comm.Get_size(),
         "energies": [float(e) for e in res.eigenvalues],
         "j2": [float(x) for x in j2], "j": [float(x) for x in angmom.j_from_j2(j2)],
         "residuals": [float(x) for x in res.residual_norms], "iterations": res.iterations,
         "converged": res.converged,
-        "queued": res.queued, "declined": res.declined, "nnz_local": comm.allgather(int(h_local.nnz)),
+        "queued": res.queued, "declined": res.declined, "nnz_local": nnz_local,
         "seconds": {"read+build": t1 - t0, "setup": t_setup - t1, "solve": t2 - t_setup, "j2": t3 - t2,
                     "solve_detail": dict(res.seconds, communication=op.comm_seconds)},
     }
