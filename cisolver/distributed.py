@@ -25,9 +25,11 @@ def block_ranges(sizes, n_ranks):
     return [range(a, b) for a, b in zip(cuts, cuts[1:])]
 
 
-def row_ranges(sizes, weights, n_ranks):
+def row_ranges(sizes, weights, n_ranks, granules=None):
     """Contiguous row ranges [lo, hi), one per rank, with about equal weight each: block i has sizes[i] rows
-    and weights[i] spread evenly over them (the sparse product's nonzeros), so a cut may fall inside a block."""
+    and weights[i] spread evenly over them (the sparse product's nonzeros), so a cut may fall inside a block,
+    after a multiple of granules[i] rows of it (default 1)."""
+    granules = np.ones(len(sizes), dtype=np.int64) if granules is None else np.asarray(granules, dtype=np.int64)
     sizes = np.asarray(sizes, dtype=np.int64)
     weights = np.asarray(weights, dtype=np.float64)
     rows = np.concatenate([[0], np.cumsum(sizes)])
@@ -37,28 +39,21 @@ def row_ranges(sizes, weights, n_ranks):
         target = r * cum[-1] / n_ranks
         i = min(int(np.searchsorted(cum, target, side="right")) - 1, len(sizes) - 1)
         inside = (target - cum[i]) / weights[i] * sizes[i] if weights[i] > 0 else 0.0
-        cuts.append(int(min(max(cuts[-1], rows[i] + round(inside)), rows[-1])))
+        inside = granules[i] * round(inside / granules[i])
+        cuts.append(int(min(max(cuts[-1], rows[i] + inside), rows[-1])))
     cuts.append(int(rows[-1]))
     return list(zip(cuts, cuts[1:]))
 
 
 def build_local(problem, comm, dtype=np.float64, n_threads=None):
     """This rank's rows of H (full storage), and its row range [lo, hi). The ranges give every rank about
-    the same number of nonzeros (ShellModelProblem.row_block_weights); the blocks a cut falls in are built
-    by both ranks beside it, each keeping its rows."""
+    the same number of nonzeros (ShellModelProblem.row_block_weights) and may cut a block between two of its
+    proton determinants; each rank builds only its own rows."""
     blocks = problem.basis.blocks
     n_ranks, rank = (comm.Get_size(), comm.Get_rank()) if comm else (1, 0)
-    lo, hi = row_ranges([b.size for b in blocks], problem.row_block_weights(), n_ranks)[rank]
-    if hi == lo:
-        import scipy.sparse as sp
-        return sp.csr_matrix((0, problem.dimension), dtype=dtype), lo, lo
-    ends = np.cumsum([b.size for b in blocks])
-    first = int(np.searchsorted(ends, lo, side="right"))
-    last = int(np.searchsorted(ends, hi, side="left"))
-    h, _ = problem.build(storage="full", dtype=dtype, n_threads=n_threads, blocks=range(first, last + 1))
-    start = blocks[first].offset
-    if (lo, hi) != (start, start + h.shape[0]):
-        h = h[lo - start:hi - start]
+    lo, hi = row_ranges([b.size for b in blocks], problem.row_block_weights(), n_ranks,
+                        granules=[b.n_n for b in blocks])[rank]
+    h, _ = problem.build(storage="full", dtype=dtype, n_threads=n_threads, rows=(lo, hi))
     return h, lo, hi
 
 

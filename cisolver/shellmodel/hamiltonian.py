@@ -100,14 +100,34 @@ class ShellModelProblem:
             weights[bi] = w
         return weights
 
+    def _proton_ranges(self, lo, hi):
+        """{block: (p0, p1)} of the proton determinants whose rows make up [lo, hi)."""
+        if not 0 <= lo <= hi <= self.dimension:
+            raise ValueError(f"rows must be a range inside 0..{self.dimension}, got ({lo}, {hi})")
+        out = {}
+        for i, B in enumerate(self.basis.blocks):
+            a, b = max(lo, B.offset) - B.offset, min(hi, B.offset + B.size) - B.offset
+            if a >= b:
+                continue
+            if a % B.n_n or b % B.n_n:
+                raise ValueError(f"rows ({lo}, {hi}) cut block {i} between proton determinants "
+                                 f"(its rows come in groups of {B.n_n} from {B.offset})")
+            out[i] = (a // B.n_n, b // B.n_n)
+        return out
+
     # ---- one row block -------------------------------------------------------------------------
-    def _row_block(self, bi, upper, dtype):
-        """COO pieces (local rows, global cols, values) of row block ``bi``."""
+    def _row_block(self, bi, upper, dtype, protons=None):
+        """COO pieces (local rows, global cols, values) of row block ``bi``; ``protons`` = (p0, p1): only the
+        rows of the block's proton determinants p0..p1-1 (local rows then count from p0 * n_n)."""
         bas = self.basis
         B = bas.blocks[bi]
+        p0, p1 = protons or (0, B.n_p)
+        first = p0 * B.n_n                        # the first row built, as a row of the block
         nsp_p, nsp_n = self.pspace.size, self.nspace.size
         v4 = self.v_pn
         rows, cols, vals = [], [], []
+        # the products below are taken over the whole block and then sliced to the range, so that a range's
+        # elements are those of the whole build to the last bit (BLAS may round a sub-block differently)
         gp = slice(B.p_start, B.p_start + B.n_p)
         gn = slice(B.n_start, B.n_start + B.n_n)
         occ_p, occ_n = self.pdets.occ[gp], self.ndets.occ[gn]
@@ -115,11 +135,12 @@ class ShellModelProblem:
         # diagonal
         dpn = np.einsum("aabb->ab", v4)
         diag = (self.h_p.diagonal()[gp][:, None] + self.h_n.diagonal()[gn][None, :]
-                + (occ_p @ dpn) @ occ_n.T)
-        idx = np.arange(B.size)
-        rows.append(idx), cols.append(idx + B.offset), vals.append(diag.ravel())
+                + (occ_p @ dpn) @ occ_n.T)[p0:p1]
+        idx = np.arange((p1 - p0) * B.n_n)
+        rows.append(idx), cols.append(idx + first + B.offset), vals.append(diag.ravel())
 
-        # proton moves, neutrons spectators (and the mirror)
+        # proton moves, neutrons spectators (and the mirror); with ``protons`` the moving protons' targets, or
+        # the spectator protons, are those of the range
         for moving, h_s, jumps, occ_spec, n_mov, n_spec, mov_start in (
                 ("p", self.h_p, self.jumps_p, occ_n, B.n_p, B.n_n, B.p_start),
                 ("n", self.h_n, self.jumps_n, occ_p, B.n_n, B.n_p, B.n_start)):
@@ -148,17 +169,23 @@ class ShellModelProblem:
             r_u, c_u = uniq // n_mov, uniq % n_mov
             used_q, qpos = np.unique(qsel[qsel >= 0], return_inverse=True)
             y = occ_spec @ w[:, used_q] if len(used_q) else np.zeros((n_spec, 0))
-            val = np.repeat(base[None, :], n_spec, axis=0)      # (spectator, entry)
             has = qsel >= 0
+            if moving == "p" and (p0, p1) != (0, B.n_p):     # only target protons in the range
+                keep = (r_u >= p0) & (r_u < p1)
+                qpos = qpos[keep[has]]
+                r_u, c_u, base, qsel, ssel, has = r_u[keep], c_u[keep], base[keep], qsel[keep], ssel[keep], has[keep]
+            elif moving == "n":                              # only spectator protons in the range
+                y, n_spec = y[p0:p1], p1 - p0
+            val = np.repeat(base[None, :], n_spec, axis=0)      # (spectator, entry)
             val[:, has] += ssel[has][None, :] * y[:, qpos]
             spec = np.arange(n_spec)[:, None]
             if moving == "p":
                 r = r_u[None, :] * B.n_n + spec
                 c = c_u[None, :] * B.n_n + spec
             else:
-                r = spec * B.n_n + r_u[None, :]
-                c = spec * B.n_n + c_u[None, :]
-            rows.append(r.ravel()), cols.append(c.ravel() + B.offset), vals.append(val.ravel())
+                r = (spec + p0) * B.n_n + r_u[None, :]
+                c = (spec + p0) * B.n_n + c_u[None, :]
+            rows.append(r.ravel() - first), cols.append(c.ravel() + B.offset), vals.append(val.ravel())
 
         # both move: outer product of proton and neutron jumps, for every column block B'
         v2 = v4.reshape(nsp_p * nsp_p, nsp_n * nsp_n)
@@ -170,9 +197,11 @@ class ShellModelProblem:
             if jp.stop == jp.start or jn.stop == jn.start:
                 continue
             pr = self.jumps_p.target[jp] - B.p_start
-            pc = self.jumps_p.source[jp] - C.p_start
-            qa = self.jumps_p.alpha[jp] * nsp_p + self.jumps_p.gamma[jp]
-            sp_ = self.jumps_p.sign[jp].astype(np.float64)
+            inside = (pr >= p0) & (pr < p1)              # target protons in the range
+            pr = pr[inside]
+            pc = (self.jumps_p.source[jp] - C.p_start)[inside]
+            qa = (self.jumps_p.alpha[jp] * nsp_p + self.jumps_p.gamma[jp])[inside]
+            sp_ = self.jumps_p.sign[jp][inside].astype(np.float64)
             nr = self.jumps_n.target[jn] - B.n_start
             nc = self.jumps_n.source[jn] - C.n_start
             qb = self.jumps_n.alpha[jn] * nsp_n + self.jumps_n.gamma[jn]
@@ -182,28 +211,31 @@ class ShellModelProblem:
                 e = slice(s, s + step)
                 val = (sp_[e, None] * sn[None, :]) * v2[qa[e, None], qb[None, :]]
                 nz = val != 0
-                r = (pr[e, None] * B.n_n + nr[None, :])[nz]
+                r = (pr[e, None] * B.n_n + nr[None, :])[nz] - first
                 c = (pc[e, None] * C.n_n + nc[None, :])[nz] + C.offset
                 rows.append(r), cols.append(c), vals.append(val[nz])
         r = np.concatenate(rows)
         c = np.concatenate(cols)
         v = np.concatenate(vals)
         if upper:
-            keep = c >= r + B.offset
+            keep = c >= r + first + B.offset
             r, c, v = r[keep], c[keep], v[keep]
         return r, c, v.astype(dtype, copy=False)
 
-    def _row_block_csr(self, bi, upper, dtype):
-        r, c, v = self._row_block(bi, upper, dtype)
-        n = self.basis.blocks[bi].size
+    def _row_block_csr(self, bi, upper, dtype, protons=None):
+        r, c, v = self._row_block(bi, upper, dtype, protons)
+        p0, p1 = protons or (0, self.basis.blocks[bi].n_p)
+        n = (p1 - p0) * self.basis.blocks[bi].n_n
         m = sp.csr_matrix((v, (r, c)), shape=(n, self.basis.dim))
         return m
 
-    def build(self, storage="full", dtype=np.float64, n_threads=None, progress=None, blocks=None):
+    def build(self, storage="full", dtype=np.float64, n_threads=None, progress=None, blocks=None, rows=None):
         """Sparse H in CSR. storage='full' (both triangles) or 'upper' (upper triangle incl. diagonal).
 
         blocks: a contiguous range of row blocks (distributed builds): only their rows are built,
         as a (rows x dimension) CSR matrix.
+        rows: (lo, hi), a row range whose ends lie between proton determinants of their blocks (multiples of
+        the block's n_n from its start): only those rows are built, also inside a block.
         """
         if storage not in ("full", "upper"):
             raise ValueError(f"storage must be 'full' or 'upper', got {storage!r}")
@@ -213,20 +245,26 @@ class ShellModelProblem:
         n_threads = n_threads or min(8, os.cpu_count() or 1)
         t0 = time.perf_counter()
         chosen = list(range(len(self.basis.blocks))) if blocks is None else list(blocks)
+        protons = {}
+        if rows is not None:
+            protons = self._proton_ranges(*rows)
+            chosen = [i for i in chosen if i in protons]
         nblk = len(chosen)
         # biggest blocks first so the pool finishes together
         order = sorted(chosen, key=lambda i: -self.basis.blocks[i].size)
         parts = {}
         done = 0
         with ThreadPoolExecutor(max_workers=n_threads) as pool:
-            futures = {pool.submit(self._row_block_csr, i, storage == "upper", dtype): i for i in order}
+            futures = {pool.submit(self._row_block_csr, i, storage == "upper", dtype, protons.get(i)): i
+                       for i in order}
             for fut in futures:
                 parts[futures[fut]] = fut.result()
                 done += 1
                 if progress:
                     progress(done, nblk)
         t1 = time.perf_counter()
-        h = sp.vstack([parts[i] for i in chosen], format="csr")
+        h = (sp.vstack([parts[i] for i in chosen], format="csr") if chosen
+             else sp.csr_matrix((0, self.dimension), dtype=dtype))
         t2 = time.perf_counter()
         info = BuildInfo(self.dimension, int(h.nnz), storage,
                          dict(self.setup_seconds, assemble=t1 - t0, stack=t2 - t1),
