@@ -64,7 +64,9 @@ def main(argv=None):
     for i, (e, j, j2, r) in enumerate(zip(out["energies"], out["j"], out["j2"], out["residuals"]), 1):
         print(f"{i:>3} {e:>14.6f} {_j_label(j):>5} {j2:>9.4f} {r:>14.2e}")
     sec = out["seconds"]
-    print(f"iterations {out['iterations']} (converged: {out['converged']})")
+    queued = ("" if out.get("devices") == "cpu" or not out["iterations"]
+              else "queued on the GPU" if out.get("queued") else "waiting at host trips")
+    print(f"iterations {out['iterations']} (converged: {out['converged']}){', ' + queued if queued else ''}")
     print("time: " + "  ".join(f"{k} {v:.2f}s" for k, v in sec.items() if isinstance(v, float)))
     print("solve: " + "  ".join(f"{k} {v:.2f}s" for k, v in sec["solve_detail"].items()))
     return 0 if out["converged"] else 1
