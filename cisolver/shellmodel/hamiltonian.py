@@ -173,7 +173,7 @@ class ShellModelProblem:
             if moving == "p" and (p0, p1) != (0, B.n_p):     # only target protons in the range
                 keep = (r_u >= p0) & (r_u < p1)
                 qpos = qpos[keep[has]]
-                r_u, c_u, base, qsel, ssel, has = r_u[keep], c_u[keep], base[keep], qsel[keep], ssel[keep], has[keep]
+                r_u, c_u, base, ssel, has = r_u[keep], c_u[keep], base[keep], ssel[keep], has[keep]
             elif moving == "n":                              # only spectator protons in the range
                 y, n_spec = y[p0:p1], p1 - p0
             val = np.repeat(base[None, :], n_spec, axis=0)      # (spectator, entry)
