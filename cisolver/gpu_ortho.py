@@ -36,7 +36,7 @@ extern "C" __global__ void ortho_factor(const double* y, long long yi, long long
     __shared__ double xv[BMAX * QMAX];      // X^T V, b x q
     __shared__ double a[QMAX * QMAX];       // V^T V, then the outside part, then its scaled factor R_s
     __shared__ double ri[QMAX * QMAX];      // R^{-1}
-    __shared__ double d[QMAX], col[QMAX];
+    __shared__ double d[QMAX], col[QMAX], part[64];
     __shared__ int bad;
     const int t = threadIdx.x, nt = blockDim.x, k = b + q;
     if (t == 0) bad = 0;
@@ -82,14 +82,24 @@ extern "C" __global__ void ortho_factor(const double* y, long long yi, long long
         col[t] = sqrt(c2);
     }
     __syncthreads();
-    if (t == 0) {                                              // predicted loss: u kappa^2, kappa bounded by
-        double f1 = 0.0, f2 = 0.0;                             // Frobenius norms of R_s and R_s^{-1}
-        for (int i = 0; i < q; ++i)
-            for (int j = i; j < q; ++j) {
-                const double u = a[i * q + j] / col[j], v = ri[i * q + j] * col[i];
-                f1 += u * u;
-                f2 += v * v;
-            }
+    double f1 = 0.0, f2 = 0.0;                                 // predicted loss: u kappa^2, kappa bounded by
+    for (int e = t; e < q * q; e += nt) {                      // Frobenius norms of R_s and R_s^{-1}
+        const int i = e / q, j = e % q;
+        if (j >= i) {
+            const double u = a[i * q + j] / col[j], v = ri[i * q + j] * col[i];
+            f1 += u * u;
+            f2 += v * v;
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) {                   // in a fixed order: every MPI rank gets the same bits
+        f1 += __shfl_down_sync(0xffffffffu, f1, off);
+        f2 += __shfl_down_sync(0xffffffffu, f2, off);
+    }
+    if ((t & 31) == 0) { part[t >> 5] = f1; part[32 + (t >> 5)] = f2; }
+    __syncthreads();
+    if (t == 0) {
+        f1 = f2 = 0.0;
+        for (int w = 0; w < (nt + 31) / 32; ++w) { f1 += part[w]; f2 += part[32 + w]; }
         const double loss = unit_roundoff * f1 * f2;
         if (!(loss <= single_pass_loss)) atomicOr(&bad, SECOND_PASS);
         flag[0] = bad;
