@@ -118,9 +118,7 @@ def main():
         "rr: cupy.linalg.eigh (1, k, k) syevjBatched": lambda: cp.linalg.eigh(a),
         "rr: cupy.linalg.eigh (1, k, k), a dense A": lambda: cp.linalg.eigh(dense_a),
         "rr: cupy.linalg.eigh (k, k) syevd, a dense A": lambda: cp.linalg.eigh(dense_a[0]),
-        "rr: whole queue, cuSOLVER route (prepare, syevj, finish)": lambda: gpu_rayleigh_ritz.queue(grams64, b, dt,
-                                                                                                 "cusolver"),
-        "rr: whole queue, Jacobi route (one kernel)": lambda: gpu_rayleigh_ritz.queue(grams64, b, dt, "jacobi"),
+        "rr: whole queue (prepare, syevj, finish)": lambda: gpu_rayleigh_ritz.queue(grams64, b, dt),
         "update: update_with_residual": lambda: blocks.update_with_residual(
             s_next[:, :2 * b], s, hs_next[:, :2 * b], hs, rr.m, r, rr.theta, later=True),
     }

@@ -8,8 +8,7 @@ calls queued behind a spin kernel; host time per call separately; accuracy as ma
     PYTHONPATH=. python3 benchmarks/bench_small_eigh.py --capture a.npy     # CPU only: LOBPCG's own matrices
 
 --capture runs the CPU LOBPCG on 24Mg (USDB) and 45Ti (GXPF1A) and saves every 24 x 24 Rayleigh-Ritz matrix
-A = R^-T (S^T H S) R^-1 it diagonalised; --matrices times syevj on them at several tolerances, and
-cisolver's whole Rayleigh-Ritz step on both of its routes (gpu_rayleigh_ritz: one Jacobi kernel, or cuSOLVER).
+A = R^-T (S^T H S) R^-1 it diagonalised; --matrices times syevj on them at several tolerances.
 """
 import argparse
 import ctypes
@@ -140,39 +139,6 @@ def real_matrices(path, record):
               f"eigenvalues <= {entry['eigenvalue_error_max']:.1e} relative")
 
 
-def jacobi_route(path, record, b=8, reps=10):
-    """cisolver's Jacobi route (gpu_rayleigh_ritz.queue, one kernel for the whole Rayleigh-Ritz step) on the same
-    matrices, given as S^T H S = A and S^T S = I, against the cuSOLVER route's whole step: GPU time (queued
-    behind a spin), the rounds taken and the error of the b lowest eigenvalues."""
-    from cisolver import gpu_rayleigh_ritz
-    mats = np.load(path)
-    spin = cp.RawKernel(_SPIN, "spin")
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    for route in ("jacobi", "cusolver"):
-        times, errs, rounds = [], [], []
-        for a in mats:
-            both = cp.asarray(np.stack([a, np.eye(a.shape[0])], axis=2))
-            rr = gpu_rayleigh_ritz.queue(both, b, np.float64, route)
-            theta = rr.summary()[0]
-            rounds.append(rr.rounds())
-            errs.append(float(np.abs(theta - np.linalg.eigvalsh(a)[:b]).max() / np.abs(a).max()))
-            for _ in range(reps):
-                spin((1,), (1,), (np.int64(2_000_000),))
-                start.record()
-                gpu_rayleigh_ritz.queue(both, b, np.float64, route)
-                stop.record()
-                stop.synchronize()
-                times.append(cp.cuda.get_elapsed_time(start, stop) * 1e-3)
-        entry = {"solver": f"whole Rayleigh-Ritz step, {route} route", "matrices": len(mats),
-                 "gpu_us_median": 1e6 * float(np.median(times)), "gpu_us_max": 1e6 * float(max(times)),
-                 "rounds_median": float(np.median(rounds)), "rounds_max": int(max(rounds)),
-                 "eigenvalue_error_max": max(errs)}
-        record["real"].append(entry)
-        print(f"real A ({len(mats)}), {entry['solver']}: GPU median {entry['gpu_us_median']:.1f} us "
-              f"(max {entry['gpu_us_max']:.1f}), Jacobi rounds median {entry['rounds_median']:.0f} "
-              f"(max {entry['rounds_max']}), eigenvalues <= {entry['eigenvalue_error_max']:.1e} relative")
-
-
 def gpu_time(fn, a0, reps=50):
     a0 = cp.ascontiguousarray(a0)
     a, w = a0.copy(), cp.empty(a0.shape[0])
@@ -219,7 +185,6 @@ def main():
     ritz += 1e-4 * dense
     record = {"k": k, "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "runs": [], "real": []}
     if args.matrices:
-        jacobi_route(args.matrices, record)
         real_matrices(args.matrices, record)
     for name, make in (("syevjBatched", syevj_batched), ("XsyevBatched", XsyevBatched)):
         try:
