@@ -6,7 +6,8 @@ each call about 55-70 us of GPU time and 130-275 us of host time at 47V's size (
 benchmarks/bench_queued_steps.py), where the whole dense budget is about 0.5 ms per iteration.
 
 Here one kernel reads S and H S once. Each thread block stages tiles of TILE rows in shared memory
-(coalesced, 16-byte loads where the rows allow) and each thread accumulates a 4 x 4 tile of a Gram over its
+(coalesced, 16-byte loads where the rows allow; the next tile's loads in flight while this one is multiplied)
+and each thread accumulates a 4 x 4 tile of a Gram over its
 share of the rows, in double (also for float32 blocks: the sum over millions of rows then loses nothing to
 float32 rounding). A second kernel adds the blocks' partial sums in a fixed order (reproducible) into full,
 mirrored float64 matrices (one thread block per element: a thread per element had taken ~0.1 ms for 528
@@ -22,10 +23,11 @@ KMAX = 32
 # rows, float64, H200: 126 against 150 us for both Grams; 48Cr float32: 408 against 485), and the GPU time
 # sets the pace there; below it the host's time does (a hybridblas call costs 130-275 us of it, this 45)
 ROWS_LIMIT = 1 << 18
-TILE = 64                # rows staged per step
+TILE = 32                # rows staged per step
+FETCH = 4                # loads per thread and block per tile: TILE * KMAX / THREADS single elements at most
 THREADS = 256
 TOTAL_THREADS = 128      # per element of the Grams in the second kernel
-BLOCKS_PER_SM = 4
+BLOCKS_PER_SM = 2        # the prefetched tile's registers leave room for two blocks of THREADS per SM
 
 _SOURCE = r"""
 // Tasks: a 4 x 4 tile of S^T H S (every tile, when has_hs) or of S^T S (tiles on or below the diagonal).
@@ -50,28 +52,48 @@ __device__ __forceinline__ void load4(const T* p, double (&x)[4])
     for (int c = 0; c < 4; ++c) x[c] = (double) u.e[c];
 }
 
-// rows [r0, r0 + rows) of src (k columns at leading dimension ld) into dst (rows x kp, zero past column k):
-// 16-byte loads where ``vec`` (k == kp and every row 16-byte aligned), else one element per thread
-__device__ __forceinline__ void stage(const T* src, long long ld, long long r0, int rows, int k, int kp, bool vec,
-                                      T* dst)
+// A thread's share of a tile of rows, between its loads from global memory and its stores to shared memory:
+// 16-byte vectors (vec: k == kp and every row 16-byte aligned) or single elements (then e[0] only)
+union Chunk { VT v; T e[VEC]; };
+
+// rows [r0, r0 + rows) of src (k columns at leading dimension ld): this thread's part into reg. fetch and put
+// take the same elements, so put(fetch(tile)) stages the tile into dst (rows x kp, zero past column k). The next
+// tile's loads are issued before this tile's products and are in flight meanwhile (session 12: one load at a
+// time per thread between two barriers had the H200 at 1.2 TB/s)
+__device__ __forceinline__ void fetch(const T* src, long long ld, long long r0, int rows, int k, int kp, bool vec,
+                                      Chunk (&reg)[FETCH])
 {
     const int t = threadIdx.x, nt = blockDim.x;
-    if (vec) {
-        const int per_row = kp / VEC, rows_per_pass = nt / per_row, r = t / per_row, c = (t % per_row) * VEC;
-        if (r < rows_per_pass)
-            for (int rr = r; rr < rows; rr += rows_per_pass)
-                *reinterpret_cast<VT*>(dst + rr * kp + c) = *reinterpret_cast<const VT*>(src + (r0 + rr) * ld + c);
-    } else {
-        const int rows_per_pass = nt / kp, r = t / kp, c = t % kp;
-        if (r < rows_per_pass)
-            for (int rr = r; rr < rows; rr += rows_per_pass)
-                dst[rr * kp + c] = c < k ? src[(r0 + rr) * ld + c] : (T) 0;
+    const int per_row = vec ? kp / VEC : kp, rows_per_pass = nt / per_row, r = t / per_row;
+    const int c = vec ? (t % per_row) * VEC : t % per_row;
+    #pragma unroll
+    for (int l = 0; l < FETCH; ++l) {
+        const int rr = r + l * rows_per_pass;
+        if (r < rows_per_pass && rr < rows) {
+            if (vec) reg[l].v = *reinterpret_cast<const VT*>(src + (r0 + rr) * ld + c);
+            else reg[l].e[0] = c < k ? src[(r0 + rr) * ld + c] : (T) 0;
+        }
+    }
+}
+
+__device__ __forceinline__ void put(const Chunk (&reg)[FETCH], int rows, int kp, bool vec, T* dst)
+{
+    const int t = threadIdx.x, nt = blockDim.x;
+    const int per_row = vec ? kp / VEC : kp, rows_per_pass = nt / per_row, r = t / per_row;
+    const int c = vec ? (t % per_row) * VEC : t % per_row;
+    #pragma unroll
+    for (int l = 0; l < FETCH; ++l) {
+        const int rr = r + l * rows_per_pass;
+        if (r < rows_per_pass && rr < rows) {
+            if (vec) *reinterpret_cast<VT*>(dst + rr * kp + c) = reg[l].v;
+            else dst[rr * kp + c] = reg[l].e[0];
+        }
     }
 }
 
 // partials: 2 x k x k rows of gridDim.x doubles, one per block (Gram 0 = S^T H S, Gram 1 = S^T S; S^T S only
 // on and below the diagonal); shared: 2 * TILE * kp elements of T and THREADS * 16 doubles (the larger of the two)
-extern "C" __global__ void __launch_bounds__(THREADS) gram_partials(const T* s, long long lds, const T* hs,
+extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM) gram_partials(const T* s, long long lds, const T* hs,
         long long ldh, long long n, int k, int vec, double* partials)
 {
     extern __shared__ __align__(16) unsigned char shared[];
@@ -91,12 +113,25 @@ extern "C" __global__ void __launch_bounds__(THREADS) gram_partials(const T* s, 
     for (int i = 0; i < 4; ++i)
         #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
-    for (long long r0 = (long long) blockIdx.x * TILE; r0 < n; r0 += (long long) gridDim.x * TILE) {
+    const long long stride = (long long) gridDim.x * TILE;
+    Chunk sreg[FETCH], hreg[FETCH];
+    long long r0 = (long long) blockIdx.x * TILE;
+    if (r0 < n) {
+        const int rows = n - r0 < TILE ? (int) (n - r0) : TILE;
+        fetch(s, lds, r0, rows, k, kp, vec & 1, sreg);
+        if (has_hs) fetch(hs, ldh, r0, rows, k, kp, vec & 2, hreg);
+    }
+    for (; r0 < n; r0 += stride) {
         const int rows = n - r0 < TILE ? (int) (n - r0) : TILE;
         __syncthreads();                                       // the last tile's readers are done
-        stage(s, lds, r0, rows, k, kp, vec & 1, ss);
-        if (has_hs) stage(hs, ldh, r0, rows, k, kp, vec & 2, hh);
+        put(sreg, rows, kp, vec & 1, ss);
+        if (has_hs) put(hreg, rows, kp, vec & 2, hh);
         __syncthreads();
+        if (r0 + stride < n) {                                 // the next tile's loads, in flight during the products
+            const int next_rows = n - r0 - stride < TILE ? (int) (n - r0 - stride) : TILE;
+            fetch(s, lds, r0 + stride, next_rows, k, kp, vec & 1, sreg);
+            if (has_hs) fetch(hs, ldh, r0 + stride, next_rows, k, kp, vec & 2, hreg);
+        }
         if (active) {
             for (int r = phase; r < rows; r += phases) {
                 double x[4], y[4];
@@ -166,7 +201,8 @@ def preferred(s, hs=None):
 
 
 def _kernels(cupy, dtype):
-    mod = cuda_modules.module(cupy, dtype, _SOURCE, {"TILE": TILE, "THREADS": THREADS, "TOTAL_THREADS": TOTAL_THREADS})
+    mod = cuda_modules.module(cupy, dtype, _SOURCE, {"TILE": TILE, "THREADS": THREADS, "TOTAL_THREADS": TOTAL_THREADS,
+                                                     "FETCH": FETCH, "BLOCKS_PER_SM": BLOCKS_PER_SM})
     return mod.get_function("gram_partials"), mod.get_function("gram_total")
 
 
