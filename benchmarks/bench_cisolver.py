@@ -63,9 +63,7 @@ def run_case(name, nev, tol, devices, dtype, maxiter, threads, log, path, meta, 
 
     def ours(label, devs, storage, h):
         op = SymmetricOperator(h, storage=storage, devices=devs)
-        # seed 2024: the solver draws x0's very block itself, as a user without a start block gets it (on GPUs its
-        # first Rayleigh-Ritz step is then queued there, solver._start_on_gpu)
-        res, t = _timed(lambda: lobpcg(op, nev, block_size=b, seed=2024, tol=tol, maxiter=maxiter, dtype=dtype))
+        res, t = _timed(lambda: lobpcg(op, nev, block_size=b, x0=x0, tol=tol, maxiter=maxiter, dtype=dtype))
         it = max(res.iterations, 1)
         record({"solver": label, "backend": getattr(op, "backend", None), "seconds": t,
                 "iterations": res.iterations, "converged": res.converged, "restarts": res.restarts,

@@ -6,8 +6,7 @@ benchmark's one- and two-GPU runs in one process.
     mpiexec -n 2 python3 benchmarks/bench_cisolver_ranks.py --cases 48Cr --dtype float32 --tol 1e-5 --out results/
 
 Each case runs with its iterations queued on the GPUs (NCCL sums and gathers, cisolver.iterations) and,
-with --compare-trips, once more waiting at every host trip; --side-stream on,off alternates H P's update
-and S^T S beside the sparse product and in line. Rank 0 writes cisolver_ranks_<case>.json.
+with --compare-trips, once more waiting at every host trip. Rank 0 writes cisolver_ranks_<case>.json.
 """
 import argparse
 import json
@@ -18,7 +17,7 @@ import time
 import numpy as np
 
 from bench_cisolver import CASES
-from cisolver import lobpcg, side_stream, solver
+from cisolver import lobpcg, solver
 from cisolver.data import resolve_interaction
 from cisolver.distributed import DistributedOperator, build_local
 from cisolver.shellmodel import hamiltonian, snt
@@ -37,6 +36,7 @@ def run_case(name, comm, args, log):
     del h
     b = args.nev + 3
     spmm_ms = comm.allgather(_local_spmm_ms(op, b))
+    x0 = np.random.default_rng(2024).standard_normal((problem.dimension, b)).astype(dtype)
     rec = {"case": name, "ranks": comm.Get_size(), "dimension": problem.dimension, "nnz_per_rank": nnz,
            "rows_per_rank": op.counts, "local_spmm_ms_per_rank": spmm_ms, "build_seconds": t_build, "dtype": str(dtype), "tol": args.tol,
            "nev": args.nev, "block_size": b, "queued_collectives": op.queued, "runs": [],
@@ -45,12 +45,10 @@ def run_case(name, comm, args, log):
         f"{[round(x, 3) for x in spmm_ms]} ms, build {t_build:.1f} s")
     for queued in (True, False) if args.compare_trips else (True,):   # this case's kernels (sizes, alignments)
         solver.OVERLAP = queued                                         # compiled before any timing
-        lobpcg(op, args.nev, block_size=b, seed=2024, tol=args.tol, maxiter=3, dtype=dtype, comm=comm)
-    sides = [v == "on" for v in args.side_stream.split(",")]
-    runs = [(True, side) for _ in range(args.repeats) for side in sides]
-    runs += [(False, sides[0])] if args.compare_trips else []
-    for repeat, (queued, side) in enumerate(runs):
-        solver.OVERLAP, side_stream.ENABLED = queued, side
+        lobpcg(op, args.nev, block_size=b, x0=x0, tol=args.tol, maxiter=3, dtype=dtype, comm=comm)
+    runs = [True] * args.repeats + ([False] if args.compare_trips else [])
+    for repeat, queued in enumerate(runs):
+        solver.OVERLAP = queued
         comm.Barrier()
         profile = None
         if args.profile and repeat == 0:
@@ -58,9 +56,7 @@ def run_case(name, comm, args, log):
             profile = cProfile.Profile()
             profile.enable()
         t0 = time.perf_counter()
-        # seed 2024: the solver draws bench_cisolver.py's x0 block itself (as without a start block; on GPUs its first
-        # Rayleigh-Ritz step is then queued there)
-        res = lobpcg(op, args.nev, block_size=b, seed=2024, tol=args.tol, maxiter=args.maxiter, dtype=dtype, comm=comm)
+        res = lobpcg(op, args.nev, block_size=b, x0=x0, tol=args.tol, maxiter=args.maxiter, dtype=dtype, comm=comm)
         seconds = time.perf_counter() - t0
         if profile is not None:
             profile.disable()
@@ -69,8 +65,8 @@ def run_case(name, comm, args, log):
         per = {k: v / it for k, v in res.seconds.items()}
         share = per.get("dense", 0.0) / max(per.get("dense", 0.0) + per.get("spmm", 0.0), 1e-30)
         per_rank = comm.allgather(per)
-        label = f"cisolver-ranks{comm.Get_size()}" + ("" if queued else "-trips") + ("" if side else "-in-line")
-        rec["runs"].append({"solver": label, "side_stream": side, "queued": res.queued, "seconds": seconds, "iterations": res.iterations,
+        label = f"cisolver-ranks{comm.Get_size()}" + ("" if queued else "-trips")
+        rec["runs"].append({"solver": label, "queued": res.queued, "seconds": seconds, "iterations": res.iterations,
                             "converged": res.converged, "declined": res.declined, "redone": res.redone,
                             "restarts": res.restarts, "energies": res.eigenvalues.tolist(),
                             "dense_share": share, "per_iteration": per, "per_iteration_per_rank": per_rank})
@@ -78,7 +74,7 @@ def run_case(name, comm, args, log):
             f"spmm {per.get('spmm', 0) * 1e3:.2f} ms/it, dense share {100 * share:.1f} %, "
             f"declined {res.declined}, redone {res.redone}, {res.eigenvalues[:3]}; per rank dense / spmm ms "
             f"{[(round(p.get('dense', 0) * 1e3, 3), round(p.get('spmm', 0) * 1e3, 3)) for p in per_rank]}")
-    solver.OVERLAP, side_stream.ENABLED = True, True
+    solver.OVERLAP = True
     return rec
 
 
@@ -135,11 +131,7 @@ def main(argv=None):
     ap.add_argument("--compare-trips", action="store_true", help="also run each case waiting at every host trip")
     ap.add_argument("--repeats", type=int, default=1, help="queued runs per case (the spread shows in the JSON)")
     ap.add_argument("--profile", action="store_true", help="profile the first queued run's host time (cProfile)")
-    ap.add_argument("--side-stream", default="on", help="on, off or on,off: H P's update and S^T S beside the sparse "
-                    "product (cisolver.side_stream) or in line, the repeats alternating")
     args = ap.parse_args(argv)
-    if not set(args.side_stream.split(",")) <= {"on", "off"}:
-        ap.error(f"--side-stream takes on and/or off, got {args.side_stream!r}")
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     bad = [c for c in cases if c not in CASES]
     if bad:

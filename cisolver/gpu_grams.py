@@ -92,14 +92,14 @@ __device__ __forceinline__ void put(const Chunk (&reg)[FETCH], int rows, int kp,
 }
 
 // partials: 2 x k x k rows of gridDim.x doubles, one per block (Gram 0 = S^T H S, Gram 1 = S^T S; S^T S only
-// on and below the diagonal, and only with_ss); shared: 2 * TILE * kp elements of T and THREADS * 16 doubles (the larger of the two)
+// on and below the diagonal); shared: 2 * TILE * kp elements of T and THREADS * 16 doubles (the larger of the two)
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM) gram_partials(const T* s, long long lds, const T* hs,
-        long long ldh, long long n, int k, int vec, int with_ss, double* partials)
+        long long ldh, long long n, int k, int vec, double* partials)
 {
     extern __shared__ __align__(16) unsigned char shared[];
     const int t = threadIdx.x, nt = blockDim.x, nt4 = (k + 3) / 4, kp = 4 * nt4;
     const int has_hs = hs != nullptr;
-    const int tasks0 = has_hs ? nt4 * nt4 : 0, tasks = tasks0 + (with_ss ? nt4 * (nt4 + 1) / 2 : 0);
+    const int tasks0 = has_hs ? nt4 * nt4 : 0, tasks = tasks0 + nt4 * (nt4 + 1) / 2;
     const int phases = nt / tasks, task = t % tasks, phase = t / tasks;
     const bool active = phase < phases;
     T* ss = reinterpret_cast<T*>(shared);
@@ -165,13 +165,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM) gram_partia
 // out (element (i, j) of Gram g at out[i * o0 + j * o1 + g * o2]) <- the sum of the blocks' partials: one
 // thread block per element, its threads' sums added in a fixed order (reproducible); S^T S mirrored from
 // its lower triangle. Gram 0 only when has_hs.
-extern "C" __global__ void gram_total(const double* partials, int blocks, int k, int has_hs, int with_ss,
-        double* out, long long o0, long long o1, long long o2)
+extern "C" __global__ void gram_total(const double* partials, int blocks, int k, int has_hs, double* out,
+        long long o0, long long o1, long long o2)
 {
     __shared__ double sums[TOTAL_THREADS];
     const int e = blockIdx.x, t = threadIdx.x;
     const int g = e / (k * k), i = (e / k) % k, j = e % k;
-    if ((g == 0 && !has_hs) || (g == 1 && !with_ss)) return;
+    if (g == 0 && !has_hs) return;
     const int src = g == 1 && i < j ? (g * k + j) * k + i : e;
     double sum = 0.0;
     for (int blk = t; blk < blocks; blk += TOTAL_THREADS) sum += partials[(long long) src * blocks + blk];
@@ -211,10 +211,9 @@ def _vector_rows(x, k):
     return k % 4 == 0 and aligned_rows(x)
 
 
-def grams(s, hs=None, with_ss=True):
+def grams(s, hs=None):
     """(k, k, 2) float64 GPU array, column-major per Gram like dense.gram_buffer: [:, :, 0] = S^T H S (with
-    ``hs``; zeros without) and [:, :, 1] = S^T S (zeros with ``with_ss`` False, with ``hs``), both whole (not
-    only their lower triangles)."""
+    ``hs``; zeros without) and [:, :, 1] = S^T S, both whole (not only their lower triangles)."""
     import cupy
     from hybridblas.devices.cuda_skinny import multiprocessors
     if not fits(s, hs):
@@ -233,9 +232,9 @@ def grams(s, hs=None, with_ss=True):
     partial_kernel((blocks,), (THREADS,),
                    (s, np.int64(row_stride(s)), hs if hs is not None else np.uint64(0),
                     np.int64(row_stride(hs) if hs is not None else 0), np.int64(n), np.int32(k), np.int32(vec),
-                    np.int32(with_ss or hs is None), partials),
+                    partials),
                    shared_mem=shared)
     total_kernel((2 * k * k,), (TOTAL_THREADS,),
-                 (partials, np.int32(blocks), np.int32(k), np.int32(hs is not None), np.int32(with_ss or hs is None),
-                  out, np.int64(1), np.int64(k), np.int64(k * k)))
+                 (partials, np.int32(blocks), np.int32(k), np.int32(hs is not None), out, np.int64(1), np.int64(k),
+                  np.int64(k * k)))
     return out

@@ -16,7 +16,7 @@ on the untouched blocks. One exception: a NaN or Inf in V spreads over its row t
 """
 import numpy as np
 
-from . import blocks, cuda_modules, dense, gpu_grams, side_stream
+from . import blocks, cuda_modules, dense, gpu_grams
 from .arrays import is_device
 from .distributed import device_sum
 
@@ -147,15 +147,12 @@ def first_pass(s, hs, b, n_p, context=None, comm=None):
     orthogonal to X = s[:, :b], and H P = hs[:, b:b + n_p] following P. Returns a device int32 flag: OK
     when the pass was made and one pass is enough, else the flag bits say why the host path is needed,
     and s and hs are left as they were. comm: MPI ranks holding rows each (the cross products summed over
-    them on the GPU, cisolver.distributed.device_sum; every rank then factors the same sum).
-    H P's update goes on a side stream (cisolver.side_stream): the caller queues the sparse product and then
-    joins it before anything else touches H S."""
+    them on the GPU, cisolver.distributed.device_sum; every rank then factors the same sum)."""
     import cupy
     k = s.shape[1]
     q = k - b
     if not fits(s, b) or hs.shape[0] != s.shape[0] or hs.shape[1] < b + n_p or not 0 <= n_p <= q:
         raise ValueError(f"gpu_ortho.first_pass: s {s.shape}, hs {hs.shape}, b={b}, n_p={n_p} not covered")
-    side_stream.join()                         # an earlier pass's H P update, if still beside
     y = device_sum(_cross_products(s, b, context), comm)
     m = cupy.empty((k, q), dtype=s.dtype)
     m_hp = cupy.empty((b + n_p, n_p), dtype=s.dtype)
@@ -168,6 +165,5 @@ def first_pass(s, hs, b, n_p, context=None, comm=None):
         np.float64(np.finfo(np.float64).eps ** 0.5 * 1e-2), m, m_hp, flag))
     blocks.replace_with_product(s[:, b:], s, m)
     if n_p:
-        side_stream.beside(lambda: blocks.replace_with_product(hs[:, b:b + n_p], hs[:, :b + n_p], m_hp), keep=m_hp)
+        blocks.replace_with_product(hs[:, b:b + n_p], hs[:, :b + n_p], m_hp)
     return flag
-

@@ -12,8 +12,6 @@ long finished:
 - the first orthonormalisation pass is factored on the GPU (cisolver.gpu_ortho) and Rayleigh-Ritz runs
   there too (cisolver.gpu_rayleigh_ritz), on Grams of one pass over S and H S for blocks of up to 2^18
   rows (cisolver.gpu_grams; hybridblas beyond);
-- the pass's update of H P runs on a side stream beside the sparse product, which writes other columns of
-  H S (cisolver.side_stream; joined before the Grams);
 - the residuals of X are read once the next [P W] pass is queued, so W's columns follow the residuals of
   the X before (soft locking decided one iteration late; the convergence test itself is not late);
 - the Rayleigh-Ritz summary (theta, which P columns are usable, whether S^T S was positive definite) is
@@ -27,25 +25,10 @@ import hashlib
 
 import numpy as np
 
-from . import dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz, side_stream
+from . import dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz
 from .arrays import Later, Ready, module_of, to_host
 from .blocks import update_with_residual
 from .distributed import device_sum
-
-
-def agreed(value, comm):
-    """A small result the GPU worked out, as this rank read it. MPI ranks queue the same steps on the same
-    summed Grams, so they must read the same; were they not to, they would take different paths and
-    wait for each other for ever, so that is an error."""
-    if comm is None:
-        return value
-    key = b"".join(np.asarray(v).tobytes() for v in (value if isinstance(value, tuple) else (value,)))
-    digest = np.frombuffer(hashlib.blake2b(key, digest_size=16).digest(), dtype=np.uint64)
-    every = np.empty((comm.Get_size(), 2), dtype=np.uint64)
-    comm.Allgather(digest, every)                   # a buffer collective: no pickling on the host's path
-    if (every != digest[None, :]).any():
-        raise RuntimeError("MPI ranks read different results of the same GPU step (non-deterministic kernel?)")
-    return value
 
 
 def _orthonormalise_on_host(s, q, k):
@@ -101,13 +84,6 @@ class Iterations:
         self.open_rr = None       # a GPU Rayleigh-Ritz step whose summary is not read yet: (queued, sums, k, n_p, n_w)
 
     def run(self, maxiter):
-        try:
-            self._iterate(maxiter)
-        finally:
-            if module_of(self.s) is not np:
-                side_stream.join()                      # nothing left beside when the buffers go back
-
-    def _iterate(self, maxiter):
         b = self.b
         for self.it in range(1, maxiter + 1):
             if self.overlap and self.declined >= 3 and self.declined * 10 > self.it:
@@ -138,23 +114,13 @@ class Iterations:
                     n_p, k, flag = self._orthonormalise(np.nonzero(self.p_usable[active])[0], w, n_w)
             if self.overlap and self._residuals_read():
                 return
-            s, hs = self.s[:, :k], self.hs[:, :k]
-            ss = None
-            if self.overlap and side_stream.ENABLED and gpu_grams.preferred(s, hs):
-                # S is final now: S^T S beside the product (after H P's update there), S^T H S after it
-                ss = [None]
-                side_stream.beside(lambda: ss.__setitem__(0, gpu_grams.grams(s)))
             with self.timer.phase("spmm"):
                 self._multiply(b + n_p, k)
-                if self.overlap:
-                    side_stream.join()                  # what ran beside the product (H P, S^T S)
             rr = grams = None
             if self.overlap:
                 with self.timer.phase("dense", "rayleigh_ritz"):
-                    if ss is not None:
-                        both = gpu_grams.grams(s, hs, with_ss=False)
-                        both[:, :, 1] = ss[0][:, :, 1]
-                    elif gpu_grams.preferred(s, hs):
+                    s, hs = self.s[:, :k], self.hs[:, :k]
+                    if gpu_grams.preferred(s, hs):
                         both = gpu_grams.grams(s, hs)
                     else:
                         both = dense.gram_buffer(s, hs, context=self.context)
@@ -268,13 +234,23 @@ class Iterations:
             self.norm_est = max(self.norm_est, largest)
             return True
         self.redone += 1
-        side_stream.join()                              # a pass queued since may still update H P beside
         self._swap()                                  # back to the S that step came from
         self._rayleigh_ritz_and_update(k, n_p, n_w)
         return False
 
     def _agreed(self, value):
-        return agreed(value, self.comm)
+        """A small result the GPU worked out, as this rank read it. MPI ranks queue the same steps on the same
+        summed Grams, so they must read the same; were they not to, they would take different paths and
+        wait for each other for ever, so that is an error."""
+        if self.comm is None:
+            return value
+        key = b"".join(np.asarray(v).tobytes() for v in (value if isinstance(value, tuple) else (value,)))
+        digest = np.frombuffer(hashlib.blake2b(key, digest_size=16).digest(), dtype=np.uint64)
+        every = np.empty((self.comm.Get_size(), 2), dtype=np.uint64)
+        self.comm.Allgather(digest, every)              # a buffer collective: no pickling on the host's path
+        if (every != digest[None, :]).any():
+            raise RuntimeError("MPI ranks read different results of the same GPU step (non-deterministic kernel?)")
+        return value
 
     def _swap(self):
         self.s, self.s_next, self.hs, self.hs_next = self.s_next, self.s, self.hs_next, self.hs

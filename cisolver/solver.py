@@ -6,7 +6,6 @@ from the Ritz coefficients, orthogonal to the new X and normalised (dense.next_p
 made orthonormal against X by BCGS-PIP2 (dense.orthonormalise_tail). Rayleigh–Ritz and the
 orthonormalisation take their tall-skinny Gram products from hybridblas.
 Converged columns are soft-locked: they stay in the Rayleigh–Ritz basis but get no new W or P.
-A GPU run from the seeded random start makes its first Rayleigh–Ritz step on the GPU too (``_start_on_gpu``).
 This module checks the arguments and makes the start; cisolver.iterations iterates (on GPUs without
 waiting for the host within an iteration).
 """
@@ -14,11 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz
+from . import dense, gpu_ortho
 from .arrays import Timer, column_sumsq, module_of, to_host
 from .blocks import product_into, residual_into
-from .distributed import device_sum
-from .iterations import Iterations, agreed
+from .iterations import Iterations
 
 
 @dataclass
@@ -96,26 +94,6 @@ def lobpcg(h, nev, *, block_size=None, **kwargs):
         return _lobpcg(op, nev, block_size=block_size, **kwargs)
 
 
-def _start_on_gpu(op, x, b, context, comm, timer):
-    """Rayleigh-Ritz on the seeded random start block itself, queued on the GPU with one wait for its summary:
-    (H x, theta, C on the device, max |Ritz value|), X = x C orthonormal. The host path first makes x
-    orthonormal (CholQR2, two host trips, then one more for Rayleigh-Ritz); a Gaussian block of n >> b rows is
-    well conditioned, and gpu_rayleigh_ritz factors x^T x anyway (Jacobi-scaled Cholesky). None where the
-    kernels do not cover the block or x^T x was not positive definite: the host path starts then."""
-    if not (gpu_ortho.fits(x, b) and gpu_rayleigh_ritz.fits(x, b)):
-        return None
-    import cupy
-    with timer.phase("spmm"):
-        hx = op.matmat(x)
-    with timer.phase("dense", "start"):
-        both = gpu_grams.grams(x, hx) if gpu_grams.preferred(x, hx) else dense.gram_buffer(x, hx, context=context)
-        rr = gpu_rayleigh_ritz.queue(device_sum(both, comm), b, x.dtype)
-        theta, largest, _, definite = agreed(rr.summary(), comm)
-    if not definite:
-        return None
-    return hx, theta, cupy.ascontiguousarray(rr.m[:, :b]), largest
-
-
 def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=None, seed=0,
             dtype=None, context=None, callback=None, comm=None):
     """Lowest ``nev`` eigenpairs of symmetric ``h`` (scipy/cupyx sparse, a SymmetricOperator, or dense).
@@ -157,21 +135,12 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         from .distributed import colnorms
         return colnorms(block, comm)
 
-    # a GPU run queues whole iterations (cisolver.iterations): in one process, or on MPI ranks whose sums and
-    # gathers NCCL queues on the GPU; CPUs and other MPI runs wait at every host trip
-    queues = OVERLAP and xp is not np and (comm is None or getattr(op, "queued", False))
-    start = _start_on_gpu(op, x, b, context, comm, timer) if queues and x0 is None else None
-    if start is None:
-        with timer.phase("dense", "start"):
-            dense.cholqr2(x, context=context, comm=comm)
-        with timer.phase("spmm"):
-            hx = op.matmat(x)
-        with timer.phase("dense", "start"):
-            theta, c, allv = dense.rayleigh_ritz(x, hx, b, context=context, comm=comm)
-        largest = float(np.abs(allv).max())
-    else:
-        hx, theta, c, largest = start
     with timer.phase("dense", "start"):
+        dense.cholqr2(x, context=context, comm=comm)
+    with timer.phase("spmm"):
+        hx = op.matmat(x)
+    with timer.phase("dense", "start"):
+        theta, c, allv = dense.rayleigh_ritz(x, hx, b, context=context, comm=comm)
         # S = [X | P | W] and H S in one row-major buffer each: the Gram products read a column range
         # (no concatenation), and every update writes one in place (cisolver.blocks); the new X and P
         # go to a second pair of buffers (they are made from the whole of the first), then the pairs swap
@@ -181,8 +150,11 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         r = xp.empty((hi - lo, b), dtype=dtype)
         del x, hx
         sq = residual_into(r, hs[:, :b], s[:, :b], theta)      # R = H X - X Theta, and its column norms^2
-    norm_est = max(largest, np.finfo(np.float64).tiny)
-    overlap = queues and gpu_ortho.fits(s, b)
+    norm_est = max(np.abs(allv).max(), np.finfo(np.float64).tiny)
+    # a GPU run queues whole iterations (cisolver.iterations): in one process, or on MPI ranks whose sums and
+    # gathers NCCL queues on the GPU; CPUs and other MPI runs wait at every host trip
+    overlap = (OVERLAP and xp is not np and (comm is None or getattr(op, "queued", False))
+               and gpu_ortho.fits(s, b))
     run = Iterations(op, (s, hs, s_next, hs_next), r, theta, norm_est, sq, nev=nev, tol=tol, precond=precond,
                      context=context, comm=comm, timer=timer, callback=callback, overlap=overlap)
     run.run(maxiter)

@@ -58,19 +58,6 @@ def test_grams_of_aligned_rows(dtype, rows, k, width, rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("rows,k,width", [(100003, 24, 24), (777, 7, 10), (1, 1, 4)])
-def test_grams_without_s_t_s(dtype, rows, k, width, rng):
-    """with_ss=False (LOBPCG has S^T S worked out beside the sparse product): S^T H S as with both, and S^T S
-    zeros (not left unwritten)."""
-    s, hs, s_dev, hs_dev = _buffers(rng, rows, k, dtype, width=width)
-    _poison_pool()
-    got = gpu_grams.grams(s_dev, hs_dev, with_ss=False).get()
-    np.testing.assert_array_equal(got[:, :, 1], 0.0)
-    want = s.astype(np.float64).T @ hs.astype(np.float64)
-    assert np.abs(got[:, :, 0] - want).max() <= 1e-12 * max(np.abs(want).max(), 1.0)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_grams_without_hs_and_reproducible(dtype, rng):
     s, _, s_dev, _ = _buffers(rng, 100003, 24, dtype, width=25)
     first = gpu_grams.grams(s_dev).get()
