@@ -149,15 +149,20 @@ def _nccl_comm(comm, x):
 def allgather_rows(local, comm):
     """Stack every rank's row block (same column count) into the full array on every rank.
 
-    cupy blocks go GPU to GPU through NCCL when CuPy has it (blocks padded to the largest, since NCCL's
-    allGather takes equal counts), else through host memory and MPI's Allgatherv."""
+    cupy blocks go GPU to GPU through NCCL when every rank has it (gather_rows_into: one broadcast per rank,
+    in place, no padding), else through host memory and MPI's Allgatherv. Collective: every rank calls it."""
     if comm is None:
         return local
     counts = comm.allgather(local.shape[0])
-    if _is_cupy(local):
-        nccl = _nccl_comm(comm, local)
-        if nccl is not None:
-            return _nccl_allgather_rows(nccl, local, counts)
+    if device_collectives(comm, local):
+        import cupy
+        with cupy.cuda.Device(local.device.id):
+            full = cupy.empty((sum(counts),) + local.shape[1:], dtype=local.dtype)
+            lo = sum(counts[:comm.Get_rank()])
+            full[lo:lo + local.shape[0]] = local
+            gather_rows_into(full, counts, comm)
+            cupy.cuda.get_current_stream().synchronize()
+        return full
     on_gpu = _is_cupy(local)
     host = np.ascontiguousarray(local.get() if on_gpu else local)
     cols = int(np.prod(host.shape[1:]))
@@ -168,22 +173,6 @@ def allgather_rows(local, comm):
     if on_gpu:
         import cupy
         return cupy.asarray(out)
-    return out
-
-
-def _nccl_allgather_rows(nccl, local, counts):
-    import cupy
-    from cupy.cuda import nccl as _n
-    width = max(counts)
-    tail = local.shape[1:]
-    send = cupy.zeros((width,) + tail, dtype=local.dtype)
-    send[:local.shape[0]] = local
-    recv = cupy.empty((len(counts), width) + tail, dtype=local.dtype)
-    real, kind = _reals(local), _nccl_type(_n, local)
-    stream = cupy.cuda.get_current_stream()
-    nccl.allGather(send.data.ptr, recv.data.ptr, send.size * real, kind, stream.ptr)
-    out = cupy.concatenate([recv[r, :c] for r, c in enumerate(counts)])
-    stream.synchronize()
     return out
 
 

@@ -14,7 +14,7 @@ if comm is None:                          # one rank
     comm = MPI.COMM_WORLD
 # the queued gather and sum (NCCL) on uneven rows, one rank possibly without rows, against host values
 import cupy  # noqa: E402
-from hybridblas.distributed import allreduce, gather_rows_into, local_rank  # noqa: E402
+from hybridblas.distributed import allgather_rows, allreduce, gather_rows_into, local_rank  # noqa: E402
 cupy.cuda.Device(local_rank(comm)[0] % cupy.cuda.runtime.getDeviceCount()).use()
 size, rank = comm.Get_size(), comm.Get_rank()
 for counts in ([3 + 2 * r for r in range(size)], [0] + [4] * (size - 1)):
@@ -24,6 +24,11 @@ for counts in ([3 + 2 * r for r in range(size)], [0] + [4] * (size - 1)):
     full[start:start + counts[rank]] = cupy.asarray(rows[rank])
     gather_rows_into(full, counts, comm)
     assert np.array_equal(full.get(), np.vstack(rows)), (counts, full.get())
+    for dtype in (np.float32, np.complex128):                  # the gather that makes a new full block
+        mine = (rows[rank] * (1 + 1j if dtype == np.complex128 else 1)).astype(dtype)
+        got = allgather_rows(cupy.asarray(mine), comm)
+        want = np.vstack([(x * (1 + 1j if dtype == np.complex128 else 1)).astype(dtype) for x in rows])
+        assert got.dtype == dtype and np.array_equal(got.get(), want), (counts, dtype)
     total = allreduce(cupy.arange(5.0) * (rank + 1), comm, wait=False)
     assert np.array_equal(total.get(), np.arange(5.0) * size * (size + 1) / 2)
 # serial float64 references on the CPU (23Na, USDB, dimension 13029)
