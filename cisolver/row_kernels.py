@@ -25,6 +25,10 @@ QMAX_CHOICES = (8, 16, 32)         # accumulators per thread: the smallest that 
 SHARED_LIMIT = 32 << 10            # bytes of the staged small matrix (p x QMAX)
 THREADS = 256
 BLOCKS_PER_SM = 4
+# thread blocks of THREADS the compiler keeps room for on an SM (__launch_bounds__): it caps the registers. At 2
+# the kernels ran at 2 blocks per SM (104-128 registers), 22-31 % of the warps, 12-30 % of the DRAM bandwidth
+# (Nsight Compute, 242 k rows, float64, H200: latency-bound; benchmarks/profile_iteration_kernels.py)
+MIN_BLOCKS = 2
 ENABLED = True                     # False: every caller takes its cuBLAS route (benchmarks compare the two)
 # LOBPCG's end of iteration on float64 blocks longer than this takes cuBLAS: at 48Cr's size (1.96e6 rows,
 # H200) its gemms did both updates in 481 us against the row kernel's 843 (float32: 361 against 238; 24Mg's
@@ -111,7 +115,7 @@ __device__ __forceinline__ void row_store(T* out, int q, bool vec, const T (&acc
 
 // out <- a m for row-major a (n x p) and out (n x q); out may be a column range of a over the same rows
 template <int QMAX>
-__global__ void rows_times_small(const T* a, long long lda, T* out, long long ldo, const T* m, int p, int q,
+__global__ void __launch_bounds__(256, MIN_BLOCKS) rows_times_small(const T* a, long long lda, T* out, long long ldo, const T* m, int p, int q,
                                  long long n, int vec_a, int vec_out)
 {
     extern __shared__ __align__(16) unsigned char staged[];
@@ -129,7 +133,7 @@ __global__ void rows_times_small(const T* a, long long lda, T* out, long long ld
 // xn <- s m, hn <- hs m (q = 2b columns: new X and P, H X and H P), r <- hn[:, :b] - xn[:, :b] theta,
 // and per thread block the column sums of r^2 in double (partials, gridDim.x x b)
 template <int QMAX>
-__global__ void __launch_bounds__(256, 2) update_residual(
+__global__ void __launch_bounds__(256, MIN_BLOCKS) update_residual(
         const T* s, long long lds, const T* hs, long long ldh, T* xn, long long ldx, T* hn, long long ldhn,
         const T* m, int p, int q, const double* theta, int b, T* r, long long ldr, long long n, int vec,
         double* partials)
@@ -175,7 +179,7 @@ __global__ void __launch_bounds__(256, 2) update_residual(
 """
 def _module(cupy, dtype):
     names = [f"{kernel}<{q}>" for kernel in ("rows_times_small", "update_residual") for q in QMAX_CHOICES]
-    return cuda_modules.module(cupy, dtype, _SOURCE, name_expressions=names)
+    return cuda_modules.module(cupy, dtype, _SOURCE, {"MIN_BLOCKS": MIN_BLOCKS}, name_expressions=names)
 
 
 def _qmax(q):
