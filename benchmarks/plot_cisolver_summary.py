@@ -8,8 +8,8 @@ GPUs, ours on two MPI ranks with one GPU each, and cupyx's lobpcg) are from sess
 the CPU series (ours, eigsh, scipy lobpcg on the node's 32 cores, 24Mg and 46Ti) from session 9's CPU run
 (the CPU path has not changed since). Right: the dense steps' share of an iteration on H200s with session
 8's code (every small step waits for a host trip), session 9's (whole iterations queued on the GPU),
-session 10's (one-pass Grams, cuSOLVER called directly) and session 11's two ranks (iterations queued on
-both GPUs, NCCL sums), with the goal of 10 %.
+session 10's (one-pass Grams, cuSOLVER called directly), session 11's two ranks (iterations queued on
+both GPUs, NCCL sums) and session 12's (faster small kernels), with the goal of 10 %.
 """
 import argparse
 import glob
@@ -23,7 +23,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from plotting import save  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-NOW = ["h200x2-2026-11-22-s11/run5-final"]
+NOW = ["h200x2-2026-11-22-s12/run6-final"]
+SESSION11 = ["h200x2-2026-11-22-s11/run5-final"]
 SESSION10 = ["h200x2-2026-11-22-s10/run8-final", "h200x2-2026-11-22-s10/run9-final-47V-46Ti"]   # the later wins
 SESSION9 = ["h200x2-2026-11-22-s9/run3-final"]
 PEER = NOW
@@ -81,7 +82,9 @@ def main(argv=None):
                                           ("session 9 (queued), 2 H200", SESSION9, "cisolver-gpu2", "C5s:"),
                                           ("session 10, 1 H200", SESSION10, "cisolver-gpu1", "C0o-"),
                                           ("session 10, 2 H200", SESSION10, "cisolver-gpu2", "C1s-"),
-                                          ("session 11, 2 H200 on 2 ranks", NOW, "cisolver-ranks2", "C6D-")):
+                                          ("session 11, 2 H200 on 2 ranks", SESSION11, "cisolver-ranks2", "C6D--"),
+                                          ("session 12, 2 H200 on 2 ranks", NOW, "cisolver-ranks2", "C3D-"),
+                                          ("session 12, 2 H200", NOW, "cisolver-gpu2", "C4s-")):
         pts = sorted((dim, dense_share(r)) for (case, s), (dim, r) in runs(folders).items()
                      if s == solver and dense_share(r) is not None)
         right.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
