@@ -56,20 +56,30 @@ __device__ __forceinline__ void load4(const T* p, double (&x)[4])
 // 16-byte vectors (vec: k == kp and every row 16-byte aligned) or single elements (then e[0] only)
 union Chunk { VT v; T e[VEC]; };
 
-// rows [r0, r0 + rows) of src (k columns at leading dimension ld): this thread's part into reg. fetch and put
-// take the same elements, so put(fetch(tile)) stages the tile into dst (rows x kp, zero past column k). The next
-// tile's loads are issued before this tile's products and are in flight meanwhile (session 12: one load at a
-// time per thread between two barriers had the H200 at 1.2 TB/s)
+// This thread's place in a tile of rows x kp: its first row r and column c, and the rows between its loads;
+// false for a thread without one. fetch and put take their elements from it, so they take the same ones.
+__device__ __forceinline__ bool slot(int kp, bool vec, int* r, int* c, int* rows_per_pass)
+{
+    const int t = threadIdx.x, per_row = vec ? kp / VEC : kp;
+    *rows_per_pass = blockDim.x / per_row;
+    *r = t / per_row;
+    *c = vec ? (t % per_row) * VEC : t % per_row;
+    return *r < *rows_per_pass;
+}
+
+// rows [r0, r0 + rows) of src (k columns at leading dimension ld): this thread's part into reg; put(fetch(tile))
+// stages the tile into dst (rows x kp, zero past column k). The next tile's loads are issued before this
+// tile's products and are in flight meanwhile (session 12: one load at a time per thread between two barriers
+// had the H200 at 1.2 TB/s)
 __device__ __forceinline__ void fetch(const T* src, long long ld, long long r0, int rows, int k, int kp, bool vec,
                                       Chunk (&reg)[FETCH])
 {
-    const int t = threadIdx.x, nt = blockDim.x;
-    const int per_row = vec ? kp / VEC : kp, rows_per_pass = nt / per_row, r = t / per_row;
-    const int c = vec ? (t % per_row) * VEC : t % per_row;
+    int r, c, rows_per_pass;
+    if (!slot(kp, vec, &r, &c, &rows_per_pass)) return;
     #pragma unroll
     for (int l = 0; l < FETCH; ++l) {
         const int rr = r + l * rows_per_pass;
-        if (r < rows_per_pass && rr < rows) {
+        if (rr < rows) {
             if (vec) reg[l].v = *reinterpret_cast<const VT*>(src + (r0 + rr) * ld + c);
             else reg[l].e[0] = c < k ? src[(r0 + rr) * ld + c] : (T) 0;
         }
@@ -78,13 +88,12 @@ __device__ __forceinline__ void fetch(const T* src, long long ld, long long r0, 
 
 __device__ __forceinline__ void put(const Chunk (&reg)[FETCH], int rows, int kp, bool vec, T* dst)
 {
-    const int t = threadIdx.x, nt = blockDim.x;
-    const int per_row = vec ? kp / VEC : kp, rows_per_pass = nt / per_row, r = t / per_row;
-    const int c = vec ? (t % per_row) * VEC : t % per_row;
+    int r, c, rows_per_pass;
+    if (!slot(kp, vec, &r, &c, &rows_per_pass)) return;
     #pragma unroll
     for (int l = 0; l < FETCH; ++l) {
         const int rr = r + l * rows_per_pass;
-        if (r < rows_per_pass && rr < rows) {
+        if (rr < rows) {
             if (vec) *reinterpret_cast<VT*>(dst + rr * kp + c) = reg[l].v;
             else dst[rr * kp + c] = reg[l].e[0];
         }

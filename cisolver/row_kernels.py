@@ -115,8 +115,8 @@ __device__ __forceinline__ void row_store(T* out, int q, bool vec, const T (&acc
 
 // out <- a m for row-major a (n x p) and out (n x q); out may be a column range of a over the same rows
 template <int QMAX>
-__global__ void __launch_bounds__(256, MIN_BLOCKS) rows_times_small(const T* a, long long lda, T* out, long long ldo, const T* m, int p, int q,
-                                 long long n, int vec_a, int vec_out)
+__global__ void __launch_bounds__(256, MIN_BLOCKS) rows_times_small(const T* a, long long lda, T* out, long long ldo,
+        const T* m, int p, int q, long long n, int vec_a, int vec_out)
 {
     extern __shared__ __align__(16) unsigned char staged[];
     T* ms = reinterpret_cast<T*>(staged);
