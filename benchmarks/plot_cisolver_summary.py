@@ -39,6 +39,17 @@ TIMES = [  # label, folders, solver name in the JSON, style
     ("scipy eigsh, CPU", CPU, "scipy-eigsh", "C4v:"),
     ("scipy lobpcg, CPU", CPU, "scipy-lobpcg", "C5d:"),
 ]
+SHARES = [  # the dense share's series: label, folders, solver name in the JSON, style
+    ("session 8 (host trips), 1 H200", SESSION8, "cisolver-gpu1", "C7o--"),
+    ("session 8 (host trips), 2 H200", SESSION8, "cisolver-gpu2", "C8s--"),
+    ("session 9 (queued), 1 H200", SESSION9, "cisolver-gpu1", "C9o:"),
+    ("session 9 (queued), 2 H200", SESSION9, "cisolver-gpu2", "C5s:"),
+    ("session 10, 1 H200", SESSION10, "cisolver-gpu1", "C0o-"),
+    ("session 10, 2 H200", SESSION10, "cisolver-gpu2", "C1s-"),
+    ("session 11, 2 H200 on 2 ranks", SESSION11, "cisolver-ranks2", "C6D--"),
+    ("session 12, 2 H200 on 2 ranks", NOW, "cisolver-ranks2", "C3D-"),
+    ("session 12, 2 H200", NOW, "cisolver-gpu2", "C4s-"),
+]
 
 
 def runs(folders):
@@ -54,6 +65,12 @@ def runs(folders):
     return out
 
 
+def points(folders, solver, value):
+    """(dimension, value(run)) of ``solver``'s runs under the folders, by dimension; runs without a value left out."""
+    found = ((dim, value(r)) for (case, s), (dim, r) in runs(folders).items() if s == solver)
+    return sorted(p for p in found if p[1] is not None)
+
+
 def dense_share(r):
     pi = r.get("per_iteration", {})
     total = pi.get("spmm", 0.0) + pi.get("precond", 0.0) + pi.get("dense", 0.0)
@@ -66,7 +83,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label, folders, solver, style in TIMES:
-        pts = sorted((dim, r["seconds"]) for (case, s), (dim, r) in runs(folders).items() if s == solver)
+        pts = points(folders, solver, lambda r: r["seconds"])
         if pts:
             left.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
     left.set_xscale("log")
@@ -76,17 +93,8 @@ def main(argv=None):
     left.set_title("LOBPCG against its peers, same matrix and start")
     left.grid(alpha=0.3, which="both")
     left.legend(fontsize=8, loc="lower right")
-    for label, folders, solver, style in (("session 8 (host trips), 1 H200", SESSION8, "cisolver-gpu1", "C7o--"),
-                                          ("session 8 (host trips), 2 H200", SESSION8, "cisolver-gpu2", "C8s--"),
-                                          ("session 9 (queued), 1 H200", SESSION9, "cisolver-gpu1", "C9o:"),
-                                          ("session 9 (queued), 2 H200", SESSION9, "cisolver-gpu2", "C5s:"),
-                                          ("session 10, 1 H200", SESSION10, "cisolver-gpu1", "C0o-"),
-                                          ("session 10, 2 H200", SESSION10, "cisolver-gpu2", "C1s-"),
-                                          ("session 11, 2 H200 on 2 ranks", SESSION11, "cisolver-ranks2", "C6D--"),
-                                          ("session 12, 2 H200 on 2 ranks", NOW, "cisolver-ranks2", "C3D-"),
-                                          ("session 12, 2 H200", NOW, "cisolver-gpu2", "C4s-")):
-        pts = sorted((dim, dense_share(r)) for (case, s), (dim, r) in runs(folders).items()
-                     if s == solver and dense_share(r) is not None)
+    for label, folders, solver, style in SHARES:
+        pts = points(folders, solver, dense_share)
         right.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
     right.axhline(10.0, color="k", lw=0.8, ls=":", label="goal (10 %)")
     right.set_xscale("log")
