@@ -6,8 +6,9 @@ iteration at 47V's and 48Cr's sizes on an H200). Here the same steps run where t
 
     prepare (one thread block): the Grams mirrored, S^T S Jacobi-scaled and factored (Cholesky), R^{-1},
         A = R^{-T} (S^T H S, scaled) R^{-1}
-    cuSOLVER's batched Jacobi eigensolver (syevjBatched on a batch of one, called directly: through
-        cupy.linalg.eigh it cost 60-100 us of host time per call): A's eigenpairs, ascending
+    A's eigenpairs, ascending: cuSOLVER's batched Jacobi eigensolver (syevjBatched on a batch of one, called
+        directly: through cupy.linalg.eigh it cost 60-100 us of host time per call); with EIGENSOLVER = "warp"
+        cisolver.gpu_jacobi's one-warp Jacobi kernel instead (slower: 188 against 117 us, session 13)
     finish (one thread block): C = D R^{-1} Y[:, :b], the next P's coefficients Z (dense.next_p_coefficients),
         [C Z] in the blocks' precision for the update kernel, theta, and a small summary for the host
 
@@ -27,7 +28,7 @@ One-block Jacobi kernels in place of cuSOLVER were tried twice and are not used:
 """
 import numpy as np
 
-from . import cuda_modules
+from . import cuda_modules, gpu_jacobi
 from .arrays import Later, is_device
 
 KMAX = 32          # columns of S: cuSOLVER's batched Jacobi eigensolver takes matrices up to 32 x 32
@@ -38,6 +39,7 @@ KMAX = 32          # columns of S: cuSOLVER's batched Jacobi eigensolver takes m
 SINGULAR_RATIO = 1e-6
 EIG_RESIDUAL = 1e-10   # |A y - w y| / max |w| of an eigenpair beyond which the eigensolve is taken as failed
 THREADS = 256
+EIGENSOLVER = "syevj"  # or "warp": cisolver.gpu_jacobi, slower (session 13: 188 against 117 us on LOBPCG's matrices)
 
 _SOURCE = r"""
 // both: the two Grams (at least their lower triangles, in double), element (i, j) of Gram p at
@@ -246,7 +248,10 @@ def queue(both, b, dtype):
     mod.get_function("rr_prepare")((1,), (THREADS,), (
         both, np.int64(both.strides[0] // item), np.int64(both.strides[1] // item), np.int64(both.strides[2] // item),
         np.int32(k), np.float64(SINGULAR_RATIO), a, a0, rinv, o, d, flag))
-    _eigh_in_place(cupy, a, w, eig_info)
+    if EIGENSOLVER == "warp":
+        gpu_jacobi.eigh_in_place(cupy, a, w, eig_info)
+    else:
+        _eigh_in_place(cupy, a, w, eig_info)
     m = cupy.empty((k, 2 * b), dtype=dtype)
     theta = cupy.empty(b, dtype=np.float64)
     info = cupy.empty(2 * b + 2, dtype=np.float64)
