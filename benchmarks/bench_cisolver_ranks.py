@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from bench_cisolver import CASES
-from cisolver import gpu_rayleigh_ritz, lobpcg, solver
+from cisolver import lobpcg, solver
 from cisolver.data import resolve_interaction
 from cisolver.distributed import DistributedOperator, build_local
 from cisolver.shellmodel import hamiltonian, snt
@@ -43,18 +43,12 @@ def run_case(name, comm, args, log):
            "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     log(f"{name}: dim {problem.dimension}, nnz per rank {nnz}, local SpMM of {b} vectors per rank "
         f"{[round(x, 3) for x in spmm_ms]} ms, build {t_build:.1f} s")
-    routes = args.eigensolvers.split(",")
     for queued in (True, False) if args.compare_trips else (True,):   # this case's kernels (sizes, alignments)
         solver.OVERLAP = queued                                         # compiled before any timing
-        for route in routes:
-            gpu_rayleigh_ritz.EIGENSOLVER = route
-            lobpcg(op, args.nev, block_size=b, x0=x0, tol=args.tol, maxiter=3, dtype=dtype, comm=comm)
-    # the routes alternate, so that a drift of the machine touches both
-    runs = [(True, route) for _ in range(args.repeats) for route in routes]
-    runs += [(False, routes[0])] if args.compare_trips else []
-    for repeat, (queued, route) in enumerate(runs):
+        lobpcg(op, args.nev, block_size=b, x0=x0, tol=args.tol, maxiter=3, dtype=dtype, comm=comm)
+    runs = [True] * args.repeats + ([False] if args.compare_trips else [])
+    for repeat, queued in enumerate(runs):
         solver.OVERLAP = queued
-        gpu_rayleigh_ritz.EIGENSOLVER = route
         comm.Barrier()
         profile = None
         if args.profile and repeat == 0:
@@ -71,8 +65,8 @@ def run_case(name, comm, args, log):
         per = {k: v / it for k, v in res.seconds.items()}
         share = per.get("dense", 0.0) / max(per.get("dense", 0.0) + per.get("spmm", 0.0), 1e-30)
         per_rank = comm.allgather(per)
-        label = f"cisolver-ranks{comm.Get_size()}" + ("" if queued else "-trips") + (f"-{route}" if len(routes) > 1 else "")
-        rec["runs"].append({"solver": label, "eigensolver": route, "queued": res.queued, "seconds": seconds, "iterations": res.iterations,
+        label = f"cisolver-ranks{comm.Get_size()}" + ("" if queued else "-trips")
+        rec["runs"].append({"solver": label, "queued": res.queued, "seconds": seconds, "iterations": res.iterations,
                             "converged": res.converged, "declined": res.declined, "redone": res.redone,
                             "restarts": res.restarts, "energies": res.eigenvalues.tolist(),
                             "dense_share": share, "per_iteration": per, "per_iteration_per_rank": per_rank})
@@ -81,7 +75,6 @@ def run_case(name, comm, args, log):
             f"declined {res.declined}, redone {res.redone}, {res.eigenvalues[:3]}; per rank dense / spmm ms "
             f"{[(round(p.get('dense', 0) * 1e3, 3), round(p.get('spmm', 0) * 1e3, 3)) for p in per_rank]}")
     solver.OVERLAP = True
-    gpu_rayleigh_ritz.EIGENSOLVER = routes[0]
     return rec
 
 
@@ -138,13 +131,7 @@ def main(argv=None):
     ap.add_argument("--compare-trips", action="store_true", help="also run each case waiting at every host trip")
     ap.add_argument("--repeats", type=int, default=1, help="queued runs per case (the spread shows in the JSON)")
     ap.add_argument("--profile", action="store_true", help="profile the first queued run's host time (cProfile)")
-    ap.add_argument("--eigensolvers", default=gpu_rayleigh_ritz.EIGENSOLVER,
-                    help="Rayleigh-Ritz eigensolver routes to alternate, comma list of warp, syevj "
-                         "(cisolver.gpu_rayleigh_ritz.EIGENSOLVER)")
     args = ap.parse_args(argv)
-    unknown = set(args.eigensolvers.split(",")) - {"warp", "syevj"}
-    if unknown:
-        ap.error(f"--eigensolvers: unknown route(s) {sorted(unknown)}; choose from warp, syevj")
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     bad = [c for c in cases if c not in CASES]
     if bad:

@@ -1,6 +1,5 @@
 """GPU time of the small symmetric eigensolve in LOBPCG's Rayleigh-Ritz step (k x k, k = 24, batch of one):
-cisolver.gpu_jacobi's one-warp Jacobi kernel (what cisolver.gpu_rayleigh_ritz calls), cuSOLVER's syevjBatched
-(its other route) and cusolverDnXsyevBatched (CUDA 12.6+,
+cuSOLVER's syevjBatched (what cisolver.gpu_rayleigh_ritz calls) against cusolverDnXsyevBatched (CUDA 12.6+,
 not wrapped by CuPy: called through ctypes on the libcusolver CuPy has loaded), on a dense random matrix and
 on a LOBPCG-like one (Ritz values on the leading diagonal, small coupling). GPU time from events around
 calls queued behind a spin kernel; host time per call separately; accuracy as max |A v - w v| / max |w|.
@@ -121,29 +120,21 @@ def syevj_batched(k, tol=None):
     return call
 
 
-def warp_jacobi(k):
-    """cisolver.gpu_jacobi's one-warp Jacobi kernel (its default tolerance)."""
-    from cisolver import gpu_jacobi
-    info = cp.empty(1, dtype=np.int32)
-    return lambda a, w: gpu_jacobi.eigh_in_place(cp, a, w, info)
-
-
 def real_matrices(path, record):
-    """LOBPCG's own Rayleigh-Ritz matrices A (saved from CPU runs): the warp kernel's and syevj's time (per
-    tolerance), median over the matrices, with the worst eigenpair residual and eigenvalue error."""
+    """LOBPCG's own Rayleigh-Ritz matrices A (saved from CPU runs): syevj's time per tolerance, median
+    over the matrices, with the worst eigenpair residual and eigenvalue error."""
     mats = np.load(path)
     k = mats.shape[1]
-    for name, tol in (("warpJacobi", None), ("syevjBatched", None), ("syevjBatched", 1e-14),
-                      ("syevjBatched", 1e-12), ("syevjBatched", 1e-10)):
-        fn = warp_jacobi(k) if name == "warpJacobi" else syevj_batched(k, tol)
+    for tol in (None, 1e-14, 1e-12, 1e-10):
+        fn = syevj_batched(k, tol)
         rows = [gpu_time(fn, cp.asarray(m), reps=10) for m in mats]
         errs = [float(np.abs(r[3] - np.linalg.eigvalsh(m)).max() / np.abs(r[3]).max()) for r, m in zip(rows, mats)]
-        entry = {"solver": name, "tolerance": tol, "matrices": len(mats),
+        entry = {"solver": "syevjBatched", "tolerance": tol, "matrices": len(mats),
                  "gpu_us_median": 1e6 * float(np.median([r[0] for r in rows])),
                  "gpu_us_max": 1e6 * float(max(r[0] for r in rows)),
                  "residual_max": max(r[2] for r in rows), "eigenvalue_error_max": max(errs)}
         record["real"].append(entry)
-        print(f"real A ({len(mats)}), {name} tol {tol}: GPU median {entry['gpu_us_median']:.1f} us "
+        print(f"real A ({len(mats)}), syevj tol {tol}: GPU median {entry['gpu_us_median']:.1f} us "
               f"(max {entry['gpu_us_max']:.1f}), residual <= {entry['residual_max']:.1e}, "
               f"eigenvalues <= {entry['eigenvalue_error_max']:.1e} relative")
 
@@ -195,7 +186,7 @@ def main():
     record = {"k": k, "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "runs": [], "real": []}
     if args.matrices:
         real_matrices(args.matrices, record)
-    for name, make in (("warpJacobi", warp_jacobi), ("syevjBatched", syevj_batched), ("XsyevBatched", XsyevBatched)):
+    for name, make in (("syevjBatched", syevj_batched), ("XsyevBatched", XsyevBatched)):
         try:
             fn = make(k)
         except Exception as exc:               # an older cuSOLVER has no XsyevBatched: a result, not a crash

@@ -6,9 +6,8 @@ iteration at 47V's and 48Cr's sizes on an H200). Here the same steps run where t
 
     prepare (one thread block): the Grams mirrored, S^T S Jacobi-scaled and factored (Cholesky), R^{-1},
         A = R^{-T} (S^T H S, scaled) R^{-1}
-    A's eigenpairs, ascending: cuSOLVER's batched Jacobi eigensolver (syevjBatched on a batch of one, called
-        directly: through cupy.linalg.eigh it cost 60-100 us of host time per call); with EIGENSOLVER = "warp"
-        cisolver.gpu_jacobi's one-warp Jacobi kernel instead (slower: 188 against 117 us, session 13)
+    cuSOLVER's batched Jacobi eigensolver (syevjBatched on a batch of one, called directly: through
+        cupy.linalg.eigh it cost 60-100 us of host time per call): A's eigenpairs, ascending
     finish (one thread block): C = D R^{-1} Y[:, :b], the next P's coefficients Z (dense.next_p_coefficients),
         [C Z] in the blocks' precision for the update kernel, theta, and a small summary for the host
 
@@ -25,10 +24,14 @@ One-block Jacobi kernels in place of cuSOLVER were tried twice and are not used:
   needs itself, A double-buffered, one barrier a round, stopping at the first round whose off-diagonal is
   below 4 eps ||A||_F: 215 us on 62 of LOBPCG's own 24 x 24 matrices against 178 us for this module's whole
   step (134 rounds at about 1.3 us each).
+One-warp Jacobi with no barrier and no shared memory was tried in session 13 (commit 8db2f38, removed after):
+lane i holding rows i of A and of the eigenvectors in registers, Brent and Luk's circle ordering so that the
+register indices stay static. Correct (residuals 1e-15, 6-7 sweeps) but 188 us against syevj's 117 on those
+62 matrices: about 1.25 us a round, its shuffles and the division and square-root chain of each rotation.
 """
 import numpy as np
 
-from . import cuda_modules, gpu_jacobi
+from . import cuda_modules
 from .arrays import Later, is_device
 
 KMAX = 32          # columns of S: cuSOLVER's batched Jacobi eigensolver takes matrices up to 32 x 32
@@ -39,7 +42,6 @@ KMAX = 32          # columns of S: cuSOLVER's batched Jacobi eigensolver takes m
 SINGULAR_RATIO = 1e-6
 EIG_RESIDUAL = 1e-10   # |A y - w y| / max |w| of an eigenpair beyond which the eigensolve is taken as failed
 THREADS = 256
-EIGENSOLVER = "syevj"  # or "warp": cisolver.gpu_jacobi, slower (session 13: 188 against 117 us on LOBPCG's matrices)
 
 _SOURCE = r"""
 // both: the two Grams (at least their lower triangles, in double), element (i, j) of Gram p at
@@ -248,10 +250,7 @@ def queue(both, b, dtype):
     mod.get_function("rr_prepare")((1,), (THREADS,), (
         both, np.int64(both.strides[0] // item), np.int64(both.strides[1] // item), np.int64(both.strides[2] // item),
         np.int32(k), np.float64(SINGULAR_RATIO), a, a0, rinv, o, d, flag))
-    if EIGENSOLVER == "warp":
-        gpu_jacobi.eigh_in_place(cupy, a, w, eig_info)
-    else:
-        _eigh_in_place(cupy, a, w, eig_info)
+    _eigh_in_place(cupy, a, w, eig_info)
     m = cupy.empty((k, 2 * b), dtype=dtype)
     theta = cupy.empty(b, dtype=np.float64)
     info = cupy.empty(2 * b + 2, dtype=np.float64)
