@@ -141,20 +141,24 @@ def residual_into(r, hx, x, theta, later=False):
     return _residual_gpu(r, hx, x, theta, later)
 
 
-def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False):
+def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False, r_copy=None):
     """LOBPCG's end of iteration: x_next <- s m, hx_next <- hs m (m is k x 2b: new X and P, H X and H P),
-    then r <- hx_next[:, :b] - x_next[:, :b] diag(theta); returns r's column sums of squares (float64, host;
-    with ``later`` an arrays.Later or Ready of them, the host not waiting for the GPU).
+    then r <- hx_next[:, :b] - x_next[:, :b] diag(theta), and into ``r_copy`` too when given (the next
+    basis's W columns: cisolver.iterations); returns r's column sums of squares (float64, host; with
+    ``later`` an arrays.Later or Ready of them, the host not waiting for the GPU).
     On a GPU one kernel does all of it (cisolver.row_kernels), elsewhere product_into_both and residual_into."""
     b = r.shape[1]
     if is_device(r):
         _check(x_next, s, m)
         _check(hx_next, hs, m)
-        sums = row_kernels.update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=later)
+        sums = row_kernels.update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=later, r_copy=r_copy)
         if sums is not None:
             return sums
     product_into_both(x_next, s, hx_next, hs, m)
-    return residual_into(r, hx_next[:, :b], x_next[:, :b], theta, later)
+    sums = residual_into(r, hx_next[:, :b], x_next[:, :b], theta, later)
+    if r_copy is not None:
+        r_copy[...] = r
+    return sums
 
 
 def _host_product(pairs, m, beta):

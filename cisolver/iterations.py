@@ -82,6 +82,7 @@ class Iterations:
         self.history, self.it = [], 0
         self.restarts = self.second_passes = self.declined = self.redone = 0
         self.open_rr = None       # a GPU Rayleigh-Ritz step whose summary is not read yet: (queued, sums, k, n_p, n_w)
+        self.w_holds_r = False    # s[:, 2b:] holds R (the queued update wrote it there): no copy when W = R fits
 
     def run(self, maxiter):
         b = self.b
@@ -140,10 +141,15 @@ class Iterations:
                 self._rayleigh_ritz_and_update(k, n_p, n_w, grams)
                 continue
             with self.timer.phase("dense", "update"):
+                # R also into the next basis's W columns, where the next orthonormalisation wants it when
+                # nothing moves (all P usable, all columns active, no preconditioner): the staged kernel writes
+                # it beside R, which saves the copy (12 us a rank at 47V, H200)
                 sums = update_with_residual(self.s_next[:, :2 * b], self.s[:, :k], self.hs_next[:, :2 * b],
-                                            self.hs[:, :k], rr.m, self.r, rr.theta, later=True)
+                                            self.hs[:, :k], rr.m, self.r, rr.theta, later=True,
+                                            r_copy=self.s_next[:, 2 * b:] if self.precond is None else None)
             self.open_rr = (rr, sums, k, n_p, n_w)
             self._swap()
+            self.w_holds_r = self.precond is None
         if self.open_rr is not None:
             self._settle()
 
@@ -170,10 +176,13 @@ class Iterations:
         s, hs, b = self.s, self.hs, self.b
         with self.timer.phase("dense", "orthonormalise"):
             n_p = len(p_cols)
+            in_place = self.w_holds_r and w is self.r and n_p == b      # the update wrote W = R there already
+            self.w_holds_r = False
             if n_p and not np.array_equal(p_cols, np.arange(n_p)):
                 s[:, b:b + n_p], hs[:, b:b + n_p] = s[:, b + p_cols], hs[:, b + p_cols]
             k = b + n_p + n_w
-            s[:, b + n_p:k] = w
+            if not in_place:
+                s[:, b + n_p:k] = w
             if self.overlap:
                 return n_p, k, Later(gpu_ortho.first_pass(s[:, :k], hs[:, :k], b, n_p, context=self.context,
                                                           comm=self.comm), self._agreed)

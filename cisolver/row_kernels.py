@@ -1,4 +1,10 @@
-"""GPU kernels for LOBPCG's block updates: a tall row-major block times a small matrix, one thread per row.
+"""GPU kernels for LOBPCG's block updates: a tall row-major block times a small matrix.
+
+float64 rows of whole 16-byte vectors take the staged kernel (STAGED): a thread block copies tiles of
+STAGE_ROWS rows into shared memory with cp.async, the next tile's copies in flight while two threads a row
+multiply this one. Against the thread-per-row kernels below it took the end of iteration from 115 to 77 us
+and S <- S m from 45 to 30 us at 47V's 242 k rows a GPU (H200, session 13). The rest of this docstring is
+about the thread-per-row kernels, which take float32 blocks and rows the staged kernel does not.
 
 Each thread reads its row of the input (16-byte vector loads where the row allows), multiplies it by the
 small matrix staged in shared memory (read by all threads of a warp at once: a broadcast) into QMAX
@@ -30,8 +36,19 @@ BLOCKS_PER_SM = 4
 # (Nsight Compute, 242 k rows, float64, H200: latency-bound; benchmarks/profile_iteration_kernels.py)
 MIN_BLOCKS = 2
 ENABLED = True                     # False: every caller takes its cuBLAS route (benchmarks compare the two)
-# LOBPCG's end of iteration on float64 blocks longer than this takes cuBLAS: at 48Cr's size (1.96e6 rows,
-# H200) its gemms did both updates in 481 us against the row kernel's 843 (float32: 361 against 238; 24Mg's
+# The staged kernels: a block copies tiles of STAGE_ROWS rows of its inputs into shared memory with cp.async
+# (16-byte copies, coalesced, the next tile in flight while this one is multiplied) and two threads share a
+# row, each with half of the output columns. The thread-per-row kernels above load their rows themselves
+# and wait for every chunk: latency-bound at 22-31 % of the warps and a quarter of the H200's bandwidth
+# (session 12). They cover rows whose every input is whole 16-byte vectors (p a multiple of VEC, aligned);
+# STAGED False: the thread-per-row kernels everywhere (benchmarks compare the two)
+STAGED = True
+STAGE_ROWS = 48                    # H200, 242 k float64 rows: end of iteration 78.0 / 76.8 / 74.3 us at 16 / 32 / 48
+STAGED_SHARED = 200 << 10          # bytes of shared memory a multiprocessor gives the staged blocks (H100/H200: 228 K)
+# LOBPCG's end of iteration on float64 blocks longer than this takes cuBLAS where the thread-per-row kernel would
+# take it; the staged kernel takes any length (47V's 484 k rows, H200: 133 against cuBLAS's 164 us, session 13
+# run4). At 48Cr's size (1.96e6 rows, H200) cuBLAS's gemms did both updates in 481 us against the thread-per-row
+# kernel's 843 (float32: 361 against 238; 24Mg's
 # 28503 rows: row kernel ahead in both precisions, its one launch costing less host time). A product of one
 # block (the orthonormalisation's in-place updates) takes the row kernel at any length: cuBLAS needs a
 # scratch block and a copy back there (47V, 484 k rows: 48 against 76 us for H P, 94 against 98 for S)
@@ -176,22 +193,184 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) update_residual(
         partials[(long long) blockIdx.x * b + threadIdx.x] = total;
     }
 }
+
+// ---- staged kernels: tiles of STAGE_ROWS rows through shared memory, two threads per row ----
+__device__ __forceinline__ unsigned shared_address(const void* p)
+{
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// rows [r0, r0 + rows) of src (p columns, a multiple of VEC, rows 16-byte aligned) into dst (row stride kp),
+// as 16-byte asynchronous copies spread over the block's threads: consecutive threads, consecutive vectors
+__device__ __forceinline__ void stage_tile(const T* src, long long ld, long long r0, int rows, int p, int kp, T* dst)
+{
+    const int per_row = p / VEC;
+    for (int e = threadIdx.x; e < rows * per_row; e += blockDim.x) {
+        const int r = e / per_row, c = (e % per_row) * VEC;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(shared_address(dst + r * kp + c)),
+                     "l"(src + (r0 + r) * ld + c));
+    }
+    asm volatile("cp.async.commit_group;");
+}
+
+// acc <- row (p entries in shared memory, 16-byte aligned, p a multiple of VEC) times columns [0, QH) of ms
+// (p rows of QMAX, shared)
+template <int QH, int QMAX>
+__device__ __forceinline__ void shared_row_product(const T* row, int p, const T* ms, T (&acc)[QH])
+{
+    #pragma unroll
+    for (int c = 0; c < QH; ++c) acc[c] = (T) 0;
+    #pragma unroll 4
+    for (int j = 0; j < p; j += VEC) {
+        Vec u;
+        u.v = *reinterpret_cast<const VT*>(row + j);
+        #pragma unroll
+        for (int t = 0; t < VEC; ++t) {
+            #pragma unroll
+            for (int c = 0; c < QH; ++c) acc[c] += u.e[t] * ms[(j + t) * QMAX + c];
+        }
+    }
+}
+
+// xn <- s m (q columns) and, with UPDATE, hn <- hs m, r <- hn[:, :b] - xn[:, :b] theta (and into w too, unless
+// null) and per thread block the column sums of r^2 in double (partials, gridDim.x x b), as update_residual.
+// Thread t takes row t / 2 of each tile and output columns [h QH, h QH + QH), h = t % 2 (so the residual's
+// b <= QH columns are h = 0's).
+template <int QMAX, bool UPDATE>
+__global__ void __launch_bounds__(2 * STAGE_ROWS) staged_rows(
+        const T* s, long long lds, const T* hs, long long ldh, T* xn, long long ldx, T* hn, long long ldhn,
+        const T* m, int p, int q, const double* theta, int b, T* r, long long ldr, T* w, long long ldw, long long n,
+        int vec_out, double* partials)
+{
+    constexpr int QH = QMAX / 2, SOURCES = UPDATE ? 2 : 1;
+    extern __shared__ __align__(16) unsigned char staged[];
+    const int kp = ((p / VEC) | 1) * VEC;      // an odd number of vectors a row: 16-byte reads without conflicts
+    T* ms = reinterpret_cast<T*>(staged);
+    T* tiles = ms + ((p * QMAX * (int) sizeof(T) + 15) / 16) * 16 / (int) sizeof(T);
+    const int tile_elems = SOURCES * STAGE_ROWS * kp;
+    stage<QMAX>(m, p, q, ms);
+    const int row = threadIdx.x / 2, h = threadIdx.x % 2, c0 = h * QH;
+    T th[QH];
+    double sq[QH];
+    #pragma unroll
+    for (int c = 0; c < QH; ++c) {
+        th[c] = UPDATE && h == 0 && c < b ? (T) theta[c] : (T) 0;
+        sq[c] = 0.0;
+    }
+    const long long step = (long long) gridDim.x * STAGE_ROWS;
+    long long r0 = (long long) blockIdx.x * STAGE_ROWS;
+    int buf = 0;
+    if (r0 < n) {
+        const int rows = n - r0 < STAGE_ROWS ? (int) (n - r0) : STAGE_ROWS;
+        stage_tile(s, lds, r0, rows, p, kp, tiles);
+        if (UPDATE) stage_tile(hs, ldh, r0, rows, p, kp, tiles + STAGE_ROWS * kp);
+    }
+    for (; r0 < n; r0 += step, buf ^= 1) {
+        const int rows = n - r0 < STAGE_ROWS ? (int) (n - r0) : STAGE_ROWS;
+        const long long next = r0 + step;
+        if (next < n) {                                        // the next tile's copies, in flight meanwhile
+            const int next_rows = n - next < STAGE_ROWS ? (int) (n - next) : STAGE_ROWS;
+            T* dst = tiles + (buf ^ 1) * tile_elems;
+            stage_tile(s, lds, next, next_rows, p, kp, dst);
+            if (UPDATE) stage_tile(hs, ldh, next, next_rows, p, kp, dst + STAGE_ROWS * kp);
+            asm volatile("cp.async.wait_group %0;" :: "n"(UPDATE ? 2 : 1));     // this tile's have landed
+        } else {
+            asm volatile("cp.async.wait_group 0;");
+        }
+        __syncthreads();
+        if (row < rows && c0 < q) {
+            const T* tile = tiles + buf * tile_elems;
+            const long long i = r0 + row;
+            T x[QH];
+            shared_row_product<QH, QMAX>(tile + row * kp, p, ms + c0, x);
+            row_store<QH>(xn + i * ldx + c0, q - c0, vec_out & 1, x);
+            if (UPDATE) {
+                T hx[QH];
+                shared_row_product<QH, QMAX>(tile + (STAGE_ROWS + row) * kp, p, ms + c0, hx);
+                row_store<QH>(hn + i * ldhn + c0, q - c0, vec_out & 2, hx);
+                if (h == 0) {
+                    T res[QH];
+                    #pragma unroll
+                    for (int c = 0; c < QH; ++c) {
+                        res[c] = c < b ? hx[c] - x[c] * th[c] : (T) 0;
+                        sq[c] += (double) res[c] * (double) res[c];
+                    }
+                    row_store<QH>(r + i * ldr, b, vec_out & 4, res);
+                    if (w != nullptr) row_store<QH>(w + i * ldw, b, vec_out & 8, res);
+                }
+            }
+        }
+        __syncthreads();                                       // this buffer is free for the tile after next
+    }
+    if (UPDATE) {                                              // the sums of squares, in the tiles' room
+        double* sums = reinterpret_cast<double*>(tiles);
+        #pragma unroll
+        for (int c = 0; c < QH; ++c) sums[c * blockDim.x + threadIdx.x] = sq[c];
+        __syncthreads();
+        if (threadIdx.x < b) {
+            double total = 0.0;
+            for (int t = 0; t < blockDim.x; t += 2) total += sums[threadIdx.x * blockDim.x + t];
+            partials[(long long) blockIdx.x * b + threadIdx.x] = total;
+        }
+    }
+}
 """
 def _module(cupy, dtype):
     names = [f"{kernel}<{q}>" for kernel in ("rows_times_small", "update_residual") for q in QMAX_CHOICES]
-    return cuda_modules.module(cupy, dtype, _SOURCE, {"MIN_BLOCKS": MIN_BLOCKS}, name_expressions=names)
+    names += [f"staged_rows<{q}, {flag}>" for q in QMAX_CHOICES for flag in ("false", "true")]
+    return cuda_modules.module(cupy, dtype, _SOURCE, {"MIN_BLOCKS": MIN_BLOCKS, "STAGE_ROWS": STAGE_ROWS},
+                               name_expressions=names)
+
+
+def _staged_fits(inputs, p, q):
+    """The staged kernels take these inputs: float64, every row whole 16-byte vectors, 16-byte aligned, their
+    buffers within CUDA's default 48 KB of dynamic shared memory. Float32 blocks keep the thread-per-row
+    kernels: at 48Cr's size (1.96 M rows, H200) those ran S <- S m at 3.2 TB/s, the staged kernel 7 % slower
+    (session 13, run4)."""
+    vec = 16 // inputs[0].itemsize
+    qmax = _qmax(q)
+    return (STAGED and inputs[0].dtype == np.float64 and p % vec == 0 and qmax is not None
+            and _staged_shared(p, qmax, inputs[0].itemsize, len(inputs)) <= 48 << 10
+            and all(aligned_rows(x) for x in inputs))
+
+
+def _staged_shared(p, qmax, itemsize, sources):
+    vec = 16 // itemsize
+    kp = ((p // vec) | 1) * vec
+    staged = -(-p * qmax * itemsize // 16) * 16
+    tiles = 2 * sources * STAGE_ROWS * kp * itemsize
+    sums = 8 * (qmax // 2) * 2 * STAGE_ROWS if sources == 2 else 0
+    return staged + max(tiles, sums)
+
+
+def _copy_target(r_copy, r):
+    """r_copy when the staged kernel can write it beside r (same shape and dtype, row-major, same device)."""
+    if (r_copy is None or r_copy.shape != r.shape or r_copy.dtype != r.dtype or not row_major(r_copy)
+            or r_copy.device.id != r.device.id):
+        return None
+    return r_copy
+
+
+def _staged_grid(cupy, n, shared):
+    """Blocks for n rows: as many a multiprocessor as STAGED_SHARED bytes of shared memory hold (16 at most)."""
+    from hybridblas.devices.cuda_skinny import multiprocessors
+    per_sm = max(1, min(16, STAGED_SHARED // shared))
+    return max(1, min(per_sm * multiprocessors(cupy), -(-n // STAGE_ROWS)))
 
 
 def _qmax(q):
     return next((c for c in QMAX_CHOICES if q <= c), None)
 
 
-def _fits(blocks, p, q, long_double=False):
-    """The kernels cover these blocks; float64 blocks beyond DOUBLE_ROWS_LIMIT rows only with ``long_double``."""
+def _fits(blocks, p, q, long_double=False, staged=False):
+    """The kernels cover these blocks; float64 blocks beyond DOUBLE_ROWS_LIMIT rows only with ``long_double``
+    or for the staged kernels."""
     x0 = blocks[0]
     qmax = _qmax(q)
     return (ENABLED and type(x0).__module__.startswith("cupy") and x0.dtype in (np.float32, np.float64)
-            and (x0.dtype == np.float32 or long_double or x0.shape[0] <= DOUBLE_ROWS_LIMIT)
+            and (x0.dtype == np.float32 or long_double or staged or x0.shape[0] <= DOUBLE_ROWS_LIMIT)
             and qmax is not None and p * qmax * x0.dtype.itemsize <= SHARED_LIMIT
             and all(x.dtype == x0.dtype and x.device.id == x0.device.id and row_major(x) for x in blocks))
 
@@ -204,16 +383,28 @@ def _grid(cupy, n):
 def product(out, a, m, long_double=True):
     """out <- a @ m on the caller's stream (``m`` a small host or device matrix); ``out`` may be a column
     range of ``a`` over the same rows. False (nothing done) when the kernel does not cover these blocks
-    (with ``long_double`` False: nor float64 blocks beyond DOUBLE_ROWS_LIMIT rows)."""
+    (with ``long_double`` False: nor float64 blocks beyond DOUBLE_ROWS_LIMIT rows that the staged kernel does
+    not take)."""
     import cupy
     n, q = out.shape
     p = a.shape[1]
-    if not _fits([out, a], p, q, long_double) or m.shape != (p, q) or a.shape[0] != n:
+    use_staged = type(a).__module__.startswith("cupy") and _staged_fits([a], p, q)
+    if not _fits([out, a], p, q, long_double, staged=use_staged) or m.shape != (p, q) or a.shape[0] != n:
         return False
     if n == 0 or q == 0:
         return True
     qmax = _qmax(q)
     m_dev = small_on_device(m, out.dtype)
+    if use_staged:
+        kernel = _module(cupy, out.dtype).get_function(f"staged_rows<{qmax}, false>")
+        none = np.uint64(0)
+        shared = _staged_shared(p, qmax, out.dtype.itemsize, 1)
+        kernel((_staged_grid(cupy, n, shared),), (2 * STAGE_ROWS,),
+               (a, np.int64(row_stride(a)), none, np.int64(0), out, np.int64(row_stride(out)), none, np.int64(0),
+                m_dev, np.int32(p), np.int32(q), none, np.int32(0), none, np.int64(0), none, np.int64(0), np.int64(n),
+                np.int32(aligned_rows(out)), none),
+               shared_mem=shared)
+        return True
     kernel = _module(cupy, out.dtype).get_function(f"rows_times_small<{qmax}>")
     kernel((_grid(cupy, n),), (THREADS,),
            (a, np.int64(row_stride(a)), out, np.int64(row_stride(out)), m_dev, np.int32(p), np.int32(q), np.int64(n),
@@ -222,16 +413,18 @@ def product(out, a, m, long_double=True):
     return True
 
 
-def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False):
+def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False, r_copy=None):
     """x_next <- s m, hx_next <- hs m (m is k x 2b), r <- hx_next[:, :b] - x_next[:, :b] diag(theta); returns
     the column sums of squares of r (float64 host array; with ``later`` an arrays.Later of it, the host not
-    waiting for the GPU), or None when the kernel does not cover these blocks (nothing done)."""
+    waiting for the GPU), or None when the kernel does not cover these blocks (nothing done). ``r_copy`` (like
+    r, or None) receives r too: from the staged kernel beside r where it can, else by a copy after."""
     import cupy
     n, q = x_next.shape
     p = s.shape[1]
     b = r.shape[1]
     blocks = [x_next, s, hx_next, hs, r]
-    if (not _fits(blocks, p, q) or q != 2 * b or m.shape != (p, q) or hs.shape != s.shape
+    use_staged = all(type(x).__module__.startswith("cupy") for x in (s, hs)) and _staged_fits([s, hs], p, q)
+    if (not _fits(blocks, p, q, staged=use_staged) or q != 2 * b or m.shape != (p, q) or hs.shape != s.shape
             or hx_next.shape != x_next.shape or r.shape[0] != n or s.shape[0] != n):
         return None
     if n == 0 or b == 0:
@@ -243,6 +436,23 @@ def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False):
         return None
     m_dev = small_on_device(m, r.dtype)
     theta_dev = cupy.asarray(theta, dtype=np.float64)      # a host vector, or already on the GPU
+    if use_staged:
+        shared = _staged_shared(p, qmax, r.dtype.itemsize, 2)
+        grid = _staged_grid(cupy, n, shared)
+        partials = cupy.empty((grid, b), dtype=np.float64)
+        copy = _copy_target(r_copy, r)
+        outs = (x_next, hx_next, r) + ((copy,) if copy is not None else ())
+        vec = sum(bit << i for i, bit in enumerate(aligned_rows(x) for x in outs))
+        kernel = _module(cupy, r.dtype).get_function(f"staged_rows<{qmax}, true>")
+        kernel((grid,), (2 * STAGE_ROWS,),
+               (s, np.int64(row_stride(s)), hs, np.int64(row_stride(hs)), x_next, np.int64(row_stride(x_next)),
+                hx_next, np.int64(row_stride(hx_next)), m_dev, np.int32(p), np.int32(q), theta_dev, np.int32(b),
+                r, np.int64(row_stride(r)), copy if copy is not None else np.uint64(0),
+                np.int64(row_stride(copy) if copy is not None else 0), np.int64(n), np.int32(vec), partials),
+               shared_mem=shared)
+        if r_copy is not None and copy is None:
+            r_copy[...] = r
+        return column_totals(partials, later)
     grid = _grid(cupy, n)
     partials = cupy.empty((grid, b), dtype=np.float64)
     vec = sum(bit << i for i, bit in enumerate(aligned_rows(x) for x in (s, hs, x_next, hx_next, r)))
@@ -252,4 +462,6 @@ def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False):
             hx_next, np.int64(row_stride(hx_next)), m_dev, np.int32(p), np.int32(q), theta_dev, np.int32(b),
             r, np.int64(row_stride(r)), np.int64(n), np.int32(vec), partials),
            shared_mem=shared)
+    if r_copy is not None:
+        r_copy[...] = r
     return column_totals(partials, later)

@@ -125,3 +125,26 @@ def test_lobpcg_with_row_pieces_matches_one_thread(dtype, rng, monkeypatch):
     np.testing.assert_allclose(three.eigenvalues, exact, rtol=0, atol=tol * np.abs(exact).max())
     np.testing.assert_allclose(three.eigenvalues, one.eigenvalues, rtol=0, atol=tol * np.abs(exact).max())
     assert abs(three.iterations - one.iterations) <= 2
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_end_of_iteration_with_a_copy_of_r(dtype, rng):
+    """blocks.update_with_residual on host blocks: new X, P, H X, H P, R against float64 products, and R's
+    copy (the next basis's W columns) equal to R, the columns beside it untouched."""
+    rows, b = 3001, 4
+    s = rng.standard_normal((rows, 3 * b)).astype(dtype)
+    hs = rng.standard_normal((rows, 3 * b)).astype(dtype)
+    m = rng.standard_normal((3 * b, 2 * b))
+    theta = rng.standard_normal(b)
+    x_next, hx_next = np.full_like(s, np.nan), np.full_like(s, np.nan)
+    r = np.full((rows, b), np.nan, dtype=dtype)
+    sq = blocks.update_with_residual(x_next[:, :2 * b], s, hx_next[:, :2 * b], hs, m, r, theta,
+                                     r_copy=x_next[:, 2 * b:])
+    x64, hx64 = s.astype(np.float64) @ m, hs.astype(np.float64) @ m
+    tol = 64 * np.finfo(dtype).eps * np.abs(m).sum(axis=0).max() * 4
+    np.testing.assert_allclose(x_next[:, :2 * b], x64, rtol=0, atol=tol)
+    np.testing.assert_allclose(hx_next[:, :2 * b], hx64, rtol=0, atol=tol)
+    np.testing.assert_allclose(r, hx64[:, :b] - x64[:, :b] * theta, rtol=0, atol=4 * tol)
+    np.testing.assert_array_equal(x_next[:, 2 * b:], r)
+    assert np.isnan(hx_next[:, 2 * b:]).all()
+    np.testing.assert_allclose(sq, (r.astype(np.float64) ** 2).sum(axis=0), rtol=1e-4 if dtype == np.float32 else 1e-12)

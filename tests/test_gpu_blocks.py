@@ -67,14 +67,17 @@ def test_residual_on_gpu_matches_numpy(dtype, rows, order, rng):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rows", [0, 1, 255, 100_003])
-@pytest.mark.parametrize("b, k", [(8, 24), (8, 21), (5, 13)])
-def test_update_with_residual_on_gpu_matches_numpy(dtype, rows, b, k, rng):
+@pytest.mark.parametrize("b, k", [(8, 24), (8, 21), (5, 13), (4, 12)])
+@pytest.mark.parametrize("staged", [True, False])
+def test_update_with_residual_on_gpu_matches_numpy(dtype, rows, b, k, staged, rng, monkeypatch):
     """The end-of-iteration kernel (new X, P, H X, H P, residual and its norms in one launch) against
     numpy: full and partial bases (k odd: no vector loads), b = 5 (rows of 5: no vector stores), poisoned
-    outputs, columns beyond the outputs untouched, bit-reproducible sums."""
+    outputs, columns beyond the outputs untouched, bit-reproducible sums; staged (cp.async tiles, b = 8 and
+    4 with k = 3b) and thread-per-row kernels."""
     import cupy
     from cisolver import row_kernels
     from cisolver.blocks import update_with_residual
+    monkeypatch.setattr(row_kernels, "STAGED", staged)
     s = rng.standard_normal((rows, 3 * b)).astype(dtype)
     hs = rng.standard_normal((rows, 3 * b)).astype(dtype)
     m = rng.standard_normal((k, 2 * b))
@@ -89,7 +92,11 @@ def test_update_with_residual_on_gpu_matches_numpy(dtype, rows, b, k, rng):
     took = row_kernels.update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d,
                                             theta) is not None
     assert took or rows == 0                                                      # the kernel took it
-    sq_d = update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d, theta)
+    w_d = cupy.full((rows, b + 2), np.nan, dtype=dtype)                     # R's copy into a column range
+    sq_d = update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d, theta,
+                                r_copy=w_d[:, 2:])
+    np.testing.assert_array_equal(w_d[:, 2:].get(), r_d.get())
+    assert np.isnan(w_d[:, :2].get()).all()
     scale = max(np.abs(m).sum(axis=0).max() * max(np.abs(s).max(initial=0), np.abs(hs).max(initial=0)), 1.0)
     tol = 32 * np.finfo(dtype).eps * scale
     for got, want in ((x_d, x_next), (hx_d, hx_next)):
@@ -132,14 +139,53 @@ def test_row_kernel_in_place_and_fallbacks(dtype, cols, rng):
     np.testing.assert_array_equal(got[:, untouched], host[:, untouched])
 
 
-def test_long_float64_blocks_take_cublas_at_the_end_of_iteration(rng, monkeypatch):
-    """Beyond DOUBLE_ROWS_LIMIT rows a float64 end of iteration goes to cuBLAS (faster there); float32 stays
-    on the kernel, and so does a product of one block (cuBLAS would need a scratch block and a copy back)."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [0, 1, 31, 33, 4099, 100_003])
+@pytest.mark.parametrize("p, q", [(24, 16), (24, 8), (16, 3), (32, 32), (8, 20), (12, 5)])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_staged_and_thread_per_row_products_match_numpy(dtype, rows, p, q, in_place, rng, monkeypatch):
+    """out <- a m by the staged kernel (float64; tiles of STAGE_ROWS rows through shared memory: edge tiles,
+    one row, an empty block) and by the thread-per-row kernel, against float64 numpy: aligned column ranges of
+    a wider buffer, in place over the same rows or into another buffer, poisoned outputs, other columns
+    untouched."""
+    import cupy
+    from cisolver import row_kernels
+    width = -(-(p + q + 8) // 4) * 4    # rows 16-byte aligned in both precisions
+    host = rng.standard_normal((rows, width)).astype(dtype)
+    host[:, p:] = np.nan
+    m = rng.standard_normal((p, q))
+    expected = host.astype(np.float64)
+    if in_place:                       # out: columns [p - (p % 8 or 8), ...) overlap a's last columns
+        o0 = p - 8 if p >= 8 else 0
+        o1 = o0 + q
+    else:
+        o0, o1 = p + 4, p + 4 + q      # 16 bytes past a in both precisions
+    expected[:, o0:o1] = host[:, :p].astype(np.float64) @ m
+    tol = 32 * np.finfo(dtype).eps * max(np.abs(host[:, :p]).max(initial=0.0), 1.0) * np.abs(m).sum(axis=0).max()
+    for staged in (True, False):
+        monkeypatch.setattr(row_kernels, "STAGED", staged)
+        dev = cupy.asarray(host)
+        a, out = dev[:, :p], dev[:, o0:o1]
+        assert row_kernels._staged_fits([a], p, q) == (staged and dtype == np.float64)
+        assert row_kernels.product(out, a, m) or rows == 0      # an empty block: the caller's route
+        got = dev.get().astype(np.float64)
+        np.testing.assert_allclose(got[:, o0:o1], expected[:, o0:o1], rtol=0, atol=tol, err_msg=f"staged={staged}")
+        untouched = np.ones(width, dtype=bool)
+        untouched[o0:o1] = False
+        np.testing.assert_array_equal(got[:, untouched], expected[:, untouched])
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_long_float64_blocks_take_cublas_at_the_end_of_iteration(staged, rng, monkeypatch):
+    """Beyond DOUBLE_ROWS_LIMIT rows a float64 end of iteration goes to cuBLAS where the thread-per-row kernel
+    would take it (cuBLAS is faster there), not where the staged kernel does; float32 stays on the kernel, and
+    so does a product of one block (cuBLAS would need a scratch block and a copy back)."""
     import cupy
     from cisolver import row_kernels
     from cisolver.blocks import update_with_residual
     monkeypatch.setattr(row_kernels, "DOUBLE_ROWS_LIMIT", 100)
-    for dtype, kernel in ((np.float64, False), (np.float32, True)):
+    monkeypatch.setattr(row_kernels, "STAGED", staged)
+    for dtype, kernel in ((np.float64, staged), (np.float32, True)):
         s = cupy.asarray(rng.standard_normal((255, 24)).astype(dtype))
         out = cupy.full((255, 16), np.nan, dtype=dtype)
         m = rng.standard_normal((24, 16))
