@@ -28,6 +28,15 @@ FETCH = 4                # loads per thread and block per tile: TILE * KMAX / TH
 THREADS = 256
 TOTAL_THREADS = 128      # per element of the Grams in the second kernel
 BLOCKS_PER_SM = 2        # the prefetched tile's registers leave room for two blocks of THREADS per SM
+# The staged kernel (rows whole 16-byte vectors): tiles copied by cp.async into STAGES buffers, STAGES - 1 of
+# them in flight; STAGED False: the register-prefetch kernel everywhere (benchmarks compare the two)
+STAGED = True
+STAGES = 3
+# float64 blocks the staged kernel takes up to this many rows: at 47V's 484 k rows (H200) both Grams in 116 us
+# against 120 for cuBLAS and 128 for hybridblas' gemmt and syrk, and 46 us of host time against 262 (run7); at
+# 48Cr's 1.96 M float32 rows cuBLAS stays ahead (407 against 428 us, run6), so ROWS_LIMIT holds there
+STAGED_DOUBLE_ROWS_LIMIT = 1 << 20
+STAGED_BLOCKS_PER_SM = 3   # session 13 run6, H200: both Grams 70.1 / 67.0 / 69.0 us at 2 / 3 / 4 (242 k rows, float64)
 
 _SOURCE = r"""
 // Tasks: a 4 x 4 tile of S^T H S (every tile, when has_hs) or of S^T S (tiles on or below the diagonal).
@@ -100,6 +109,28 @@ __device__ __forceinline__ void put(const Chunk (&reg)[FETCH], int rows, int kp,
     }
 }
 
+// The block's threads' 4 x 4 tiles (acc) summed over the phases in a fixed order into its partials (red: THREADS
+// * 16 doubles of shared memory, free when called)
+__device__ __forceinline__ void block_partials(const double (&acc)[4][4], double* red, int k, int nt4, int tasks0,
+                                               int tasks, int phases, double* partials)
+{
+    const int t = threadIdx.x, nt = blockDim.x;
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) red[t * 16 + i * 4 + j] = acc[i][j];
+    __syncthreads();
+    for (int e = t; e < tasks * 16; e += nt) {
+        const int tk = e / 16, x = e % 16;
+        double sum = 0.0;
+        for (int p = 0; p < phases; ++p) sum += red[(p * tasks + tk) * 16 + x];
+        int g, a, b;
+        task_tile(tk, nt4, tasks0, &g, &a, &b);
+        const int i = 4 * a + x / 4, j = 4 * b + x % 4;
+        if (i < k && j < k) partials[(long long) ((g * k + i) * k + j) * gridDim.x + blockIdx.x] = sum;
+    }
+}
+
 // partials: 2 x k x k rows of gridDim.x doubles, one per block (Gram 0 = S^T H S, Gram 1 = S^T S; S^T S only
 // on and below the diagonal); shared: 2 * TILE * kp elements of T and THREADS * 16 doubles (the larger of the two)
 extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM) gram_partials(const T* s, long long lds, const T* hs,
@@ -154,21 +185,97 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM) gram_partia
         }
     }
     __syncthreads();
-    double* red = reinterpret_cast<double*>(shared);
+    block_partials(acc, reinterpret_cast<double*>(shared), k, nt4, tasks0, tasks, phases, partials);
+}
+
+// gram_partials with the tiles copied by cp.async (16-byte copies, STAGES buffers: STAGES - 1 tiles in flight
+// while one is multiplied, no registers held for them). Rows of S and H S must be whole 16-byte vectors
+// (k a multiple of VEC, rows aligned); columns k..kp-1 of every buffer are zeroed once and never copied into.
+__device__ __forceinline__ unsigned shared_address(const void* p)
+{
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void copy_tile(const T* src, long long ld, long long r0, int rows, int k, int kp, T* dst)
+{
+    const int per_row = k / VEC;
+    for (int e = threadIdx.x; e < rows * per_row; e += blockDim.x) {
+        const int r = e / per_row, c = (e % per_row) * VEC;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(shared_address(dst + r * kp + c)),
+                     "l"(src + (r0 + r) * ld + c));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS) gram_partials_staged(const T* s, long long lds, const T* hs,
+        long long ldh, long long n, int k, double* partials)
+{
+    extern __shared__ __align__(16) unsigned char shared[];
+    const int t = threadIdx.x, nt = blockDim.x, nt4 = (k + 3) / 4, kp = 4 * nt4;
+    const int has_hs = hs != nullptr;
+    const int tasks0 = has_hs ? nt4 * nt4 : 0, tasks = tasks0 + nt4 * (nt4 + 1) / 2;
+    const int phases = nt / tasks, task = t % tasks, phase = t / tasks;
+    const bool active = phase < phases;
+    const int stage_elems = (has_hs ? 2 : 1) * TILE * kp;
+    T* buffers = reinterpret_cast<T*>(shared);
+    if (kp > k)                                                // the padding columns, zero for good
+        for (int e = t; e < STAGES * stage_elems; e += nt)
+            if (e % kp >= k) buffers[e] = (T) 0;
+    int gram = 1, ti = 0, tj = 0;
+    if (active) task_tile(task, nt4, tasks0, &gram, &ti, &tj);
+    double acc[4][4];
     #pragma unroll
     for (int i = 0; i < 4; ++i)
         #pragma unroll
-        for (int j = 0; j < 4; ++j) red[t * 16 + i * 4 + j] = acc[i][j];
-    __syncthreads();
-    for (int e = t; e < tasks * 16; e += nt) {
-        const int tk = e / 16, x = e % 16;
-        double sum = 0.0;
-        for (int p = 0; p < phases; ++p) sum += red[(p * tasks + tk) * 16 + x];
-        int g, a, b;
-        task_tile(tk, nt4, tasks0, &g, &a, &b);
-        const int i = 4 * a + x / 4, j = 4 * b + x % 4;
-        if (i < k && j < k) partials[(long long) ((g * k + i) * k + j) * gridDim.x + blockIdx.x] = sum;
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
+    const long long stride = (long long) gridDim.x * TILE, first = (long long) blockIdx.x * TILE;
+    // tile u of this block starts at row first + u * stride and lives in buffer u % STAGES
+    #pragma unroll
+    for (int u = 0; u < STAGES - 1; ++u) {                     // the first STAGES - 1 tiles
+        const long long r0 = first + u * stride;
+        if (r0 < n) {
+            const int rows = n - r0 < TILE ? (int) (n - r0) : TILE;
+            T* dst = buffers + u * stage_elems;
+            copy_tile(s, lds, r0, rows, k, kp, dst);
+            if (has_hs) copy_tile(hs, ldh, r0, rows, k, kp, dst + TILE * kp);
+        }
+        asm volatile("cp.async.commit_group;");                // a group a tile, empty ones included
     }
+    int u = 0;
+    for (long long r0 = first; r0 < n; r0 += stride, ++u) {
+        {                                                      // tile u + STAGES - 1 into the buffer freed last
+            const long long ahead = r0 + (STAGES - 1) * stride;
+            if (ahead < n) {
+                const int rows = n - ahead < TILE ? (int) (n - ahead) : TILE;
+                T* dst = buffers + ((u + STAGES - 1) % STAGES) * stage_elems;
+                copy_tile(s, lds, ahead, rows, k, kp, dst);
+                if (has_hs) copy_tile(hs, ldh, ahead, rows, k, kp, dst + TILE * kp);
+            }
+            asm volatile("cp.async.commit_group;");
+        }
+        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1));     // tile u has landed
+        __syncthreads();
+        const int rows = n - r0 < TILE ? (int) (n - r0) : TILE;
+        if (active) {
+            const T* ss = buffers + (u % STAGES) * stage_elems;
+            const T* left = ss + 4 * ti;
+            const T* right = (gram == 0 ? ss + TILE * kp : ss) + 4 * tj;
+            for (int r = phase; r < rows; r += phases) {
+                double x[4], y[4];
+                load4(left + r * kp, x);
+                load4(right + r * kp, y);
+                #pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    #pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * y[j];
+            }
+        }
+        __syncthreads();                                       // buffer u % STAGES is free for tile u + STAGES
+    }
+    asm volatile("cp.async.wait_group 0;");
+    __syncthreads();
+    block_partials(acc, reinterpret_cast<double*>(shared), k, nt4, tasks0, tasks, phases, partials);
 }
 
 // out (element (i, j) of Gram g at out[i * o0 + j * o1 + g * o2]) <- the sum of the blocks' partials: one
@@ -204,15 +311,28 @@ def fits(s, hs=None):
                                 and (row_major(hs) or hs.shape[0] == 0) and hs.device.id == s.device.id)))
 
 
+def _staged(s, hs):
+    """The staged kernel takes these (covered) blocks: rows of whole 16-byte vectors that fit its buffers."""
+    k = s.shape[1]
+    kp = 4 * -(-k // 4)
+    shared = max(STAGES * (2 if hs is not None else 1) * TILE * kp * s.itemsize, THREADS * 16 * 8)
+    return (STAGED and k % (16 // s.itemsize) == 0 and aligned_rows(s) and (hs is None or aligned_rows(hs))
+            and shared <= 48 << 10)              # CUDA's default limit of dynamic shared memory
+
+
 def preferred(s, hs=None):
-    """The kernels cover these blocks and are the faster way to their Grams (at most ROWS_LIMIT rows)."""
-    return fits(s, hs) and s.shape[0] <= ROWS_LIMIT
+    """The kernels cover these blocks and are the faster way to their Grams: at most ROWS_LIMIT rows, or
+    STAGED_DOUBLE_ROWS_LIMIT float64 rows for the staged kernel."""
+    if not fits(s, hs):
+        return False
+    limit = STAGED_DOUBLE_ROWS_LIMIT if s.dtype == np.float64 and _staged(s, hs) else ROWS_LIMIT
+    return s.shape[0] <= limit
 
 
 def _kernels(cupy, dtype):
     mod = cuda_modules.module(cupy, dtype, _SOURCE, {"TILE": TILE, "THREADS": THREADS, "TOTAL_THREADS": TOTAL_THREADS,
-                                                     "FETCH": FETCH, "BLOCKS_PER_SM": BLOCKS_PER_SM})
-    return mod.get_function("gram_partials"), mod.get_function("gram_total")
+                                                     "FETCH": FETCH, "BLOCKS_PER_SM": BLOCKS_PER_SM, "STAGES": STAGES})
+    return mod.get_function("gram_partials"), mod.get_function("gram_total"), mod.get_function("gram_partials_staged")
 
 
 def _vector_rows(x, k):
@@ -232,17 +352,25 @@ def grams(s, hs=None):
     out = cupy.zeros((k, k, 2), dtype=np.float64, order="F")
     if n == 0:
         return out
-    blocks = max(1, min(BLOCKS_PER_SM * multiprocessors(cupy), -(-n // TILE)))
-    partials = cupy.empty((2, k, k, blocks), dtype=np.float64)
     kp = 4 * -(-k // 4)
-    shared = max(2 * TILE * kp * s.itemsize, THREADS * 16 * 8)
-    vec = int(_vector_rows(s, k)) + 2 * int(hs is not None and _vector_rows(hs, k))
-    partial_kernel, total_kernel = _kernels(cupy, s.dtype)
-    partial_kernel((blocks,), (THREADS,),
-                   (s, np.int64(row_stride(s)), hs if hs is not None else np.uint64(0),
-                    np.int64(row_stride(hs) if hs is not None else 0), np.int64(n), np.int32(k), np.int32(vec),
-                    partials),
-                   shared_mem=shared)
+    staged = _staged(s, hs)
+    partial_kernel, total_kernel, staged_kernel = _kernels(cupy, s.dtype)
+    hs_arg = hs if hs is not None else np.uint64(0)
+    ldh = np.int64(row_stride(hs) if hs is not None else 0)
+    if staged:
+        blocks = max(1, min(STAGED_BLOCKS_PER_SM * multiprocessors(cupy), -(-n // TILE)))
+        partials = cupy.empty((2, k, k, blocks), dtype=np.float64)
+        shared = max(STAGES * (2 if hs is not None else 1) * TILE * kp * s.itemsize, THREADS * 16 * 8)
+        staged_kernel((blocks,), (THREADS,),
+                      (s, np.int64(row_stride(s)), hs_arg, ldh, np.int64(n), np.int32(k), partials), shared_mem=shared)
+    else:
+        blocks = max(1, min(BLOCKS_PER_SM * multiprocessors(cupy), -(-n // TILE)))
+        partials = cupy.empty((2, k, k, blocks), dtype=np.float64)
+        shared = max(2 * TILE * kp * s.itemsize, THREADS * 16 * 8)
+        vec = int(_vector_rows(s, k)) + 2 * int(hs is not None and _vector_rows(hs, k))
+        partial_kernel((blocks,), (THREADS,),
+                       (s, np.int64(row_stride(s)), hs_arg, ldh, np.int64(n), np.int32(k), np.int32(vec), partials),
+                       shared_mem=shared)
     total_kernel((2 * k * k,), (TOTAL_THREADS,),
                  (partials, np.int32(blocks), np.int32(k), np.int32(hs is not None), out, np.int64(1), np.int64(k),
                   np.int64(k * k)))

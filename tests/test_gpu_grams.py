@@ -31,7 +31,9 @@ def _buffers(rng, rows, k, dtype, width=None):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rows,k", [(0, 5), (1, 1), (5, 3), (63, 24), (64, 24), (65, 24), (3001, 16), (4099, 30),
                                     (2000, 32), (300001, 24), (777, 7)])
-def test_grams_equal_float64_products(dtype, rows, k, rng):
+@pytest.mark.parametrize("staged", [True, False])
+def test_grams_equal_float64_products(dtype, rows, k, staged, rng, monkeypatch):
+    monkeypatch.setattr(gpu_grams, "STAGED", staged)
     s, hs, s_dev, hs_dev = _buffers(rng, rows, k, dtype)
     _poison_pool()
     got = gpu_grams.grams(s_dev, hs_dev).get()
@@ -46,8 +48,11 @@ def test_grams_equal_float64_products(dtype, rows, k, rng):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rows,k,width", [(100003, 24, 24), (65, 24, 32), (5001, 16, 20), (4099, 32, 32), (7, 4, 4),
                                           (3001, 8, 24)])
-def test_grams_of_aligned_rows(dtype, rows, k, width, rng):
-    """Rows that start on 16-byte boundaries are staged by vector loads (the LOBPCG buffers' usual layout)."""
+@pytest.mark.parametrize("staged", [True, False])
+def test_grams_of_aligned_rows(dtype, rows, k, width, staged, rng, monkeypatch):
+    """Rows that start on 16-byte boundaries are staged by vector loads (the LOBPCG buffers' usual layout):
+    by cp.async copies (staged) or through registers."""
+    monkeypatch.setattr(gpu_grams, "STAGED", staged)
     s, hs, s_dev, hs_dev = _buffers(rng, rows, k, dtype, width=width)
     assert gpu_grams._vector_rows(s_dev, k)
     _poison_pool()
@@ -55,6 +60,23 @@ def test_grams_of_aligned_rows(dtype, rows, k, width, rng):
     s64, hs64 = s.astype(np.float64), hs.astype(np.float64)
     for g, want in enumerate([s64.T @ hs64, s64.T @ s64]):
         assert np.abs(got[:, :, g] - want).max() <= 1e-12 * max(np.abs(want).max(), 1.0)
+
+
+@pytest.mark.parametrize("rows,k,width", [(5001, 6, 8), (1000, 18, 18), (33, 2, 2), (100003, 10, 12)])
+@pytest.mark.parametrize("with_hs", [True, False])
+def test_staged_grams_with_padding_columns(rows, k, width, with_hs, rng, monkeypatch):
+    """float64 rows of whole 16-byte vectors but k not a multiple of 4: the staged kernel's tiles carry zero
+    columns up to the next multiple of 4, zeroed once and never copied into."""
+    monkeypatch.setattr(gpu_grams, "STAGED", True)
+    s, hs, s_dev, hs_dev = _buffers(rng, rows, k, np.float64, width=width)
+    _poison_pool()
+    got = gpu_grams.grams(s_dev, hs_dev if with_hs else None).get()
+    s64, hs64 = s.astype(np.float64), hs.astype(np.float64)
+    wants = [s64.T @ hs64 if with_hs else np.zeros((k, k)), s64.T @ s64]
+    for g, want in enumerate(wants):
+        assert np.abs(got[:, :, g] - want).max() <= 1e-12 * max(np.abs(want).max(), 1.0)
+    for _ in range(2):                                                   # reproducible bit for bit
+        np.testing.assert_array_equal(gpu_grams.grams(s_dev, hs_dev if with_hs else None).get(), got)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
