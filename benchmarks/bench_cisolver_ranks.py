@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from bench_cisolver import CASES
-from cisolver import lobpcg, solver
+from cisolver import gpu_grams, lobpcg, row_kernels, solver
 from cisolver.data import resolve_interaction
 from cisolver.distributed import DistributedOperator, build_local
 from cisolver.shellmodel import hamiltonian, snt
@@ -34,9 +34,12 @@ def run_case(name, comm, args, log):
     op = DistributedOperator(h, lo, hi, problem.dimension, comm, dtype=dtype, device=cupy.cuda.Device().id)
     nnz = comm.allgather(int(h.nnz))
     del h
-    b = args.nev + 3
+    sizes = args.block_sizes or [args.nev + 3]
+    b = sizes[0]
     spmm_ms = comm.allgather(_local_spmm_ms(op, b))
-    x0 = np.random.default_rng(2024).standard_normal((problem.dimension, b)).astype(dtype)
+    # one draw for every block size: the first b columns, the same as bench_cisolver.py's for b = nev + 3
+    start = np.random.default_rng(2024).standard_normal((problem.dimension, max(sizes))).astype(dtype)
+    x0 = start[:, :b]
     rec = {"case": name, "ranks": comm.Get_size(), "dimension": problem.dimension, "nnz_per_rank": nnz,
            "rows_per_rank": op.counts, "local_spmm_ms_per_rank": spmm_ms, "build_seconds": t_build, "dtype": str(dtype), "tol": args.tol,
            "nev": args.nev, "block_size": b, "queued_collectives": op.queued, "runs": [],
@@ -45,10 +48,17 @@ def run_case(name, comm, args, log):
         f"{[round(x, 3) for x in spmm_ms]} ms, build {t_build:.1f} s")
     for queued in (True, False) if args.compare_trips else (True,):   # this case's kernels (sizes, alignments)
         solver.OVERLAP = queued                                         # compiled before any timing
-        lobpcg(op, args.nev, block_size=b, x0=x0, tol=args.tol, maxiter=3, dtype=dtype, comm=comm)
-    runs = [True] * args.repeats + ([False] if args.compare_trips else [])
-    for repeat, queued in enumerate(runs):
+        for b in sizes:
+            for staged in args.staged:
+                row_kernels.STAGED = gpu_grams.STAGED = staged
+                lobpcg(op, args.nev, block_size=b, x0=start[:, :b], tol=args.tol, maxiter=3, dtype=dtype, comm=comm)
+    # the block sizes and row kernels alternate, so that a drift of the machine touches all of them
+    runs = [(True, b, staged) for _ in range(args.repeats) for b in sizes for staged in args.staged]
+    runs += [(False, sizes[0], args.staged[0])] if args.compare_trips else []
+    for repeat, (queued, b, staged) in enumerate(runs):
         solver.OVERLAP = queued
+        row_kernels.STAGED = gpu_grams.STAGED = staged
+        x0 = start[:, :b]
         comm.Barrier()
         profile = None
         if args.profile and repeat == 0:
@@ -65,8 +75,12 @@ def run_case(name, comm, args, log):
         per = {k: v / it for k, v in res.seconds.items()}
         share = per.get("dense", 0.0) / max(per.get("dense", 0.0) + per.get("spmm", 0.0), 1e-30)
         per_rank = comm.allgather(per)
-        label = f"cisolver-ranks{comm.Get_size()}" + ("" if queued else "-trips")
-        rec["runs"].append({"solver": label, "queued": res.queued, "seconds": seconds, "iterations": res.iterations,
+        label = (f"cisolver-ranks{comm.Get_size()}" + ("" if queued else "-trips")
+                 + (f"-b{b}" if len(sizes) > 1 else "")
+                 + (("-staged" if staged else "-unstaged") if len(args.staged) > 1 else ""))
+        rec["runs"].append({"solver": label, "block_size": b, "staged_kernels": staged, "queued": res.queued,
+                            "seconds": seconds,
+                            "iterations": res.iterations,
                             "converged": res.converged, "declined": res.declined, "redone": res.redone,
                             "restarts": res.restarts, "energies": res.eigenvalues.tolist(),
                             "dense_share": share, "per_iteration": per, "per_iteration_per_rank": per_rank})
@@ -75,6 +89,7 @@ def run_case(name, comm, args, log):
             f"declined {res.declined}, redone {res.redone}, {res.eigenvalues[:3]}; per rank dense / spmm ms "
             f"{[(round(p.get('dense', 0) * 1e3, 3), round(p.get('spmm', 0) * 1e3, 3)) for p in per_rank]}")
     solver.OVERLAP = True
+    row_kernels.STAGED = gpu_grams.STAGED = args.staged[0]
     return rec
 
 
@@ -119,6 +134,13 @@ def warm_up(comm, dtype):
     cupy.cuda.Device().synchronize()
 
 
+def _on_off_list(text):
+    words = text.split(",")
+    if not words or any(w not in ("on", "off") for w in words):
+        raise argparse.ArgumentTypeError(f"expected on, off or a comma list of them, got {text!r}")
+    return [w == "on" for w in words]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for the JSON results (rank 0 writes)")
@@ -131,7 +153,14 @@ def main(argv=None):
     ap.add_argument("--compare-trips", action="store_true", help="also run each case waiting at every host trip")
     ap.add_argument("--repeats", type=int, default=1, help="queued runs per case (the spread shows in the JSON)")
     ap.add_argument("--profile", action="store_true", help="profile the first queued run's host time (cProfile)")
+    ap.add_argument("--block-sizes", type=lambda text: [int(v) for v in text.split(",")], default=None,
+                    help="LOBPCG block sizes to alternate, comma list (default nev + 3)")
+    ap.add_argument("--staged", type=_on_off_list, default=[row_kernels.STAGED],
+                    help="kernels to alternate: on (cp.async-staged row and Gram kernels), off (thread per row, "
+                         "register prefetch), or on,off (cisolver.row_kernels.STAGED and gpu_grams.STAGED)")
     args = ap.parse_args(argv)
+    if args.block_sizes and min(args.block_sizes) < args.nev:
+        ap.error(f"--block-sizes: each must be >= --nev ({args.nev}), got {args.block_sizes}")
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     bad = [c for c in cases if c not in CASES]
     if bad:

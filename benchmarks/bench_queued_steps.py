@@ -133,6 +133,45 @@ def main():
             return call
         steps["update: update_with_residual (row kernel)"] = row_kernel_route(steps["update: update_with_residual"])
 
+    def thread_per_row(fn):           # the same step with row_kernels.STAGED off: the thread-per-row kernels
+        def call():
+            row_kernels.STAGED = False
+            try:
+                return fn()
+            finally:
+                row_kernels.STAGED = True
+        return call
+    for name in ("ortho: S[:, b:] <- S m", "ortho: HP <- H[X P] m_hp", "update: update_with_residual",
+                 "update: update_with_residual (row kernel)"):
+        if name in steps:
+            steps[name + " (thread per row)"] = thread_per_row(steps[name])
+
+    def stage_rows(fn, rows):         # the staged row kernels with other tiles
+        def call():
+            before, row_kernels.STAGE_ROWS = row_kernels.STAGE_ROWS, rows
+            try:
+                return fn()
+            finally:
+                row_kernels.STAGE_ROWS = before
+        return call
+    for name in ("ortho: S[:, b:] <- S m", "update: update_with_residual"):
+        for rows in (16, 48):
+            steps[name + f" (staged, {rows} rows a tile)"] = stage_rows(steps[name], rows)
+
+    def gram_variant(fn, staged, blocks_per_sm=gpu_grams.STAGED_BLOCKS_PER_SM):   # gpu_grams' kernels compared
+        def call():
+            before = gpu_grams.STAGED, gpu_grams.STAGED_BLOCKS_PER_SM
+            gpu_grams.STAGED, gpu_grams.STAGED_BLOCKS_PER_SM = staged, blocks_per_sm
+            try:
+                return fn()
+            finally:
+                gpu_grams.STAGED, gpu_grams.STAGED_BLOCKS_PER_SM = before
+        return call
+    for name in ("ortho: gpu_grams S^T S (one pass)", "grams: gpu_grams S^T HS and S^T S (one pass)"):
+        steps[name + " (register prefetch)"] = gram_variant(steps[name], False)
+        for per_sm in (3, 4):
+            steps[name + f" (staged, {per_sm} blocks/SM)"] = gram_variant(steps[name], True, per_sm)
+
     def iteration():                  # as cisolver.iterations queues them
         w_copy()
         gpu_ortho.first_pass(s, hs, b, b, context=ctx)
@@ -141,6 +180,8 @@ def main():
         blocks.update_with_residual(s_next[:, :2 * b], s, hs_next[:, :2 * b], hs, queued.m, r, queued.theta,
                                     later=True)
     steps["iteration's dense steps, queued"] = iteration
+    steps["iteration's dense steps, queued (thread per row, register prefetch)"] = thread_per_row(
+        gram_variant(iteration, False))
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"n = {n}, b = {b}, {dt}, {dev}; us per call: paced (as issued), GPU only (queued behind a spin), host")
     out = {"rows": n, "block": b, "dtype": str(dt), "device": dev, "us": {}}
