@@ -24,6 +24,8 @@ from plotting import save  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 NOW = ["h200x2-2026-11-22-s12/run6-final"]
+SESSION13 = ["h200x2-2026-11-22-s13/run9-final"]
+SESSION13_RANKS = ["h200x2-2026-11-22-s13/run8-w-in-place-tile-rows"]     # 47V only, staged and unstaged alternating
 SESSION11 = ["h200x2-2026-11-22-s11/run5-final"]
 SESSION10 = ["h200x2-2026-11-22-s10/run8-final", "h200x2-2026-11-22-s10/run9-final-47V-46Ti"]   # the later wins
 SESSION9 = ["h200x2-2026-11-22-s9/run3-final"]
@@ -49,6 +51,8 @@ SHARES = [  # the dense share's series: label, folders, solver name in the JSON,
     ("session 11, 2 H200 on 2 ranks", SESSION11, "cisolver-ranks2", "C6D--"),
     ("session 12, 2 H200 on 2 ranks", NOW, "cisolver-ranks2", "C3D-"),
     ("session 12, 2 H200", NOW, "cisolver-gpu2", "C4s-"),
+    ("session 13, 2 H200 on 2 ranks (47V)", SESSION13_RANKS, "cisolver-ranks2-staged", "C2D"),
+    ("session 13, 2 H200", SESSION13, "cisolver-gpu2", "C9s-"),
 ]
 
 
