@@ -198,15 +198,29 @@ __device__ __forceinline__ unsigned shared_address(const void* p)
     return a;
 }
 
+// Before Ampere (no cp.async) a plain copy, and the group commits and waits below are no-ops: correct, not
+// overlapped
 __device__ __forceinline__ void copy_tile(const T* src, long long ld, long long r0, int rows, int k, int kp, T* dst)
 {
     const int per_row = k / VEC;
     for (int e = threadIdx.x; e < rows * per_row; e += blockDim.x) {
         const int r = e / per_row, c = (e % per_row) * VEC;
+#if __CUDA_ARCH__ >= 800
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(shared_address(dst + r * kp + c)),
                      "l"(src + (r0 + r) * ld + c));
+#else
+        *reinterpret_cast<VT*>(dst + r * kp + c) = *reinterpret_cast<const VT*>(src + (r0 + r) * ld + c);
+#endif
     }
 }
+
+#if __CUDA_ARCH__ >= 800
+#define ASYNC_COMMIT() asm volatile("cp.async.commit_group;")
+#define ASYNC_WAIT(n) asm volatile("cp.async.wait_group %0;" :: "n"(n))
+#else
+#define ASYNC_COMMIT()
+#define ASYNC_WAIT(n)
+#endif
 
 extern "C" __global__ void __launch_bounds__(THREADS) gram_partials_staged(const T* s, long long lds, const T* hs,
         long long ldh, long long n, int k, double* partials)
@@ -240,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) gram_partials_staged(const
             copy_tile(s, lds, r0, rows, k, kp, dst);
             if (has_hs) copy_tile(hs, ldh, r0, rows, k, kp, dst + TILE * kp);
         }
-        asm volatile("cp.async.commit_group;");                // a group a tile, empty ones included
+        ASYNC_COMMIT();                // a group a tile, empty ones included
     }
     int u = 0;
     for (long long r0 = first; r0 < n; r0 += stride, ++u) {
@@ -252,9 +266,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) gram_partials_staged(const
                 copy_tile(s, lds, ahead, rows, k, kp, dst);
                 if (has_hs) copy_tile(hs, ldh, ahead, rows, k, kp, dst + TILE * kp);
             }
-            asm volatile("cp.async.commit_group;");
+            ASYNC_COMMIT();
         }
-        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1));     // tile u has landed
+        ASYNC_WAIT(STAGES - 1);                                // tile u has landed
         __syncthreads();
         const int rows = n - r0 < TILE ? (int) (n - r0) : TILE;
         if (active) {
@@ -273,7 +287,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) gram_partials_staged(const
         }
         __syncthreads();                                       // buffer u % STAGES is free for tile u + STAGES
     }
-    asm volatile("cp.async.wait_group 0;");
+    ASYNC_WAIT(0);
     __syncthreads();
     block_partials(acc, reinterpret_cast<double*>(shared), k, nt4, tasks0, tasks, phases, partials);
 }

@@ -11,7 +11,9 @@ queues on the stream) queues whole iterations instead, and the host only reads s
 long finished:
 - the first orthonormalisation pass is factored on the GPU (cisolver.gpu_ortho) and Rayleigh-Ritz runs
   there too (cisolver.gpu_rayleigh_ritz), on Grams of one pass over S and H S for blocks of up to 2^18
-  rows (cisolver.gpu_grams; hybridblas beyond);
+  rows, float64 ones up to 2^20 (cisolver.gpu_grams; hybridblas beyond);
+- the end of iteration writes R into the next basis's W columns too while every column is active, and the
+  next orthonormalisation then skips its copy of W = R (``w_holds_r``; any host-path update clears it);
 - the residuals of X are read once the next [P W] pass is queued, so W's columns follow the residuals of
   the X before (soft locking decided one iteration late; the convergence test itself is not late);
 - the Rayleigh-Ritz summary (theta, which P columns are usable, whether S^T S was positive definite) is
@@ -140,16 +142,17 @@ class Iterations:
             if rr is None:
                 self._rayleigh_ritz_and_update(k, n_p, n_w, grams)
                 continue
+            # R also into the next basis's W columns, where the next orthonormalisation wants it when nothing
+            # moves (no preconditioner, every column active as now, all P usable): the staged kernel writes it
+            # beside R, which saves that copy (15 us a rank at 47V, H200; the kernel's stores cost 12)
+            r_in_w = self.precond is None and not self.converged.any()
             with self.timer.phase("dense", "update"):
-                # R also into the next basis's W columns, where the next orthonormalisation wants it when
-                # nothing moves (all P usable, all columns active, no preconditioner): the staged kernel writes
-                # it beside R, which saves the copy (12 us a rank at 47V, H200)
                 sums = update_with_residual(self.s_next[:, :2 * b], self.s[:, :k], self.hs_next[:, :2 * b],
                                             self.hs[:, :k], rr.m, self.r, rr.theta, later=True,
-                                            r_copy=self.s_next[:, 2 * b:] if self.precond is None else None)
+                                            r_copy=self.s_next[:, 2 * b:] if r_in_w else None)
             self.open_rr = (rr, sums, k, n_p, n_w)
             self._swap()
-            self.w_holds_r = self.precond is None
+            self.w_holds_r = r_in_w
         if self.open_rr is not None:
             self._settle()
 
@@ -230,6 +233,7 @@ class Iterations:
             self.pending = update_with_residual(self.s_next[:, :2 * b], s[:, :k], self.hs_next[:, :2 * b],
                                                 hs[:, :k], np.hstack([c, z]), self.r, theta, later=True)
             self._swap()
+            self.w_holds_r = False    # this update left the W columns as they were (also when it redoes a GPU step)
 
     def _settle(self):
         """Read the open GPU Rayleigh-Ritz step's summary: True when it stands. When S^T S was not positive

@@ -203,16 +203,23 @@ __device__ __forceinline__ unsigned shared_address(const void* p)
 }
 
 // rows [r0, r0 + rows) of src (p columns, a multiple of VEC, rows 16-byte aligned) into dst (row stride kp),
-// as 16-byte asynchronous copies spread over the block's threads: consecutive threads, consecutive vectors
+// as 16-byte asynchronous copies spread over the block's threads: consecutive threads, consecutive vectors.
+// Before Ampere (no cp.async) a plain copy, and the group waits below are no-ops: correct, not overlapped.
 __device__ __forceinline__ void stage_tile(const T* src, long long ld, long long r0, int rows, int p, int kp, T* dst)
 {
     const int per_row = p / VEC;
     for (int e = threadIdx.x; e < rows * per_row; e += blockDim.x) {
         const int r = e / per_row, c = (e % per_row) * VEC;
+#if __CUDA_ARCH__ >= 800
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(shared_address(dst + r * kp + c)),
                      "l"(src + (r0 + r) * ld + c));
+#else
+        *reinterpret_cast<VT*>(dst + r * kp + c) = *reinterpret_cast<const VT*>(src + (r0 + r) * ld + c);
+#endif
     }
+#if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;");
+#endif
 }
 
 // acc <- row (p entries in shared memory, 16-byte aligned, p a multiple of VEC) times columns [0, QH) of ms
@@ -275,9 +282,13 @@ __global__ void __launch_bounds__(2 * STAGE_ROWS) staged_rows(
             T* dst = tiles + (buf ^ 1) * tile_elems;
             stage_tile(s, lds, next, next_rows, p, kp, dst);
             if (UPDATE) stage_tile(hs, ldh, next, next_rows, p, kp, dst + STAGE_ROWS * kp);
+#if __CUDA_ARCH__ >= 800
             asm volatile("cp.async.wait_group %0;" :: "n"(UPDATE ? 2 : 1));     // this tile's have landed
+#endif
         } else {
+#if __CUDA_ARCH__ >= 800
             asm volatile("cp.async.wait_group 0;");
+#endif
         }
         __syncthreads();
         if (row < rows && c0 < q) {

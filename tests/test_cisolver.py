@@ -504,3 +504,34 @@ def test_cholesky_failures_name_the_cause():
     r = dense.cholesky_upper(np.array([[4.0, 2.0], [2.0, 5.0]]))
     np.testing.assert_allclose(r, [[2.0, 1.0], [0.0, 2.0]])
     np.testing.assert_allclose(dense.inverse_upper(r) @ r, np.eye(2), atol=1e-15)
+
+
+def test_host_path_update_leaves_w_to_be_copied(rng, monkeypatch):
+    """A queued end of iteration writes R into the next W columns and sets ``w_holds_r``; an update on the host
+    path (also the redo of a GPU step that was not positive definite) does not write them, so it must clear
+    the flag and the next orthonormalisation must copy W = R in. W's columns poisoned with NaN show a skipped
+    copy (the host path would rescue it by taking the pass apart, which the test forbids)."""
+    from cisolver.arrays import Timer
+    from cisolver.iterations import Iterations
+    n, b = 600, 4
+    h = sp.random(n, n, density=0.02, random_state=rng, format="csr")
+    h = (h + h.T + sp.diags(np.arange(n, dtype=float))).tocsr()
+    op = SymmetricOperator(h, storage="full")
+    s, hs, s_next, hs_next = (np.empty((n, 3 * b)) for _ in range(4))
+    s[:] = np.linalg.qr(rng.standard_normal((n, 3 * b)))[0]
+    hs[:] = h @ s
+    r = rng.standard_normal((n, b))
+    run = Iterations(op, (s, hs, s_next, hs_next), r, np.zeros(b), 1.0, np.ones(b), nev=2, tol=1e-8, precond=None,
+                     context=None, comm=None, timer=Timer(np), callback=None, overlap=False)
+    run.w_holds_r = True                            # as a queued update would have left it
+    run._rayleigh_ritz_and_update(3 * b, b, b)
+    assert run.w_holds_r is False
+    run.s[:, 2 * b:] = np.nan                       # whatever the step before left there
+    run.p_usable[:] = True
+    import cisolver.iterations as iterations
+
+    def rescue(*args, **kwargs):                    # a NaN W fails the pass, which would be taken apart here
+        raise AssertionError("the orthonormalisation failed: W was not copied in")
+    monkeypatch.setattr(iterations, "_orthonormalise_apart", rescue)
+    run._orthonormalise(np.arange(b), run.r, b)
+    assert np.isfinite(run.s).all()

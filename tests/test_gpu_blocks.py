@@ -67,13 +67,14 @@ def test_residual_on_gpu_matches_numpy(dtype, rows, order, rng):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rows", [0, 1, 255, 100_003])
-@pytest.mark.parametrize("b, k", [(8, 24), (8, 21), (5, 13), (4, 12)])
+@pytest.mark.parametrize("b, k", [(8, 24), (8, 21), (5, 13), (4, 12), (10, 20)])
 @pytest.mark.parametrize("staged", [True, False])
 def test_update_with_residual_on_gpu_matches_numpy(dtype, rows, b, k, staged, rng, monkeypatch):
     """The end-of-iteration kernel (new X, P, H X, H P, residual and its norms in one launch) against
     numpy: full and partial bases (k odd: no vector loads), b = 5 (rows of 5: no vector stores), poisoned
-    outputs, columns beyond the outputs untouched, bit-reproducible sums; staged (cp.async tiles, b = 8 and
-    4 with k = 3b) and thread-per-row kernels."""
+    outputs, columns beyond the outputs untouched, bit-reproducible sums; staged (cp.async tiles, float64 with
+    k even: b = 8, 4 and 10, the last with 32 accumulators) and thread-per-row kernels; R's copy into a
+    column range, 16-byte aligned rows or not."""
     import cupy
     from cisolver import row_kernels
     from cisolver.blocks import update_with_residual
@@ -92,11 +93,16 @@ def test_update_with_residual_on_gpu_matches_numpy(dtype, rows, b, k, staged, rn
     took = row_kernels.update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d,
                                             theta) is not None
     assert took or rows == 0                                                      # the kernel took it
-    w_d = cupy.full((rows, b + 2), np.nan, dtype=dtype)                     # R's copy into a column range
-    sq_d = update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d, theta,
-                                r_copy=w_d[:, 2:])
-    np.testing.assert_array_equal(w_d[:, 2:].get(), r_d.get())
-    assert np.isnan(w_d[:, :2].get()).all()
+    expect_staged = staged and dtype == np.float64 and k % 2 == 0
+    assert row_kernels._staged_fits([s_d[:, :k], hs_d[:, :k]], k, 2 * b) == expect_staged
+    for lead in (2, 1):                  # R's copy into a column range: rows 16-byte aligned (b + 2 wide) or not
+        w_d = cupy.full((rows, b + lead), np.nan, dtype=dtype)
+        if expect_staged:
+            assert row_kernels._copy_target(w_d[:, lead:], r_d) is not None    # the kernel writes it itself
+        sq_d = update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d, theta,
+                                    r_copy=w_d[:, lead:])
+        np.testing.assert_array_equal(w_d[:, lead:].get(), r_d.get())
+        assert np.isnan(w_d[:, :lead].get()).all()
     scale = max(np.abs(m).sum(axis=0).max() * max(np.abs(s).max(initial=0), np.abs(hs).max(initial=0)), 1.0)
     tol = 32 * np.finfo(dtype).eps * scale
     for got, want in ((x_d, x_next), (hx_d, hx_next)):

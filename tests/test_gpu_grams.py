@@ -55,6 +55,7 @@ def test_grams_of_aligned_rows(dtype, rows, k, width, staged, rng, monkeypatch):
     monkeypatch.setattr(gpu_grams, "STAGED", staged)
     s, hs, s_dev, hs_dev = _buffers(rng, rows, k, dtype, width=width)
     assert gpu_grams._vector_rows(s_dev, k)
+    assert gpu_grams._staged(s_dev, hs_dev) == staged          # every shape here fits the staged buffers
     _poison_pool()
     got = gpu_grams.grams(s_dev, hs_dev).get()
     s64, hs64 = s.astype(np.float64), hs.astype(np.float64)
@@ -65,10 +66,12 @@ def test_grams_of_aligned_rows(dtype, rows, k, width, staged, rng, monkeypatch):
 @pytest.mark.parametrize("rows,k,width", [(5001, 6, 8), (1000, 18, 18), (33, 2, 2), (100003, 10, 12)])
 @pytest.mark.parametrize("with_hs", [True, False])
 def test_staged_grams_with_padding_columns(rows, k, width, with_hs, rng, monkeypatch):
-    """float64 rows of whole 16-byte vectors but k not a multiple of 4: the staged kernel's tiles carry zero
-    columns up to the next multiple of 4, zeroed once and never copied into."""
+    """float64 rows of whole 16-byte vectors but k not a multiple of 4: the staged kernel's tiles are rows of
+    k values padded to the next multiple of 4 (its 4 x 4 tasks), so the copies and the products index a row
+    stride other than k."""
     monkeypatch.setattr(gpu_grams, "STAGED", True)
     s, hs, s_dev, hs_dev = _buffers(rng, rows, k, np.float64, width=width)
+    assert gpu_grams._staged(s_dev, hs_dev if with_hs else None)
     _poison_pool()
     got = gpu_grams.grams(s_dev, hs_dev if with_hs else None).get()
     s64, hs64 = s.astype(np.float64), hs.astype(np.float64)
