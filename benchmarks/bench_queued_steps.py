@@ -59,6 +59,21 @@ def timed(fn, reps, spin_seconds=0.25):
     return paced, gpu, host * 1e6 / reps
 
 
+def with_settings(fn, *settings):
+    """fn run with module attributes set, (module, name, value) each, and put back after: the same step with
+    another kernel or tile size, timed beside the default."""
+    def call():
+        before = [(module, name, getattr(module, name)) for module, name, _ in settings]
+        for module, name, value in settings:
+            setattr(module, name, value)
+        try:
+            return fn()
+        finally:
+            for module, name, value in before:
+                setattr(module, name, value)
+    return call
+
+
 def state(n, b, dtype, seed=0):
     """LOBPCG's buffers as an iteration finds them: X orthonormal, P orthogonal to X, W random."""
     rng = np.random.default_rng(seed)
@@ -133,44 +148,19 @@ def main():
             return call
         steps["update: update_with_residual (row kernel)"] = row_kernel_route(steps["update: update_with_residual"])
 
-    def thread_per_row(fn):           # the same step with row_kernels.STAGED off: the thread-per-row kernels
-        def call():
-            row_kernels.STAGED = False
-            try:
-                return fn()
-            finally:
-                row_kernels.STAGED = True
-        return call
     for name in ("ortho: S[:, b:] <- S m", "ortho: HP <- H[X P] m_hp", "update: update_with_residual",
                  "update: update_with_residual (row kernel)"):
         if name in steps:
-            steps[name + " (thread per row)"] = thread_per_row(steps[name])
-
-    def stage_rows(fn, rows):         # the staged row kernels with other tiles
-        def call():
-            before, row_kernels.STAGE_ROWS = row_kernels.STAGE_ROWS, rows
-            try:
-                return fn()
-            finally:
-                row_kernels.STAGE_ROWS = before
-        return call
+            steps[name + " (thread per row)"] = with_settings(steps[name], (row_kernels, "STAGED", False))
     for name in ("ortho: S[:, b:] <- S m", "update: update_with_residual"):
         for rows in (16, 48):
-            steps[name + f" (staged, {rows} rows a tile)"] = stage_rows(steps[name], rows)
-
-    def gram_variant(fn, staged, blocks_per_sm=gpu_grams.STAGED_BLOCKS_PER_SM):   # gpu_grams' kernels compared
-        def call():
-            before = gpu_grams.STAGED, gpu_grams.STAGED_BLOCKS_PER_SM
-            gpu_grams.STAGED, gpu_grams.STAGED_BLOCKS_PER_SM = staged, blocks_per_sm
-            try:
-                return fn()
-            finally:
-                gpu_grams.STAGED, gpu_grams.STAGED_BLOCKS_PER_SM = before
-        return call
+            steps[name + f" (staged, {rows} rows a tile)"] = with_settings(steps[name],
+                                                                           (row_kernels, "STAGE_ROWS", rows))
     for name in ("ortho: gpu_grams S^T S (one pass)", "grams: gpu_grams S^T HS and S^T S (one pass)"):
-        steps[name + " (register prefetch)"] = gram_variant(steps[name], False)
+        steps[name + " (register prefetch)"] = with_settings(steps[name], (gpu_grams, "STAGED", False))
         for per_sm in (3, 4):
-            steps[name + f" (staged, {per_sm} blocks/SM)"] = gram_variant(steps[name], True, per_sm)
+            steps[name + f" (staged, {per_sm} blocks/SM)"] = with_settings(
+                steps[name], (gpu_grams, "STAGED", True), (gpu_grams, "STAGED_BLOCKS_PER_SM", per_sm))
 
     def iteration():                  # as cisolver.iterations queues them
         w_copy()
@@ -180,8 +170,8 @@ def main():
         blocks.update_with_residual(s_next[:, :2 * b], s, hs_next[:, :2 * b], hs, queued.m, r, queued.theta,
                                     later=True)
     steps["iteration's dense steps, queued"] = iteration
-    steps["iteration's dense steps, queued (thread per row, register prefetch)"] = thread_per_row(
-        gram_variant(iteration, False))
+    steps["iteration's dense steps, queued (thread per row, register prefetch)"] = with_settings(
+        iteration, (row_kernels, "STAGED", False), (gpu_grams, "STAGED", False))
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"n = {n}, b = {b}, {dt}, {dev}; us per call: paced (as issued), GPU only (queued behind a spin), host")
     out = {"rows": n, "block": b, "dtype": str(dt), "device": dev, "us": {}}

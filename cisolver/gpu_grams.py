@@ -325,13 +325,18 @@ def fits(s, hs=None):
                                 and (row_major(hs) or hs.shape[0] == 0) and hs.device.id == s.device.id)))
 
 
+def _staged_shared(s, hs):
+    """Bytes of shared memory the staged kernel takes: STAGES tiles of S (and H S), rows padded to a multiple
+    of 4, or the block's partial sums, whichever is larger."""
+    kp = 4 * -(-s.shape[1] // 4)
+    return max(STAGES * (2 if hs is not None else 1) * TILE * kp * s.itemsize, THREADS * 16 * 8)
+
+
 def _staged(s, hs):
     """The staged kernel takes these (covered) blocks: rows of whole 16-byte vectors that fit its buffers."""
     k = s.shape[1]
-    kp = 4 * -(-k // 4)
-    shared = max(STAGES * (2 if hs is not None else 1) * TILE * kp * s.itemsize, THREADS * 16 * 8)
     return (STAGED and k % (16 // s.itemsize) == 0 and aligned_rows(s) and (hs is None or aligned_rows(hs))
-            and shared <= 48 << 10)              # CUDA's default limit of dynamic shared memory
+            and _staged_shared(s, hs) <= 48 << 10)      # CUDA's default limit of dynamic shared memory
 
 
 def preferred(s, hs=None):
@@ -366,21 +371,18 @@ def grams(s, hs=None):
     out = cupy.zeros((k, k, 2), dtype=np.float64, order="F")
     if n == 0:
         return out
-    kp = 4 * -(-k // 4)
-    staged = _staged(s, hs)
     partial_kernel, total_kernel, staged_kernel = _kernels(cupy, s.dtype)
     hs_arg = hs if hs is not None else np.uint64(0)
     ldh = np.int64(row_stride(hs) if hs is not None else 0)
-    if staged:
+    if _staged(s, hs):
         blocks = max(1, min(STAGED_BLOCKS_PER_SM * multiprocessors(cupy), -(-n // TILE)))
         partials = cupy.empty((2, k, k, blocks), dtype=np.float64)
-        shared = max(STAGES * (2 if hs is not None else 1) * TILE * kp * s.itemsize, THREADS * 16 * 8)
-        staged_kernel((blocks,), (THREADS,),
-                      (s, np.int64(row_stride(s)), hs_arg, ldh, np.int64(n), np.int32(k), partials), shared_mem=shared)
+        staged_kernel((blocks,), (THREADS,), (s, np.int64(row_stride(s)), hs_arg, ldh, np.int64(n), np.int32(k),
+                                              partials), shared_mem=_staged_shared(s, hs))
     else:
         blocks = max(1, min(BLOCKS_PER_SM * multiprocessors(cupy), -(-n // TILE)))
         partials = cupy.empty((2, k, k, blocks), dtype=np.float64)
-        shared = max(2 * TILE * kp * s.itemsize, THREADS * 16 * 8)
+        shared = max(2 * TILE * 4 * -(-k // 4) * s.itemsize, THREADS * 16 * 8)
         vec = int(_vector_rows(s, k)) + 2 * int(hs is not None and _vector_rows(hs, k))
         partial_kernel((blocks,), (THREADS,),
                        (s, np.int64(row_stride(s)), hs_arg, ldh, np.int64(n), np.int32(k), np.int32(vec), partials),
