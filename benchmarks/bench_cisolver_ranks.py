@@ -39,7 +39,6 @@ def run_case(name, comm, args, log):
     spmm_ms = comm.allgather(_local_spmm_ms(op, b))
     # one draw for every block size: the first b columns, the same as bench_cisolver.py's for b = nev + 3
     start = np.random.default_rng(2024).standard_normal((problem.dimension, max(sizes))).astype(dtype)
-    x0 = start[:, :b]
     rec = {"case": name, "ranks": comm.Get_size(), "dimension": problem.dimension, "nnz_per_rank": nnz,
            "rows_per_rank": op.counts, "local_spmm_ms_per_rank": spmm_ms, "build_seconds": t_build, "dtype": str(dtype), "tol": args.tol,
            "nev": args.nev, "block_size": b, "queued_collectives": op.queued, "runs": [],
