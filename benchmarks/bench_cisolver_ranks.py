@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from bench_cisolver import CASES
-from cisolver import gpu_grams, gpu_rayleigh_ritz, lobpcg, row_kernels, solver
+from cisolver import gpu_grams, lobpcg, row_kernels, solver
 from cisolver.data import resolve_interaction
 from cisolver.distributed import DistributedOperator, build_local
 from cisolver.shellmodel import hamiltonian, snt
@@ -49,17 +49,14 @@ def run_case(name, comm, args, log):
         solver.OVERLAP = queued                                         # compiled before any timing
         for b in sizes:
             for staged in args.staged:
-                for eig in args.eigensolver:
-                    _set_kernels(staged, eig)
-                    lobpcg(op, args.nev, block_size=b, x0=start[:, :b], tol=args.tol, maxiter=3, dtype=dtype,
-                           comm=comm)
-    # the block sizes and kernels alternate, so that a drift of the machine touches all of them
-    runs = [(True, b, staged, eig) for _ in range(args.repeats) for b in sizes for staged in args.staged
-            for eig in args.eigensolver]
-    runs += [(False, sizes[0], args.staged[0], args.eigensolver[0])] if args.compare_trips else []
-    for repeat, (queued, b, staged, eig) in enumerate(runs):
+                row_kernels.STAGED = gpu_grams.STAGED = staged
+                lobpcg(op, args.nev, block_size=b, x0=start[:, :b], tol=args.tol, maxiter=3, dtype=dtype, comm=comm)
+    # the block sizes and row kernels alternate, so that a drift of the machine touches all of them
+    runs = [(True, b, staged) for _ in range(args.repeats) for b in sizes for staged in args.staged]
+    runs += [(False, sizes[0], args.staged[0])] if args.compare_trips else []
+    for repeat, (queued, b, staged) in enumerate(runs):
         solver.OVERLAP = queued
-        _set_kernels(staged, eig)
+        row_kernels.STAGED = gpu_grams.STAGED = staged
         x0 = start[:, :b]
         comm.Barrier()
         profile = None
@@ -79,10 +76,8 @@ def run_case(name, comm, args, log):
         per_rank = comm.allgather(per)
         label = (f"cisolver-ranks{comm.Get_size()}" + ("" if queued else "-trips")
                  + (f"-b{b}" if len(sizes) > 1 else "")
-                 + (("-staged" if staged else "-unstaged") if len(args.staged) > 1 else "")
-                 + (f"-{eig}" if len(args.eigensolver) > 1 else ""))
-        rec["runs"].append({"solver": label, "block_size": b, "staged_kernels": staged, "eigensolver": eig,
-                            "queued": res.queued,
+                 + (("-staged" if staged else "-unstaged") if len(args.staged) > 1 else ""))
+        rec["runs"].append({"solver": label, "block_size": b, "staged_kernels": staged, "queued": res.queued,
                             "seconds": seconds,
                             "iterations": res.iterations,
                             "converged": res.converged, "declined": res.declined, "redone": res.redone,
@@ -93,13 +88,8 @@ def run_case(name, comm, args, log):
             f"declined {res.declined}, redone {res.redone}, {res.eigenvalues[:3]}; per rank dense / spmm ms "
             f"{[(round(p.get('dense', 0) * 1e3, 3), round(p.get('spmm', 0) * 1e3, 3)) for p in per_rank]}")
     solver.OVERLAP = True
-    _set_kernels(args.staged[0], args.eigensolver[0])
+    row_kernels.STAGED = gpu_grams.STAGED = args.staged[0]
     return rec
-
-
-def _set_kernels(staged, eigensolver):
-    row_kernels.STAGED = gpu_grams.STAGED = staged
-    gpu_rayleigh_ritz.EIGENSOLVER = eigensolver
 
 
 def _print_profile(profile, comm, log):
@@ -167,12 +157,7 @@ def main(argv=None):
     ap.add_argument("--staged", type=_on_off_list, default=[row_kernels.STAGED],
                     help="kernels to alternate: on (cp.async-staged row and Gram kernels), off (thread per row, "
                          "register prefetch), or on,off (cisolver.row_kernels.STAGED and gpu_grams.STAGED)")
-    ap.add_argument("--eigensolver", type=lambda text: text.split(","), default=[gpu_rayleigh_ritz.EIGENSOLVER],
-                    help="Rayleigh-Ritz eigensolvers to alternate: ql, syevj or ql,syevj "
-                         "(cisolver.gpu_rayleigh_ritz.EIGENSOLVER)")
     args = ap.parse_args(argv)
-    if set(args.eigensolver) - {"ql", "syevj"}:
-        ap.error(f"--eigensolver: ql and/or syevj, got {args.eigensolver}")
     if args.block_sizes and min(args.block_sizes) < args.nev:
         ap.error(f"--block-sizes: each must be >= --nev ({args.nev}), got {args.block_sizes}")
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]

@@ -133,7 +133,7 @@ def main():
         "rr: cupy.linalg.eigh (1, k, k) syevjBatched": lambda: cp.linalg.eigh(a),
         "rr: cupy.linalg.eigh (1, k, k), a dense A": lambda: cp.linalg.eigh(dense_a),
         "rr: cupy.linalg.eigh (k, k) syevd, a dense A": lambda: cp.linalg.eigh(dense_a[0]),
-        "rr: whole queue (prepare, eigensolver, finish)": lambda: gpu_rayleigh_ritz.queue(grams64, b, dt),
+        "rr: whole queue (prepare, syevj, finish)": lambda: gpu_rayleigh_ritz.queue(grams64, b, dt),
         "update: update_with_residual": lambda: blocks.update_with_residual(
             s_next[:, :2 * b], s, hs_next[:, :2 * b], hs, rr.m, r, rr.theta, later=True),
     }
@@ -156,8 +156,6 @@ def main():
         for rows in (16, 48):
             steps[name + f" (staged, {rows} rows a tile)"] = with_settings(steps[name],
                                                                            (row_kernels, "STAGE_ROWS", rows))
-    steps["rr: whole queue (prepare, eigensolver, finish) (syevj)"] = with_settings(
-        steps["rr: whole queue (prepare, eigensolver, finish)"], (gpu_rayleigh_ritz, "EIGENSOLVER", "syevj"))
     for name in ("ortho: gpu_grams S^T S (one pass)", "grams: gpu_grams S^T HS and S^T S (one pass)"):
         steps[name + " (register prefetch)"] = with_settings(steps[name], (gpu_grams, "STAGED", False))
         for per_sm in (3, 4):
@@ -172,7 +170,6 @@ def main():
         blocks.update_with_residual(s_next[:, :2 * b], s, hs_next[:, :2 * b], hs, queued.m, r, queued.theta,
                                     later=True)
     steps["iteration's dense steps, queued"] = iteration
-    steps["iteration's dense steps, queued (syevj)"] = with_settings(iteration, (gpu_rayleigh_ritz, "EIGENSOLVER", "syevj"))
     steps["iteration's dense steps, queued (thread per row, register prefetch)"] = with_settings(
         iteration, (row_kernels, "STAGED", False), (gpu_grams, "STAGED", False))
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()

@@ -1,6 +1,6 @@
 """GPU time of the small symmetric eigensolve in LOBPCG's Rayleigh-Ritz step (k x k, k = 24, batch of one):
-cuSOLVER's syevjBatched against cusolverDnXsyevBatched (CUDA 12.6+, not wrapped by CuPy: called through
-ctypes on the libcusolver CuPy has loaded) and cisolver.gpu_small_eigh (one warp, QL), on a dense random matrix and
+cuSOLVER's syevjBatched (what cisolver.gpu_rayleigh_ritz calls) against cusolverDnXsyevBatched (CUDA 12.6+,
+not wrapped by CuPy: called through ctypes on the libcusolver CuPy has loaded), on a dense random matrix and
 on a LOBPCG-like one (Ritz values on the leading diagonal, small coupling). GPU time from events around
 calls queued behind a spin kernel; host time per call separately; accuracy as max |A v - w v| / max |w|.
 
@@ -8,8 +8,7 @@ calls queued behind a spin kernel; host time per call separately; accuracy as ma
     PYTHONPATH=. python3 benchmarks/bench_small_eigh.py --capture a.npy     # CPU only: LOBPCG's own matrices
 
 --capture runs the CPU LOBPCG on 24Mg (USDB) and 45Ti (GXPF1A) and saves every 24 x 24 Rayleigh-Ritz matrix
-A = R^-T (S^T H S) R^-1 it diagonalised; --matrices times syevj and the QL kernel on them (--tolerances: syevj
-also at looser tolerances).
+A = R^-T (S^T H S) R^-1 it diagonalised; --matrices times syevj on them at several tolerances.
 """
 import argparse
 import ctypes
@@ -121,28 +120,21 @@ def syevj_batched(k, tol=None):
     return call
 
 
-def ql(k):
-    """cisolver.gpu_small_eigh: one warp, Householder tridiagonalisation and implicit QL."""
-    from cisolver import gpu_small_eigh
-    info = cp.empty(1, dtype=np.int32)
-    return lambda a, w: gpu_small_eigh.eigh_in_place(cp, a, w, info)
-
-
-def real_matrices(path, record, tolerances):
-    """LOBPCG's own Rayleigh-Ritz matrices A (saved from CPU runs): syevj's time per tolerance and the QL
-    kernel's, median over the matrices, with the worst eigenpair residual and eigenvalue error."""
+def real_matrices(path, record):
+    """LOBPCG's own Rayleigh-Ritz matrices A (saved from CPU runs): syevj's time per tolerance, median
+    over the matrices, with the worst eigenpair residual and eigenvalue error."""
     mats = np.load(path)
     k = mats.shape[1]
-    for name, tol in [("syevjBatched", t) for t in tolerances] + [("ql", None)]:
-        fn = ql(k) if name == "ql" else syevj_batched(k, tol)
-        rows = [gpu_time(fn, cp.asarray(np.ascontiguousarray((m + m.T) / 2)), reps=10) for m in mats]
+    for tol in (None, 1e-14, 1e-12, 1e-10):
+        fn = syevj_batched(k, tol)
+        rows = [gpu_time(fn, cp.asarray(m), reps=10) for m in mats]
         errs = [float(np.abs(r[3] - np.linalg.eigvalsh(m)).max() / np.abs(r[3]).max()) for r, m in zip(rows, mats)]
-        entry = {"solver": name, "tolerance": tol, "matrices": len(mats),
+        entry = {"solver": "syevjBatched", "tolerance": tol, "matrices": len(mats),
                  "gpu_us_median": 1e6 * float(np.median([r[0] for r in rows])),
                  "gpu_us_max": 1e6 * float(max(r[0] for r in rows)),
                  "residual_max": max(r[2] for r in rows), "eigenvalue_error_max": max(errs)}
         record["real"].append(entry)
-        print(f"real A ({len(mats)}), {name} tol {tol}: GPU median {entry['gpu_us_median']:.1f} us "
+        print(f"real A ({len(mats)}), syevj tol {tol}: GPU median {entry['gpu_us_median']:.1f} us "
               f"(max {entry['gpu_us_max']:.1f}), residual <= {entry['residual_max']:.1e}, "
               f"eigenvalues <= {entry['eigenvalue_error_max']:.1e} relative")
 
@@ -180,7 +172,6 @@ def main():
     ap.add_argument("--k", type=int, default=24)
     ap.add_argument("--json")
     ap.add_argument("--matrices", help=".npy stack of LOBPCG Rayleigh-Ritz matrices (k x k) to time syevj on")
-    ap.add_argument("--tolerances", action="store_true", help="also syevj with tolerances 1e-14, 1e-12, 1e-10")
     ap.add_argument("--capture", help="save LOBPCG's own k x k matrices from CPU runs to this .npy and stop")
     args = ap.parse_args()
     if args.capture:
@@ -194,8 +185,8 @@ def main():
     ritz += 1e-4 * dense
     record = {"k": k, "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "runs": [], "real": []}
     if args.matrices:
-        real_matrices(args.matrices, record, [None] + ([1e-14, 1e-12, 1e-10] if args.tolerances else []))
-    for name, make in (("syevjBatched", syevj_batched), ("XsyevBatched", XsyevBatched), ("ql", ql)):
+        real_matrices(args.matrices, record)
+    for name, make in (("syevjBatched", syevj_batched), ("XsyevBatched", XsyevBatched)):
         try:
             fn = make(k)
         except Exception as exc:               # an older cuSOLVER has no XsyevBatched: a result, not a crash

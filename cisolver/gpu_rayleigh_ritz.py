@@ -6,9 +6,8 @@ iteration at 47V's and 48Cr's sizes on an H200). Here the same steps run where t
 
     prepare (one thread block): the Grams mirrored, S^T S Jacobi-scaled and factored (Cholesky), R^{-1},
         A = R^{-T} (S^T H S, scaled) R^{-1}
-    A's eigenpairs, ascending: cisolver.gpu_small_eigh (one warp: Householder tridiagonalisation and
-        implicit QL), or with EIGENSOLVER = "syevj" cuSOLVER's batched Jacobi eigensolver (syevjBatched on a
-        batch of one, called directly: through cupy.linalg.eigh it cost 60-100 us of host time per call)
+    cuSOLVER's batched Jacobi eigensolver (syevjBatched on a batch of one, called directly: through
+        cupy.linalg.eigh it cost 60-100 us of host time per call): A's eigenpairs, ascending
     finish (one thread block): C = D R^{-1} Y[:, :b], the next P's coefficients Z (dense.next_p_coefficients),
         [C Z] in the blocks' precision for the update kernel, theta, and a small summary for the host
 
@@ -29,13 +28,18 @@ One-warp Jacobi with no barrier and no shared memory was tried in session 13 (co
 lane i holding rows i of A and of the eigenvectors in registers, Brent and Luk's circle ordering so that the
 register indices stay static. Correct (residuals 1e-15, 6-7 sweeps) but 188 us against syevj's 117 on those
 62 matrices: about 1.25 us a round, its shuffles and the division and square-root chain of each rotation.
+Less sequential work was tried in session 14 (commit 14de6ae, removed after): one warp, Householder
+tridiagonalisation, the orthogonal factor accumulated, implicit QL with Wilkinson's shift, every lane working
+out the same Givens chain and rotating its row of the eigenvectors. Correct (residuals 1e-15) but about 660
+rotations of ~250 ns each (a dependent chain of double-precision operations and local-memory loads): the
+queued step took 244.6 us against 186.4 with syevj.
 """
 import numpy as np
 
-from . import cuda_modules, gpu_small_eigh
+from . import cuda_modules
 from .arrays import Later, is_device
 
-KMAX = 32          # columns of S: both eigensolvers take matrices up to 32 x 32
+KMAX = 32          # columns of S: cuSOLVER's batched Jacobi eigensolver takes matrices up to 32 x 32
 # S^T S's scaled Cholesky factor with diagonal entries this far apart sends the step to the host path. Stricter
 # than dense.cholesky_upper's: an exactly singular S^T S leaves pivots of rounding size whose sign is chance
 # (the host's LAPACK failed where this kernel took a 1e-8 pivot, float32, two equal columns); the host path
@@ -43,7 +47,6 @@ KMAX = 32          # columns of S: both eigensolvers take matrices up to 32 x 32
 SINGULAR_RATIO = 1e-6
 EIG_RESIDUAL = 1e-10   # |A y - w y| / max |w| of an eigenpair beyond which the eigensolve is taken as failed
 THREADS = 256
-EIGENSOLVER = "ql"     # A's eigensolver: "ql" (gpu_small_eigh) or "syevj" (cuSOLVER)
 
 _SOURCE = r"""
 // both: the two Grams (at least their lower triangles, in double), element (i, j) of Gram p at
@@ -201,16 +204,6 @@ _syevj_params = {}       # device -> (cuSOLVER syevj parameters, {k: workspace e
 
 
 def _eigh_in_place(cupy, a, w, info):
-    """A's eigenpairs by EIGENSOLVER (both leave the same layout and status)."""
-    if EIGENSOLVER == "ql":
-        gpu_small_eigh.eigh_in_place(cupy, a, w, info)
-    elif EIGENSOLVER == "syevj":
-        _syevj_in_place(cupy, a, w, info)
-    else:
-        raise ValueError(f"gpu_rayleigh_ritz.EIGENSOLVER = {EIGENSOLVER!r}: 'ql' or 'syevj'")
-
-
-def _syevj_in_place(cupy, a, w, info):
     """cuSOLVER syevjBatched on the k x k symmetric a (a batch of one) on the current stream: a <- its
     eigenvectors (column-major: eigenvector i is a's row i as a C array), w <- the eigenvalues ascending,
     info <- its status (0 also when the sweeps ran out, for k <= 32: rr_finish checks the residuals)."""

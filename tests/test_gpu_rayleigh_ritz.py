@@ -12,13 +12,6 @@ pytestmark = pytest.mark.gpu
 TOL = {np.float32: 2e-5, np.float64: 1e-10}
 
 
-@pytest.fixture(params=["ql", "syevj"])
-def eigensolver(request, monkeypatch):
-    """Each test runs with both of A's eigensolvers."""
-    monkeypatch.setattr(gpu_rayleigh_ritz, "EIGENSOLVER", request.param)
-    return request.param
-
-
 def _blocks(rng, rows, k, dtype, scales=None):
     """S (k columns, nearly orthonormal, columns scaled by ``scales``) and H S for a random diagonal H, as
     column ranges of wider row-major buffers."""
@@ -36,7 +29,7 @@ def _blocks(rng, rows, k, dtype, scales=None):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rows,k,b", [(3001, 24, 8), (5000, 16, 8), (777, 5, 2), (2000, 32, 10), (400, 3, 1)])
-def test_rayleigh_ritz_on_gpu_equals_the_host(dtype, rows, k, b, rng, eigensolver):
+def test_rayleigh_ritz_on_gpu_equals_the_host(dtype, rows, k, b, rng):
     import cupy
     scales = np.where(np.arange(k) % 3 == 2, 1e-3, 1.0)     # a W part of other length: the Jacobi scaling
     s, hs, s_dev, hs_dev = _blocks(rng, rows, k, dtype, scales)
@@ -58,7 +51,7 @@ def test_rayleigh_ritz_on_gpu_equals_the_host(dtype, rows, k, b, rng, eigensolve
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_rayleigh_ritz_on_gpu_with_repeated_ritz_values(dtype, rng, eigensolver):
+def test_rayleigh_ritz_on_gpu_with_repeated_ritz_values(dtype, rng):
     """S spans 8 vectors from each of H's three eigenspaces, mixed by a random rotation: the pencil's
     eigenvalues are -2, 0.5 and 3, eight times each, and the eigenvectors are defined only up to a rotation
     within each eigenspace. The GPU's C must solve the pencil and be S^T S-orthonormal."""
@@ -84,28 +77,11 @@ def test_rayleigh_ritz_on_gpu_with_repeated_ritz_values(dtype, rng, eigensolver)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_rayleigh_ritz_on_gpu_says_when_the_ql_steps_ran_out(dtype, rng, monkeypatch):
-    """gpu_small_eigh with one QL step allowed per eigenvalue fails on a 24 x 24 A: the step goes to the host
-    path, with [C Z] zero."""
-    import cupy
-    from cisolver import gpu_small_eigh
-    monkeypatch.setattr(gpu_rayleigh_ritz, "EIGENSOLVER", "ql")
-    s, hs, s_dev, hs_dev = _blocks(rng, 3001, 24, dtype)
-    both = gpu_grams.grams(s_dev, hs_dev)
-    assert gpu_rayleigh_ritz.queue(both, 8, dtype).summary()[3]
-    monkeypatch.setattr(gpu_small_eigh, "MAX_STEPS", 1)
-    rr = gpu_rayleigh_ritz.queue(both, 8, dtype)
-    assert not rr.summary()[3]
-    np.testing.assert_array_equal(cupy.asnumpy(rr.m), 0)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_rayleigh_ritz_on_gpu_says_when_the_eigensolver_did_not_converge(dtype, rng, monkeypatch):
+def test_rayleigh_ritz_on_gpu_says_when_the_eigensolver_did_not_converge(dtype, rng):
     """cuSOLVER's batched Jacobi solver reports success also when its sweeps ran out (k <= 32): with one
     sweep allowed, the residual check must send the step to the host path, with [C Z] zero."""
     import cupy
     from cupy_backends.cuda.libs import cusolver
-    monkeypatch.setattr(gpu_rayleigh_ritz, "EIGENSOLVER", "syevj")
     s, hs, s_dev, hs_dev = _blocks(rng, 3001, 24, dtype)
     both = gpu_grams.grams(s_dev, hs_dev)
     assert gpu_rayleigh_ritz.queue(both, 8, dtype).summary()[3]            # converged with the default sweeps
@@ -121,7 +97,7 @@ def test_rayleigh_ritz_on_gpu_says_when_the_eigensolver_did_not_converge(dtype, 
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_rayleigh_ritz_on_gpu_says_when_s_is_singular(dtype, rng, eigensolver):
+def test_rayleigh_ritz_on_gpu_says_when_s_is_singular(dtype, rng):
     s, hs, s_dev, hs_dev = _blocks(rng, 2000, 12, dtype)
     s_dev[:, 7] = s_dev[:, 3]                                  # two equal columns
     hs_dev[:, 7] = hs_dev[:, 3]
