@@ -123,9 +123,9 @@ extern "C" __global__ void ortho_factor(const double* y, long long yi, long long
 }
 """
 def fits(s, b):
-    """The kernel covers LOBPCG's blocks: a GPU buffer, float32/float64, X of at most BMAX columns and
-    [P W] of at most QMAX."""
-    return (is_device(s) and s.dtype in (np.float32, np.float64) and 0 < b <= BMAX
+    """The kernel covers LOBPCG's blocks: a GPU buffer, float32/float64, X of at most BMAX columns (none: a
+    Cholesky-QR pass of the whole block, LOBPCG's start) and [P W] of at most QMAX."""
+    return (is_device(s) and s.dtype in (np.float32, np.float64) and 0 <= b <= BMAX
             and 0 < s.shape[1] - b <= QMAX)
 
 

@@ -21,7 +21,7 @@ long finished:
 Whatever the GPU kernels decline, or a guess that did not hold, goes to the host path from blocks the GPU
 left as they were. MPI ranks sum their Grams on the GPUs (cisolver.distributed.device_sum) and every rank
 then runs the same small kernels on the same sums, so all take the same path; each small result read on
-the host is compared across ranks (``_agreed``).
+the host is compared across ranks (``agreed``).
 """
 import hashlib
 
@@ -31,6 +31,21 @@ from . import dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz
 from .arrays import Later, Ready, module_of, to_host
 from .blocks import update_with_residual
 from .distributed import device_sum
+
+
+def agreed(value, comm):
+    """A small result the GPU worked out, as this rank read it. MPI ranks queue the same steps on the same
+    summed Grams, so they must read the same; were they not to, they would take different paths and wait
+    for each other for ever, so that is an error."""
+    if comm is None:
+        return value
+    key = b"".join(np.asarray(v).tobytes() for v in (value if isinstance(value, tuple) else (value,)))
+    digest = np.frombuffer(hashlib.blake2b(key, digest_size=16).digest(), dtype=np.uint64)
+    every = np.empty((comm.Get_size(), 2), dtype=np.uint64)
+    comm.Allgather(digest, every)              # a buffer collective: no pickling on the host's path
+    if (every != digest[None, :]).any():
+        raise RuntimeError("MPI ranks read different results of the same GPU step (non-deterministic kernel?)")
+    return value
 
 
 def _orthonormalise_on_host(s, q, k):
@@ -252,18 +267,7 @@ class Iterations:
         return False
 
     def _agreed(self, value):
-        """A small result the GPU worked out, as this rank read it. MPI ranks queue the same steps on the same
-        summed Grams, so they must read the same; were they not to, they would take different paths and
-        wait for each other for ever, so that is an error."""
-        if self.comm is None:
-            return value
-        key = b"".join(np.asarray(v).tobytes() for v in (value if isinstance(value, tuple) else (value,)))
-        digest = np.frombuffer(hashlib.blake2b(key, digest_size=16).digest(), dtype=np.uint64)
-        every = np.empty((self.comm.Get_size(), 2), dtype=np.uint64)
-        self.comm.Allgather(digest, every)              # a buffer collective: no pickling on the host's path
-        if (every != digest[None, :]).any():
-            raise RuntimeError("MPI ranks read different results of the same GPU step (non-deterministic kernel?)")
-        return value
+        return agreed(value, self.comm)
 
     def _swap(self):
         self.s, self.s_next, self.hs, self.hs_next = self.s_next, self.s, self.hs_next, self.hs

@@ -6,17 +6,17 @@ from the Ritz coefficients, orthogonal to the new X and normalised (dense.next_p
 made orthonormal against X by BCGS-PIP2 (dense.orthonormalise_tail). Rayleigh–Ritz and the
 orthonormalisation take their tall-skinny Gram products from hybridblas.
 Converged columns are soft-locked: they stay in the Rayleigh–Ritz basis but get no new W or P.
-This module checks the arguments and makes the start; cisolver.iterations iterates (on GPUs without
-waiting for the host within an iteration).
+This module checks the arguments; cisolver.start makes the start and cisolver.iterations iterates (on GPUs
+without waiting for the host within an iteration, the start queued likewise).
 """
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import dense, gpu_ortho
+from . import gpu_ortho
 from .arrays import Timer, column_sumsq, module_of, to_host
-from .blocks import product_into, residual_into
-from .iterations import Iterations
+from .iterations import Iterations, agreed
+from .start import first_block
 
 
 @dataclass
@@ -31,7 +31,7 @@ class LobpcgResult:
     restarts: int = 0                              # iterations where P had to be dropped
     second_passes: int = 0                         # iterations whose [P W] needed a second CholQR pass
     declined: int = 0                              # GPU orthonormalisation passes handed to the host path
-    redone: int = 0                                # GPU Rayleigh-Ritz steps or guessed passes redone on the host path
+    redone: int = 0                                # GPU Rayleigh-Ritz steps, starts, guessed passes redone on host
     queued: bool = False                           # the iterations were queued on the GPU to the end (cisolver.iterations)
 
 
@@ -135,28 +135,22 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
         from .distributed import colnorms
         return colnorms(block, comm)
 
-    with timer.phase("dense", "start"):
-        dense.cholqr2(x, context=context, comm=comm)
-    with timer.phase("spmm"):
-        hx = op.matmat(x)
-    with timer.phase("dense", "start"):
-        theta, c, allv = dense.rayleigh_ritz(x, hx, b, context=context, comm=comm)
-        # S = [X | P | W] and H S in one row-major buffer each: the Gram products read a column range
-        # (no concatenation), and every update writes one in place (cisolver.blocks); the new X and P
-        # go to a second pair of buffers (they are made from the whole of the first), then the pairs swap
-        s, hs, s_next, hs_next = (xp.empty((hi - lo, 3 * b), dtype=dtype) for _ in range(4))
-        product_into(s[:, :b], x, c)
-        product_into(hs[:, :b], hx, c)
-        r = xp.empty((hi - lo, b), dtype=dtype)
-        del x, hx
-        sq = residual_into(r, hs[:, :b], s[:, :b], theta)      # R = H X - X Theta, and its column norms^2
-    norm_est = max(np.abs(allv).max(), np.finfo(np.float64).tiny)
-    # a GPU run queues whole iterations (cisolver.iterations): in one process, or on MPI ranks whose sums and
-    # gathers NCCL queues on the GPU; CPUs and other MPI runs wait at every host trip
+    # S = [X | P | W] and H S in one row-major buffer each: the Gram products read a column range (no
+    # concatenation), and every update writes one in place (cisolver.blocks); the new X and P go to a second
+    # pair of buffers (they are made from the whole of the first), then the pairs swap
+    s, hs, s_next, hs_next = (xp.empty((hi - lo, 3 * b), dtype=dtype) for _ in range(4))
+    r = xp.empty((hi - lo, b), dtype=dtype)
+    # a GPU run queues whole iterations (cisolver.iterations), and its start: in one process, or on MPI ranks
+    # whose sums and gathers NCCL queues on the GPU; CPUs and other MPI runs wait at every host trip
     overlap = (OVERLAP and xp is not np and (comm is None or getattr(op, "queued", False))
                and gpu_ortho.fits(s, b))
+    theta, largest, sq, start_redone = first_block(op, x, s, hs, r, context=context, comm=comm, timer=timer,
+                                                   queued=overlap, agree=lambda value: agreed(value, comm))
+    del x
+    norm_est = max(largest, np.finfo(np.float64).tiny)
     run = Iterations(op, (s, hs, s_next, hs_next), r, theta, norm_est, sq, nev=nev, tol=tol, precond=precond,
                      context=context, comm=comm, timer=timer, callback=callback, overlap=overlap)
+    run.redone = start_redone
     run.run(maxiter)
     s, theta, norm_est, converged, it = run.s, run.theta, run.norm_est, run.converged, run.it
     x = xp.ascontiguousarray(s[:, :b])

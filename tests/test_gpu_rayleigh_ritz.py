@@ -119,8 +119,8 @@ def test_queue_bad_arguments():
 
 
 def test_lobpcg_falls_back_to_the_host_when_the_gpu_says_not_definite(rng, monkeypatch):
-    """The first three GPU Rayleigh-Ritz steps report S^T S not positive definite: the host path takes
-    those iterations from the same S and H S, and the eigenpairs are right."""
+    """The first three GPU Rayleigh-Ritz steps (the start's and two iterations') report S^T S not positive
+    definite: the host path takes those steps from the same blocks, and the eigenpairs are right."""
     a = sp.random(2500, 2500, density=0.01, random_state=rng, format="csr")
     a = (a + a.T + sp.diags(rng.uniform(-5, 5, 2500))).tocsr()
     real = gpu_rayleigh_ritz.Queued.summary
