@@ -18,6 +18,7 @@ import numpy as np
 
 from bench_cisolver import CASES
 from cisolver import gpu_grams, lobpcg, row_kernels, solver
+from cisolver import start as cisolver_start
 from cisolver.data import resolve_interaction
 from cisolver.distributed import DistributedOperator, build_local
 from cisolver.shellmodel import hamiltonian, snt
@@ -49,14 +50,17 @@ def run_case(name, comm, args, log):
         solver.OVERLAP = queued                                         # compiled before any timing
         for b in sizes:
             for staged in args.staged:
-                row_kernels.STAGED = gpu_grams.STAGED = staged
-                lobpcg(op, args.nev, block_size=b, x0=start[:, :b], tol=args.tol, maxiter=3, dtype=dtype, comm=comm)
-    # the block sizes and row kernels alternate, so that a drift of the machine touches all of them
-    runs = [(True, b, staged) for _ in range(args.repeats) for b in sizes for staged in args.staged]
-    runs += [(False, sizes[0], args.staged[0])] if args.compare_trips else []
-    for repeat, (queued, b, staged) in enumerate(runs):
+                for queued_start in args.queued_start:
+                    _set_variant(staged, queued_start)
+                    lobpcg(op, args.nev, block_size=b, x0=start[:, :b], tol=args.tol, maxiter=3, dtype=dtype,
+                           comm=comm)
+    # the block sizes and variants alternate, so that a drift of the machine touches all of them
+    runs = [(True, b, staged, queued_start) for _ in range(args.repeats) for b in sizes for staged in args.staged
+            for queued_start in args.queued_start]
+    runs += [(False, sizes[0], args.staged[0], args.queued_start[0])] if args.compare_trips else []
+    for repeat, (queued, b, staged, queued_start) in enumerate(runs):
         solver.OVERLAP = queued
-        row_kernels.STAGED = gpu_grams.STAGED = staged
+        _set_variant(staged, queued_start)
         x0 = start[:, :b]
         comm.Barrier()
         profile = None
@@ -76,8 +80,10 @@ def run_case(name, comm, args, log):
         per_rank = comm.allgather(per)
         label = (f"cisolver-ranks{comm.Get_size()}" + ("" if queued else "-trips")
                  + (f"-b{b}" if len(sizes) > 1 else "")
-                 + (("-staged" if staged else "-unstaged") if len(args.staged) > 1 else ""))
-        rec["runs"].append({"solver": label, "block_size": b, "staged_kernels": staged, "queued": res.queued,
+                 + (("-staged" if staged else "-unstaged") if len(args.staged) > 1 else "")
+                 + (("-queued-start" if queued_start else "-host-start") if len(args.queued_start) > 1 else ""))
+        rec["runs"].append({"solver": label, "block_size": b, "staged_kernels": staged,
+                            "queued_start": queued_start, "queued": res.queued,
                             "seconds": seconds,
                             "iterations": res.iterations,
                             "converged": res.converged, "declined": res.declined, "redone": res.redone,
@@ -88,8 +94,13 @@ def run_case(name, comm, args, log):
             f"declined {res.declined}, redone {res.redone}, {res.eigenvalues[:3]}; per rank dense / spmm ms "
             f"{[(round(p.get('dense', 0) * 1e3, 3), round(p.get('spmm', 0) * 1e3, 3)) for p in per_rank]}")
     solver.OVERLAP = True
-    row_kernels.STAGED = gpu_grams.STAGED = args.staged[0]
+    _set_variant(args.staged[0], args.queued_start[0])
     return rec
+
+
+def _set_variant(staged, queued_start):
+    row_kernels.STAGED = gpu_grams.STAGED = staged
+    cisolver_start.QUEUED = queued_start
 
 
 def _print_profile(profile, comm, log):
@@ -157,6 +168,9 @@ def main(argv=None):
     ap.add_argument("--staged", type=_on_off_list, default=[row_kernels.STAGED],
                     help="kernels to alternate: on (cp.async-staged row and Gram kernels), off (thread per row, "
                          "register prefetch), or on,off (cisolver.row_kernels.STAGED and gpu_grams.STAGED)")
+    ap.add_argument("--queued-start", type=_on_off_list, default=[cisolver_start.QUEUED],
+                    help="LOBPCG's start to alternate: on (queued on the GPU), off (host path), or on,off "
+                         "(cisolver.start.QUEUED)")
     args = ap.parse_args(argv)
     if args.block_sizes and min(args.block_sizes) < args.nev:
         ap.error(f"--block-sizes: each must be >= --nev ({args.nev}), got {args.block_sizes}")

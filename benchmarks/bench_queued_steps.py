@@ -156,6 +156,11 @@ def main():
         for rows in (16, 48):
             steps[name + f" (staged, {rows} rows a tile)"] = with_settings(steps[name],
                                                                            (row_kernels, "STAGE_ROWS", rows))
+    for threads in (64, 128):         # the one-block kernels: fewer warps at each barrier
+        steps[f"ortho: factor kernel ({threads} threads)"] = with_settings(steps["ortho: factor kernel"],
+                                                                          (gpu_ortho, "THREADS", threads))
+        steps[f"rr: whole queue ({threads} threads)"] = with_settings(
+            steps["rr: whole queue (prepare, syevj, finish)"], (gpu_rayleigh_ritz, "THREADS", threads))
     for name in ("ortho: gpu_grams S^T S (one pass)", "grams: gpu_grams S^T HS and S^T S (one pass)"):
         steps[name + " (register prefetch)"] = with_settings(steps[name], (gpu_grams, "STAGED", False))
         for per_sm in (3, 4):
