@@ -36,7 +36,7 @@ extern "C" __global__ void ortho_factor(const double* y, long long yi, long long
     __shared__ double xv[BMAX * QMAX];      // X^T V, b x q
     __shared__ double a[QMAX * QMAX];       // V^T V, then the outside part, then its scaled factor R_s
     __shared__ double ri[QMAX * QMAX];      // R^{-1}
-    __shared__ double d[QMAX], col[QMAX], part[64];
+    __shared__ double d[QMAX], col[QMAX], part[64], piv[QMAX], rd[QMAX];
     __shared__ int bad;
     const int t = threadIdx.x, nt = blockDim.x, k = b + q;
     if (t == 0) bad = 0;
@@ -67,7 +67,7 @@ extern "C" __global__ void ortho_factor(const double* y, long long yi, long long
     __syncthreads();
     for (int e = t; e < q * q; e += nt) a[e] /= d[e / q] * d[e % q];
     __syncthreads();
-    cholesky_upper(a, q, &bad, NOT_DEFINITE);                  // row c is R_s[c, c:]
+    cholesky_upper(a, q, &bad, NOT_DEFINITE, piv);             // row c is R_s[c, c:]
     flag_singular(a, q, singular_ratio, &bad, NOT_DEFINITE);   // numerically singular, as cholesky_upper
     __syncthreads();
     for (int e = t; e < q * q; e += nt) {                     // R = R_s diag(d), upper
@@ -75,7 +75,7 @@ extern "C" __global__ void ortho_factor(const double* y, long long yi, long long
         a[e] = j >= i ? a[e] * d[j] : 0.0;
     }
     __syncthreads();
-    inverse_upper(a, ri, q);
+    inverse_upper(a, ri, q, rd);
     if (t < q) {                                               // column lengths of R
         double c2 = 0.0;
         for (int i = 0; i <= t; ++i) c2 += a[i * q + t] * a[i * q + t];

@@ -56,7 +56,7 @@ extern "C" __global__ void rr_prepare(const double* both, long long s0, long lon
         double singular_ratio, double* a, double* a0, double* rinv, double* o, double* d, int* flag)
 {
     __shared__ double g[KMAX * KMAX], r[KMAX * KMAX], ri[KMAX * KMAX];
-    __shared__ double dd[KMAX];
+    __shared__ double dd[KMAX], piv[KMAX], rd[KMAX];
     __shared__ int bad;
     const int t = threadIdx.x, nt = blockDim.x;
     if (t == 0) bad = 0;
@@ -82,9 +82,9 @@ extern "C" __global__ void rr_prepare(const double* both, long long s0, long lon
         if (!isfinite(r[e]) || !isfinite(g[e])) atomicOr(&bad, 1);
     }
     __syncthreads();
-    cholesky_upper(r, k, &bad, 1);
+    cholesky_upper(r, k, &bad, 1, piv);
     flag_singular(r, k, singular_ratio, &bad, 1);
-    inverse_upper(r, ri, k);
+    inverse_upper(r, ri, k, rd);
     __syncthreads();
     for (int e = t; e < k * k; e += nt) {                     // r <- G_scaled R^{-1}
         const int i = e / k, j = e % k;
@@ -109,38 +109,53 @@ extern "C" __global__ void rr_prepare(const double* both, long long s0, long lon
 // eig_info: the eigensolver's status (0: converged). A residual |a0 y - w y| above EIG_RESIDUAL max |w|, or a
 // nonzero status, sends the step to the host path (flag bit 2).
 // m (k x 2b, row-major, T) = [C Z]; theta (b); info = [theta (b), max |w|, usable (b), flag].
+// The small inputs are copied into shared memory first (one round of global loads instead of a chain of them in
+// every inner loop); three buffers are reused once their first content is no longer read.
 extern "C" __global__ void rr_finish(const double* w, const double* v, long long v0, long long v1,
         const double* a0, const double* rinv, const double* o, const double* d, const int* flag, const int* eig_info,
         int k, int b, T* m, double* theta, double* info)
 {
-    __shared__ double c[KMAX * KMAX], z[KMAX * KMAX], oz[KMAX * KMAX], tt[KMAX * KMAX];
-    __shared__ double before[KMAX], after[KMAX];
+    __shared__ double ab[KMAX * KMAX], y[KMAX * KMAX], ri[KMAX * KMAX], c[KMAX * KMAX], z[KMAX * KMAX];
+    __shared__ double sw[KMAX], sd[KMAX], before[KMAX], after[KMAX];
     __shared__ int unsolved;
+    double* const oz = ri;                                     // O Z, once R^{-1} is used
+    double* const tt = y;                                      // C^T O Z, once Y is used
     const int t = threadIdx.x, nt = blockDim.x;
     if (t == 0) unsolved = eig_info[0] != 0;
-    __syncthreads();
-    double scale = TINY64;                                     // max |w|
-    for (int i = 0; i < k; ++i) scale = fmax(scale, fabs(w[i]));
-    for (int e = t; e < k * k; e += nt) {                     // every eigenpair's residual: cuSOLVER's batched
-        const int l = e / k, i = e % k;                        // syevj reports 0 also when its sweeps ran out
-        double s = -w[i] * v[l * v0 + i * v1];
-        for (int q = 0; q < k; ++q) s += a0[l * k + q] * v[q * v0 + i * v1];
-        if (!(fabs(s) <= EIG_RESIDUAL * scale)) unsolved = 1;
+    for (int e = t; e < k * k; e += nt) {
+        const int l = e / k, i = e % k;
+        ab[e] = a0[e];                                         // A, then S^T S
+        y[e] = v[l * v0 + i * v1];                             // Y (row l, column i)
+        ri[e] = rinv[e];
+    }
+    if (t < k) {
+        sw[t] = w[t];
+        sd[t] = d[t];
     }
     __syncthreads();
+    double scale = TINY64;                                     // max |w|
+    for (int i = 0; i < k; ++i) scale = fmax(scale, fabs(sw[i]));
+    for (int e = t; e < k * k; e += nt) {                     // every eigenpair's residual: cuSOLVER's batched
+        const int l = e / k, i = e % k;                        // syevj reports 0 also when its sweeps ran out
+        double s = -sw[i] * y[l * k + i];
+        for (int q = 0; q < k; ++q) s += ab[l * k + q] * y[q * k + i];
+        if (!(fabs(s) <= EIG_RESIDUAL * scale)) unsolved = 1;
+    }
     for (int e = t; e < k * b; e += nt) {                     // C = D R^{-1} Y[:, :b]
         const int l = e / b, j = e % b;
         double s = 0.0;
-        for (int q = l; q < k; ++q) s += rinv[l * k + q] * v[q * v0 + j * v1];
-        c[e] = d[l] * s;
+        for (int q = l; q < k; ++q) s += ri[l * k + q] * y[q * k + j];
+        c[e] = sd[l] * s;
         z[e] = l < b ? 0.0 : c[e];
     }
+    __syncthreads();
+    for (int e = t; e < k * k; e += nt) ab[e] = o[e];
     __syncthreads();
     for (int pass = 0; pass < 2; ++pass) {
         for (int e = t; e < k * b; e += nt) {                 // O Z
             const int l = e / b, j = e % b;
             double s = 0.0;
-            for (int q = 0; q < k; ++q) s += o[l * k + q] * z[q * b + j];
+            for (int q = 0; q < k; ++q) s += ab[l * k + q] * z[q * b + j];
             oz[e] = s;
         }
         __syncthreads();
@@ -175,13 +190,13 @@ extern "C" __global__ void rr_finish(const double* w, const double* v, long long
         m[l * 2 * b + b + j] = (T) (ok && usable ? z[e] / after[j] : 0.0);
     }
     if (t < b) {
-        theta[t] = w[t];
-        info[t] = w[t];
+        theta[t] = sw[t];
+        info[t] = sw[t];
         info[b + 1 + t] = after[t] > 1e3 * EPS64 * fmax(before[t], TINY64) ? 1.0 : 0.0;
     }
     if (t == 0) {
         double big = 0.0;
-        for (int i = 0; i < k; ++i) big = fmax(big, fabs(w[i]));
+        for (int i = 0; i < k; ++i) big = fmax(big, fabs(sw[i]));
         info[b] = big;
         info[2 * b + 1] = (double) bad;
     }
