@@ -9,7 +9,8 @@ the CPU series (ours, eigsh, scipy lobpcg on the node's 32 cores, 24Mg and 46Ti)
 (the CPU path has not changed since). Right: the dense steps' share of an iteration on H200s with session
 8's code (every small step waits for a host trip), session 9's (whole iterations queued on the GPU),
 session 10's (one-pass Grams, cuSOLVER called directly), session 11's two ranks (iterations queued on
-both GPUs, NCCL sums) and session 12's (faster small kernels), with the goal of 10 %.
+both GPUs, NCCL sums), session 12's (faster small kernels), session 13's (staged kernels) and session 14's (the
+start queued on the GPU), with the goal of 10 %.
 """
 import argparse
 import glob
@@ -24,6 +25,8 @@ from plotting import save  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 NOW = ["h200x2-2026-11-22-s12/run6-final"]
+SESSION14 = ["h200x2-2026-11-22-s14/run4-small-factor", "h200x2-2026-11-22-s14/run6-48cr-ranks",
+             "h200x2-2026-11-22-s14/run7-48cr-warm"]     # the later wins (run6's first 48Cr run was not warmed up)
 SESSION13 = ["h200x2-2026-11-22-s13/run9-final"]
 SESSION13_RANKS = ["h200x2-2026-11-22-s13/run8-w-in-place-tile-rows"]     # 47V only, staged and unstaged alternating
 SESSION11 = ["h200x2-2026-11-22-s11/run5-final"]
@@ -53,6 +56,8 @@ SHARES = [  # the dense share's series: label, folders, solver name in the JSON,
     ("session 12, 2 H200", NOW, "cisolver-gpu2", "C4s-"),
     ("session 13, 2 H200 on 2 ranks (47V)", SESSION13_RANKS, "cisolver-ranks2-staged", "C2D"),
     ("session 13, 2 H200", SESSION13, "cisolver-gpu2", "C9s-"),
+    ("session 14, 2 H200 on 2 ranks", SESSION14, "cisolver-ranks2", "kD-"),
+    ("session 14, 1 H200", SESSION14, "cisolver-gpu1", "ko-"),
 ]
 
 
