@@ -81,9 +81,10 @@ def run_case(name, comm, args, log):
         label = (f"cisolver-ranks{comm.Get_size()}" + ("" if queued else "-trips")
                  + (f"-b{b}" if len(sizes) > 1 else "")
                  + (("-staged" if staged else "-unstaged") if len(args.staged) > 1 else "")
-                 + (("-queued-start" if queued_start else "-host-start") if len(args.queued_start) > 1 else ""))
+                 + (("-queued-start" if queued_start else "-host-start") if len(args.queued_start) > 1 and queued
+                    else ""))
         rec["runs"].append({"solver": label, "block_size": b, "staged_kernels": staged,
-                            "queued_start": queued_start, "queued": res.queued,
+                            "queued_start": queued_start and queued, "queued": res.queued,
                             "seconds": seconds,
                             "iterations": res.iterations,
                             "converged": res.converged, "declined": res.declined, "redone": res.redone,

@@ -78,6 +78,14 @@ __device__ void inverse_upper(const double* a, double* ri, int q, double* rd)
 _compiled = {}
 
 
+def small_factor_threads(threads):
+    """``threads`` for a kernel that calls SMALL_FACTOR's functions: a positive multiple of 32 (their row loops
+    step by threads / 32; fewer would loop for ever, a remainder would share elements)."""
+    if threads < 32 or threads % 32:
+        raise ValueError(f"one-block kernels need a positive multiple of 32 threads, got {threads}")
+    return threads
+
+
 def module(cupy, dtype, source, defines=None, name_expressions=None):
     """``source`` compiled for the current device with T (and VT, its 16-byte vector) typedef'd to ``dtype``
     and ``defines`` (name -> value) as macros; cached."""

@@ -159,7 +159,7 @@ def first_pass(s, hs, b, n_p, context=None, comm=None):
     flag = cupy.empty(1, dtype=np.int32)
     eps = float(np.finfo(s.dtype).eps)
     item = y.itemsize
-    _kernel(cupy, s.dtype)((1,), (THREADS,), (
+    _kernel(cupy, s.dtype)((1,), (cuda_modules.small_factor_threads(THREADS),), (
         y, np.int64(y.strides[0] // item), np.int64(y.strides[1] // item), np.int32(b), np.int32(q),
         np.int32(n_p), np.float64(0.5 * eps), np.float64(dense.CANCELLATION), np.float64(dense.SINGLE_PASS_LOSS),
         np.float64(np.finfo(np.float64).eps ** 0.5 * 1e-2), m, m_hp, flag))

@@ -267,7 +267,7 @@ def queue(both, b, dtype):
     d, w = cupy.empty(k, dtype=np.float64), cupy.empty(k, dtype=np.float64)
     flag, eig_info = cupy.empty(1, dtype=np.int32), cupy.empty(1, dtype=np.int32)
     item = both.itemsize
-    mod.get_function("rr_prepare")((1,), (THREADS,), (
+    mod.get_function("rr_prepare")((1,), (cuda_modules.small_factor_threads(THREADS),), (
         both, np.int64(both.strides[0] // item), np.int64(both.strides[1] // item), np.int64(both.strides[2] // item),
         np.int32(k), np.float64(SINGULAR_RATIO), a, a0, rinv, o, d, flag))
     _eigh_in_place(cupy, a, w, eig_info)

@@ -26,18 +26,19 @@ def first_block(op, x, s, hs, r, *, context, comm, timer, queued, agree):
     ``agree(value)``: a small result read on the host, checked to be the same on every MPI rank.
     Returns (theta, the largest |Ritz value|, r's column sums of squares on the host, and 1 when the GPU's
     queued start was declined and the host path redid it, else 0)."""
-    if queued and QUEUED:
+    b = x.shape[1]
+    tried = queued and QUEUED and gpu_ortho.fits(x, 0) and gpu_rayleigh_ritz.fits(x, b)
+    if tried:
         got = _queued(op, x, s, hs, r, context=context, comm=comm, timer=timer, agree=agree)
         if got is not None:
             return got + (0,)
-    return _on_host_path(op, x, s, hs, r, context=context, comm=comm, timer=timer) + (int(queued and QUEUED),)
+    return _on_host_path(op, x, s, hs, r, context=context, comm=comm, timer=timer) + (int(tried),)
 
 
 def _queued(op, x, s, hs, r, *, context, comm, timer, agree):
-    """The start queued on the GPU; None when a kernel declined (the host path then starts from x)."""
+    """The start queued on the GPU (x fits its kernels); None when a kernel declined (the host path then starts
+    from x: as it came, or after one Cholesky-QR pass)."""
     b = x.shape[1]
-    if not (gpu_ortho.fits(x, 0) and gpu_rayleigh_ritz.fits(x, b)):
-        return None
     with timer.phase("dense", "start"):
         flag = Later(gpu_ortho.first_pass(x, x, 0, 0, context=context, comm=comm))
     with timer.phase("spmm"):

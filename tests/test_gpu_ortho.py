@@ -92,6 +92,55 @@ def test_first_pass_declines_and_leaves_the_blocks(dtype, case, bit, rng):
     np.testing.assert_array_equal(cupy.asnumpy(hs_dev), hs)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("q", [1, 2, 5, 8, 32])
+def test_first_pass_with_no_x_is_one_cholesky_qr_pass(dtype, q, rng):
+    """b = 0 (LOBPCG's start, cisolver.start): the pass makes the whole block orthonormal as one host Cholesky-QR
+    pass does, and touches nothing beyond it."""
+    import cupy
+    rows = 4099
+    x = rng.standard_normal((rows, q)) * rng.uniform(0.5, 2.0, q)[None, :]
+    buf = np.full((rows, q + 3), np.nan)
+    buf[:, :q] = x
+    buf = buf.astype(dtype)
+    dev = cupy.asarray(buf)
+    flag = gpu_ortho.first_pass(dev[:, :q], dev[:, :q], 0, 0)
+    assert int(flag.get()[0]) == gpu_ortho.OK
+    want = buf[:, :q].astype(np.float64)
+    r = dense.cholesky_upper(want.T @ want)
+    want = want @ dense.inverse_upper(r)
+    got = cupy.asnumpy(dev)
+    np.testing.assert_allclose(got[:, :q], want, rtol=0, atol=50 * TOL[dtype])
+    assert np.isnan(got[:, q:]).all()
+    v = got[:, :q].astype(np.float64)
+    np.testing.assert_allclose(v.T @ v, np.eye(q), atol=100 * TOL[dtype] + 20 * dense.SINGLE_PASS_LOSS)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_first_pass_with_no_x_declines_and_leaves_the_block(dtype, rng):
+    """Two columns nearly parallel: one pass would not do, the block stays bit for bit as it was; two equal
+    columns: declined too."""
+    import cupy
+    rows, q = 3001, 8
+    for case in ("near_parallel", "duplicate"):
+        x = rng.standard_normal((rows, q))
+        x[:, 5] = x[:, 4] + ((3e-3 if dtype == np.float32 else 1e-7) * rng.standard_normal(rows)
+                             if case == "near_parallel" else 0.0)
+        x = x.astype(dtype)
+        dev = cupy.asarray(x)
+        flag = int(gpu_ortho.first_pass(dev, dev, 0, 0).get()[0])
+        assert flag & gpu_ortho.SECOND_PASS if case == "near_parallel" else flag != gpu_ortho.OK, (case, flag)
+        np.testing.assert_array_equal(cupy.asnumpy(dev), x)
+
+
+def test_one_block_kernels_want_a_multiple_of_32_threads(monkeypatch):
+    import cupy
+    s = cupy.asarray(np.random.default_rng(1).standard_normal((500, 16)))
+    monkeypatch.setattr(gpu_ortho, "THREADS", 48)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        gpu_ortho.first_pass(s, s, 8, 0)
+
+
 def test_first_pass_bad_arguments():
     import cupy
     s = cupy.zeros((100, 60))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from cisolver import start
+from cisolver import dense, gpu_grams, start
 from cisolver.arrays import Timer
 from cisolver.operators import SymmetricOperator
 
@@ -79,3 +79,28 @@ def test_queued_start_hands_an_ill_conditioned_block_to_the_host_path(rng, host_
     want = _start(op, x0, False, np.float64)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
     np.testing.assert_allclose(got[3], want[3], rtol=0, atol=1e-10)    # the host path from the same block
+
+
+def test_queued_start_with_hybridblas_grams(rng, host_calls, monkeypatch):
+    """Blocks beyond gpu_grams' row limits take hybridblas' Gram kernels (dense.gram_buffer): the same start."""
+    n, b = 3000, 8
+    op = SymmetricOperator(_matrix(n, rng), devices=[0])
+    x0 = rng.standard_normal((n, b))
+    want = _start(op, x0, True, np.float64)
+    monkeypatch.setattr(gpu_grams, "preferred", lambda *blocks: False)
+    got = _start(op, x0, True, np.float64)
+    assert host_calls == [] and got[7] == 0
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-11)
+    sign = np.sign(np.sum(got[3] * want[3], axis=0))
+    np.testing.assert_allclose(got[3] * sign, want[3], rtol=0, atol=1e-9)
+
+
+def test_queued_start_with_a_nan_fails_clearly(rng, host_calls):
+    """A NaN in the start block: the GPU declines, and the host path raises NotPositiveDefinite as it did."""
+    n, b = 3000, 8
+    op = SymmetricOperator(_matrix(n, rng), devices=[0])
+    x0 = rng.standard_normal((n, b))
+    x0[17, 3] = np.nan
+    with pytest.raises(dense.NotPositiveDefinite):
+        _start(op, x0, True, np.float64)
+    assert host_calls == [1]
