@@ -7,10 +7,15 @@
 The routines follow the reference BLAS contract (scipy.linalg.blas argument order); ``context=``
 chooses devices, strategy and block size. Importing this package touches no GPU.
 """
+from . import console, devspec, memory
+from ._version import __version__
 from .context import Context, default_context, set_default_context
+from .devspec import DeviceSpec, gpu_count, parse_devices
+from .memory import InsufficientMemory
 from .profile import load_profile
 from .routines import gemm, gemmt, her2k, herk, herkx, syr2k, syrk
 
 __all__ = ["herk", "her2k", "gemmt", "herkx", "syrk", "syr2k", "gemm",
-           "Context", "default_context", "set_default_context", "load_profile"]
-__version__ = "0.1.0"
+           "Context", "default_context", "set_default_context", "load_profile",
+           "DeviceSpec", "parse_devices", "gpu_count", "InsufficientMemory",
+           "console", "devspec", "memory", "__version__"]

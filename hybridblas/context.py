@@ -4,6 +4,7 @@ import threading
 
 from . import blas_threads
 from .devices import CPUDevice, Device, registered
+from .devspec import device_words, gpu_count
 
 STRATEGIES = ("static", "dynamic", "auto")
 
@@ -14,17 +15,12 @@ DEFAULT_GPU_RATE = {4: 40e12, 8: 40e12}
 
 def cuda_device_count():
     """GPUs CuPy can see; 0 without cupy or a driver. Touches no GPU when cupy is absent."""
-    try:
-        import cupy
-    except ImportError:
-        return 0
-    try:
-        return cupy.cuda.runtime.getDeviceCount() if cupy.is_available() else 0
-    except Exception:
-        return 0
+    return gpu_count()
 
 
 def _cuda_devices(spec):
+    """The CUDA devices a device string names ('gpu', '0,1', 'cpu,cuda:1': its GPUs only), from the
+    registered device factory, which says clearly when CuPy or a GPU is missing."""
     factory = registered("cuda")
     if factory is None:
         try:
@@ -114,16 +110,14 @@ class Context:
     @staticmethod
     def _resolve_devices(devices):
         if isinstance(devices, str):
-            if devices == "cpu":
-                return [CPUDevice(0)]
-            if devices in ("all", "gpu", "cuda"):
-                gpus = _cuda_devices("cuda") if cuda_device_count() else []
-                if devices != "all" and not gpus:
-                    raise ValueError(f"devices={devices!r} but no CUDA GPU is available")
-                return ([CPUDevice(0)] if devices == "all" else []) + gpus
-            devices = [devices]
+            cpu, every_gpu, optional, ids = device_words(devices)
+            if every_gpu and optional and not cuda_device_count():
+                return [CPUDevice(0)]                  # 'all' on a node without GPUs: the cores
+            gpus = _cuda_devices(devices) if every_gpu or ids else []
+            return ([CPUDevice(0)] if cpu else []) + gpus
         if not isinstance(devices, (list, tuple)) or not devices:
-            raise ValueError(f"devices must be 'cpu', 'all', 'gpu' or a non-empty list, got {devices!r}")
+            raise ValueError(f"devices must be 'cpu', 'all', 'gpu', GPU ids like '0,1', or a non-empty list, "
+                             f"got {devices!r}")
         out, n_cpu = [], 0
         for spec in devices:
             if isinstance(spec, Device):
@@ -131,8 +125,10 @@ class Context:
             elif spec == "cpu":
                 out.append(CPUDevice(n_cpu))
                 n_cpu += 1
-            elif isinstance(spec, str) and (spec.startswith("cuda") or spec == "gpu"):
-                out.extend(_cuda_devices(spec))
+            elif isinstance(spec, (str, int)) and not isinstance(spec, bool):
+                _cpu, every_gpu, _opt, ids = device_words([spec])
+                if every_gpu or ids:
+                    out.extend(_cuda_devices(str(spec)))
             else:
                 raise ValueError(f"devices: unknown device {spec!r}; use 'cpu', 'cuda:<i>' or a Device")
         names = [d.name for d in out]

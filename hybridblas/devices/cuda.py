@@ -647,23 +647,12 @@ class _CUDARun(DeviceRun):
 
 
 def _factory(spec):
-    """'cuda' / 'gpu': every visible GPU; 'cuda:i': GPU i."""
-    cp = _cupy()
-    try:
-        count = cp.cuda.runtime.getDeviceCount() if cp.is_available() else 0
-    except Exception:
-        count = 0
-    if spec in ("cuda", "gpu"):
-        if count == 0:
-            raise ValueError(f"devices: {spec!r} but no CUDA GPU is available")
-        return [CUDADevice(i) for i in range(count)]
-    head, _, idx = spec.partition(":")
-    if head != "cuda" or not idx.isdigit():
-        raise ValueError(f"devices: unknown CUDA device {spec!r}; use 'cuda', 'gpu' or 'cuda:<i>'")
-    i = int(idx)
-    if i >= count:
-        raise ValueError(f"devices: {spec!r} but only {count} CUDA GPU(s) are visible")
-    return [CUDADevice(i)]
+    """'cuda' / 'gpu': every visible GPU; 'cuda:i': GPU i. Without CuPy, a driver or the GPU: a ValueError
+    that says what to install or which ids exist."""
+    from ..devspec import check_gpu_ids, device_words
+    _cpu, every_gpu, _optional, ids = device_words(spec)
+    count = check_gpu_ids(ids, spec)
+    return [CUDADevice(i) for i in (range(count) if every_gpu else ids)]
 
 
 register("cuda", _factory)
