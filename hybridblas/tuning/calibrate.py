@@ -13,7 +13,7 @@ import hybridblas as hb
 
 from .. import blas_threads
 from ..context import Context, cuda_device_count
-from ..profile import FORMAT, current_fingerprint, fingerprint_id, gpu_inventory, save_profile
+from ..profile import BLOCK_SIZE_RANGE, FORMAT, current_fingerprint, fingerprint_id, gpu_inventory, save_profile
 from .measure import ROUTINES, Call, _operands, bench, combos, transfer_rates
 from .progress import Progress
 
@@ -55,8 +55,12 @@ class Settings:
         if not combos(self.routines, self.dtypes):
             raise ValueError(f"no routine/dtype pair to measure in routines={self.routines}, dtypes={self.dtypes}")
         for kind, sizes in self.sizes.items():
-            if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
+            if not sizes or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in sizes):
                 raise ValueError(f"sizes[{kind!r}] must be positive integers, got {sizes!r}")
+        lo, hi = BLOCK_SIZE_RANGE
+        for kind, blocks in self.blocks.items():
+            if any(not isinstance(b, int) or isinstance(b, bool) or not lo <= b <= hi for b in blocks):
+                raise ValueError(f"blocks[{kind!r}] must be integers in [{lo}, {hi}], got {blocks!r}")
 
 
 def default_devices():
@@ -158,7 +162,8 @@ def _blocks(name, kind, work, rates, settings, prog, log):
     out = {}
     for routine, dt in todo:
         n = max(rates[routine][dt])
-        candidates = [b for b in settings.blocks.get(kind, BLOCKS[kind]) if 2 * b <= n] or [max(1, n // 2)]
+        candidates = ([b for b in settings.blocks.get(kind, BLOCKS[kind]) if 2 * b <= n]
+                      or [max(BLOCK_SIZE_RANGE[0], n // 2)])
         call = Call(routine, n, dt)
         times = {}
         for nb in candidates:
