@@ -144,7 +144,8 @@ class Context:
     def profile(self):
         if self._profile is None:
             from .profile import load_profile
-            self._profile = load_profile() or False
+            # the notice of a missing profile matters only where several devices could share a call
+            self._profile = load_profile(tell_missing=len(self.devices) > 1) or False
         return self._profile or None
 
     def devices_for(self, problem):

@@ -3,9 +3,11 @@
 A profile is a YAML file written by ``hybridblas-tune calibrate`` and named by the node's hardware
 fingerprint (CPU model and cores, GPU names and count, driver/CUDA, BLAS library), never the hostname,
 so one shared directory can hold the profiles of many node types. It is looked for in
-``$HYBRIDBLAS_PROFILE_DIR``, then ``~/.config/hybridblas/profiles/``, then ``{sys.prefix}/etc/hybridblas/``
-(``$HYBRIDBLAS_PROFILE`` names one file explicitly). Missing: defaults and one notice. Corrupt or made
-on another node: one warning and defaults, never an exception.
+``$HYBRIDBLAS_PROFILE_DIR``, then ``$XDG_CONFIG_HOME/hybridblas/profiles/`` (``~/.config/...`` by default),
+then ``{sys.prefix}/etc/hybridblas/`` (``$HYBRIDBLAS_PROFILE`` names one file explicitly). The whole file
+is validated when it is loaded, so lookups can trust it. Missing: defaults and one INFO notice (rank 0,
+calls that several devices could share). Unreadable, invalid or made on another node: one ProfileWarning
+and defaults, never an exception.
 """
 import bisect
 import functools
@@ -17,14 +19,16 @@ import os
 import platform
 import re
 import sys
+import threading
 import warnings
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-__all__ = ["Profile", "ProfileError", "ProfileWarning", "load_profile", "save_profile",
-           "current_fingerprint", "fingerprint_id", "profile_filename", "search_dirs", "find_profile"]
+__all__ = ["Profile", "ProfileError", "ProfileWarning", "load_profile", "read_profile", "save_profile",
+           "current_fingerprint", "fingerprint_id", "profile_filename", "search_dirs", "user_config_dir",
+           "find_profile", "launcher_rank"]
 
 FORMAT = "hybridblas-profile/1"
 ENV_DIR = "HYBRIDBLAS_PROFILE_DIR"
@@ -33,7 +37,13 @@ FINGERPRINT_KEYS = ("cpu_model", "cpu_cores", "gpus", "gpu_count", "driver", "cu
 # A call of one routine may use the measured rate of a routine with the same kernel shape.
 _KIND_FALLBACK = {"herk": ("syrk",), "syrk": ("herk",), "her2k": ("syr2k", "herk"),
                   "syr2k": ("her2k", "syrk"), "gemmt": ("gemm",), "gemm": ("gemmt",)}
+ROUTINE_KINDS = tuple(_KIND_FALLBACK)
+DTYPES = ("float32", "float64", "complex64", "complex128")
 TRANSFER_KEYS = ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
+BLOCK_SIZE_RANGE = (32, 65536)      # tile edges a profile may give; outside it a call would be all overhead
+MAX_FILE_BYTES = 4 << 20            # profiles are a few kB; a larger file is not one
+# Launchers' rank variables (Open MPI, MPICH/Intel MPI, PMIx, MVAPICH2, Slurm), read without importing MPI.
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 
 log = logging.getLogger("hybridblas")
 
@@ -141,13 +151,21 @@ def _same_node(a, b):
 
 # ---------------------------------------------------------------- where profiles live
 
+def user_config_dir():
+    """$XDG_CONFIG_HOME/hybridblas/profiles, or ~/.config/hybridblas/profiles where it is unset, empty or
+    relative (the XDG base directory rules)."""
+    xdg = os.environ.get("XDG_CONFIG_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".config"
+    return base / "hybridblas" / "profiles"
+
+
 def search_dirs():
-    """Directories searched, in order: $HYBRIDBLAS_PROFILE_DIR, ~/.config/hybridblas/profiles, {prefix}/etc."""
+    """Directories searched, in order: $HYBRIDBLAS_PROFILE_DIR, user_config_dir(), {sys.prefix}/etc/hybridblas."""
     dirs = []
     env = os.environ.get(ENV_DIR)
     if env:
         dirs.extend(Path(p).expanduser() for p in env.split(os.pathsep) if p)
-    dirs.append(Path.home() / ".config" / "hybridblas" / "profiles")
+    dirs.append(user_config_dir())
     dirs.append(Path(sys.prefix) / "etc" / "hybridblas")
     return dirs
 
@@ -255,11 +273,10 @@ class Profile:
             return None
         blocks = entry.get("block_size", {})
         for k in (kind,) + _KIND_FALLBACK.get(kind, ()):
-            v = blocks.get(k, {}).get(_dtype_name(dtype)) if isinstance(blocks.get(k), dict) else None
+            v = blocks.get(k, {}).get(_dtype_name(dtype))
             if v:
-                return int(v)
-        v = blocks.get("default")
-        return int(v) if v else None
+                return v
+        return blocks.get("default")
 
     def transfer(self, name):
         """{h2d_pinned, h2d_pageable, d2h_pinned, d2h_pageable} in bytes/s for a GPU, or None."""
@@ -310,115 +327,232 @@ class Profile:
         return f"<Profile {self.id} devices={self.device_names}{where}>"
 
 
+_DEVICE_NAME = re.compile(r"cpu(#\d+)?|cuda:\d+")
+
+
+def _show(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _mapping(value, where, nonempty=False):
+    if not isinstance(value, dict) or (nonempty and not value):
+        raise ProfileError(f"{where} must be a {'non-empty ' if nonempty else ''}mapping, got {_show(value)}")
+    return value
+
+
+def _integer(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _positive(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+    return _number(x) and x > 0
+
+
+def _want(ok, where, value, want):
+    if not ok:
+        raise ProfileError(f"{where} = {_show(value)}: want {want}")
+
+
+def _per_routine_dtype(table, where, check):
+    """``table`` maps a routine to {dtype: value}; ``check(value, place)`` judges each value."""
+    for kind, per_dtype in _mapping(table, where).items():
+        _want(kind in ROUTINE_KINDS, f"{where} key", kind, f"one of {ROUTINE_KINDS}")
+        for dt, value in _mapping(per_dtype, f"{where}[{kind!r}]").items():
+            _want(dt in DTYPES, f"{where}[{kind!r}] key", dt, f"one of {DTYPES}")
+            check(value, f"{where}[{kind!r}][{dt!r}]")
+
+
+def _sizes(table, where, check):
+    """``table`` maps a problem edge (integer >= 1) to a value that ``check(value, place)`` judges."""
+    for size, value in _mapping(table, where, nonempty=True).items():
+        _want(_integer(size) and size >= 1, f"{where} key", size, "a problem edge, an integer >= 1")
+        check(value, f"{where}[{size!r}]")
+
+
+def _rate(value, where):
+    _want(_positive(value), where, value, "a finite flop/s > 0")
+
+
+def _block(value, where):
+    lo, hi = BLOCK_SIZE_RANGE
+    _want(_integer(value) and lo <= value <= hi, where, value, f"an integer tile edge in [{lo}, {hi}]")
+
+
+def _share(entry, where):
+    _mapping(entry, where)
+    share = entry.get("cpu_share")
+    _want(_number(share) and 0 <= share <= 1, f"{where}['cpu_share']", share, "a number in [0, 1]")
+    helps = entry.get("cpu_helps", False)
+    _want(isinstance(helps, bool), f"{where}['cpu_helps']", helps, "true or false")
+
+
+def _texts(v):
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+_FINGERPRINT_CHECKS = {
+    "cpu_model": (lambda v: isinstance(v, str), "text"),
+    "cpu_cores": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "gpus": (_texts, "a list of GPU names"),
+    "gpu_count": (lambda v: _integer(v) and v >= 0, "an integer >= 0"),
+    "driver": (lambda v: v is None or isinstance(v, str), "text or null"),
+    "cuda": (lambda v: v is None or isinstance(v, str), "text or null"),
+    "blas": (_texts, "a list of BLAS libraries"),
+}
+
+
+def _validate_fingerprint(fp):
+    _mapping(fp, "fingerprint")
+    missing = [k for k in FINGERPRINT_KEYS if k not in fp]
+    if missing:
+        raise ProfileError(f"fingerprint lacks {missing}; it needs {FINGERPRINT_KEYS}")
+    for key, (ok, want) in _FINGERPRINT_CHECKS.items():
+        _want(ok(fp[key]), f"fingerprint[{key!r}]", fp[key], want)
+    _want(fp["gpu_count"] == len(fp["gpus"]), "fingerprint['gpu_count']", fp["gpu_count"],
+          f"the number of GPUs listed ({len(fp['gpus'])})")
+
+
+def _validate_device(name, entry):
+    where = f"devices[{name!r}]"
+    _want(isinstance(name, str) and _DEVICE_NAME.fullmatch(name), "devices key", name, "cpu, cpu#<i> or cuda:<i>")
+    _mapping(entry, where)
+    kind = name.split("#")[0].split(":")[0]
+    _want(entry.get("kind") == kind, f"{where}['kind']", entry.get("kind"), repr(kind))
+    if "model" in entry:
+        _want(isinstance(entry["model"], str), f"{where}['model']", entry["model"], "text")
+    if "threads" in entry:
+        _want(_integer(entry["threads"]) and entry["threads"] >= 1, f"{where}['threads']", entry["threads"],
+              "an integer >= 1")
+    if "rates" in entry:
+        _per_routine_dtype(entry["rates"], f"{where}.rates", lambda t, at: _sizes(t, at, _rate))
+    if "block_size" in entry:
+        blocks = _mapping(entry["block_size"], f"{where}.block_size")
+        if "default" in blocks:
+            _block(blocks["default"], f"{where}.block_size['default']")
+        _per_routine_dtype({k: v for k, v in blocks.items() if k != "default"}, f"{where}.block_size", _block)
+    for key, rate in _mapping(entry.get("transfer", {}), f"{where}.transfer").items():
+        _want(key in TRANSFER_KEYS, f"{where}.transfer key", key, f"one of {TRANSFER_KEYS}")
+        _want(_positive(rate), f"{where}.transfer[{key!r}]", rate, "a finite bytes/s > 0")
 
 
 def _validate(data):
-    """Check the layout; raise ProfileError naming the first thing that is wrong."""
+    """Check the whole profile, so that every lookup can trust it; raise ProfileError naming the first place
+    that is wrong (``devices['cpu'].rates['herk']['complex128'][512] = -1.0: want ...``)."""
     if not isinstance(data, dict):
         raise ProfileError(f"expected a YAML mapping at top level, got {type(data).__name__}")
     if data.get("format") != FORMAT:
-        raise ProfileError(f"format must be {FORMAT!r}, got {data.get('format')!r}")
-    fp = data.get("fingerprint")
-    if not isinstance(fp, dict) or any(k not in fp for k in FINGERPRINT_KEYS):
-        raise ProfileError(f"fingerprint must be a mapping with keys {FINGERPRINT_KEYS}")
-    devs = data.get("devices")
-    if not isinstance(devs, dict) or not devs:
-        raise ProfileError("devices must be a non-empty mapping of device name -> measurements")
-    for name, entry in devs.items():
-        if not isinstance(entry, dict):
-            raise ProfileError(f"devices[{name!r}] must be a mapping")
-        for kind, per_dtype in (entry.get("rates") or {}).items():
-            if not isinstance(per_dtype, dict):
-                raise ProfileError(f"devices[{name!r}].rates[{kind!r}] must map dtype -> {{size: flop/s}}")
-            for dt, table in per_dtype.items():
-                if not isinstance(table, dict) or not table:
-                    raise ProfileError(f"devices[{name!r}].rates[{kind!r}][{dt!r}] must map size -> flop/s")
-                for size, r in table.items():
-                    if not (isinstance(size, int) and size > 0 and _positive(r)):
-                        raise ProfileError(f"devices[{name!r}].rates[{kind!r}][{dt!r}]: bad entry "
-                                           f"{size!r}: {r!r} (want positive int: positive flop/s)")
-        for key, v in (entry.get("transfer") or {}).items():
-            if key not in TRANSFER_KEYS or not _positive(v):
-                raise ProfileError(f"devices[{name!r}].transfer[{key!r}] = {v!r}: want one of "
-                                   f"{TRANSFER_KEYS} with positive bytes/s")
-    for kind, per_dtype in (data.get("static") or {}).items():
-        for dt, per_size in (per_dtype or {}).items():
-            for size, entry in (per_size or {}).items():
-                share = entry.get("cpu_share") if isinstance(entry, dict) else None
-                if not isinstance(size, int) or not isinstance(share, (int, float)) or not 0 <= share < 1:
-                    raise ProfileError(f"static[{kind!r}][{dt!r}][{size!r}] needs cpu_share in [0, 1)")
+        raise ProfileError(f"format must be {FORMAT!r}, got {_show(data.get('format'))}")
+    _validate_fingerprint(data.get("fingerprint"))
+    for name, entry in _mapping(data.get("devices"), "devices", nonempty=True).items():
+        _validate_device(name, entry)
+    if "static" in data:
+        _per_routine_dtype(data["static"], "static", lambda t, at: _sizes(t, at, _share))
     return data
 
 
 # ---------------------------------------------------------------- loading and saving
 
-_cache = {}
+_cache = {}         # (path, mtime) -> the Profile, or None for a file judged unusable
 _told = set()
+_lock = threading.Lock()
 
 
-def _tell_once(key, message, as_warning):
-    if key in _told:
+def launcher_rank():
+    """This process's rank as an MPI launcher or Slurm sets it in the environment (RANK_VARIABLES); 0 when
+    none does. Nothing is imported: a program that does not use MPI must not start it."""
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def _notice_missing():
+    """The one 'no profile' notice of the process, on rank 0 only, at INFO level (CLIs show it)."""
+    if "none" in _told or launcher_rank() != 0:
         return
-    _told.add(key)
-    if as_warning:
+    _told.add("none")
+    where = ", ".join(str(d) for d in search_dirs())
+    log.info(f"hybridblas: no profile for this node ({profile_filename()}) in {where}; using default device "
+             f"rates (run `hybridblas-tune calibrate` to measure it)")
+
+
+def _warn_once(key, message):
+    if key not in _told:
+        _told.add(key)
         warnings.warn(message, ProfileWarning, stacklevel=4)
-    else:
-        log.warning(message)
 
 
 def read_profile(path):
-    """Parse and validate one file; raise ProfileError with a one-line reason."""
+    """Parse and validate one file; raise ProfileError with a one-line reason (and nothing else)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ProfileError(f"cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ProfileError(f"larger than {MAX_FILE_BYTES >> 20} MiB, which no profile is")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"not UTF-8 text (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ProfileError(f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    except RecursionError:
+        raise ProfileError("not a profile: nested too deeply") from None
     return Profile(data, path)
 
 
-def load_profile(path=None):
-    """The profile of this node, or None (defaults are used; the reason is told once).
-
-    ``path`` (or $HYBRIDBLAS_PROFILE) names a file; otherwise the search directories are tried for
-    the file named by this node's fingerprint. A profile from another node is ignored with a warning.
-    """
-    path = Path(path).expanduser() if path is not None else find_profile()
-    if path is None:
-        where = ", ".join(str(d) for d in search_dirs())
-        _tell_once("none", f"hybridblas: no profile for this node ({profile_filename()}) in {where}; "
-                           f"using default device rates (run `hybridblas-tune calibrate` to measure it)",
-                   as_warning=False)
-        return None
-    try:
-        stamp = path.stat().st_mtime_ns
-    except OSError:
-        stamp = None
-    key = (str(path), stamp)
-    if key in _cache:
-        return _cache[key]
+def _judge(path, key):
+    """The profile in ``path`` if it is valid and this node's; else None after one ProfileWarning."""
     try:
         prof = read_profile(path)
     except ProfileError as exc:
-        _tell_once(key, f"hybridblas: ignoring profile {path}: {exc}; using default device rates",
-                   as_warning=True)
+        _warn_once(key, f"hybridblas: ignoring profile {path}: {exc}; using default device rates")
         return None
     if not prof.matches():
         here = current_fingerprint()
         diff = [k for k in FINGERPRINT_KEYS if prof.fingerprint.get(k) != here.get(k)]
-        _tell_once(key, f"hybridblas: ignoring profile {path}: it was measured on another node "
-                        f"({prof.id}; differs in {', '.join(diff)}); using default device rates",
-                   as_warning=True)
+        _warn_once(key, f"hybridblas: ignoring profile {path}: it was measured on another node "
+                        f"({prof.id}; differs in {', '.join(diff)}); using default device rates")
         return None
-    _cache[key] = prof
     return prof
+
+
+def load_profile(path=None, *, tell_missing=True):
+    """The profile of this node, or None: defaults are used. Never raises for what a file holds.
+
+    ``path`` (or $HYBRIDBLAS_PROFILE) names a file; otherwise the search directories are tried for
+    the file named by this node's fingerprint. A file that cannot be read, is not valid YAML, has the
+    wrong layout or a bad value anywhere, or was measured on another node, gives one ProfileWarning per
+    process (until the file changes) and None. No file at all gives one INFO notice through the
+    'hybridblas' logger, on MPI rank 0 only, unless ``tell_missing`` is False (a Context of one device,
+    which has nothing to split).
+    """
+    with _lock:
+        path = Path(path).expanduser() if path is not None else find_profile()
+        if path is None:
+            if tell_missing:
+                _notice_missing()
+            return None
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            stamp = None
+        key = (str(path), stamp)
+        if key not in _cache:
+            _cache[key] = _judge(path, key)
+        return _cache[key]
 
 
 def save_profile(data, directory=None):

@@ -1,6 +1,11 @@
 """Profiles: search order, fingerprint naming, lookups, and what the static splitter makes of them."""
 import logging
+import math
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,21 +60,103 @@ def test_blas_name_ignores_a_blas_loaded_for_other_work(monkeypatch):
 
 def test_search_order(tmp_path, monkeypatch):
     monkeypatch.setenv(pm.ENV_DIR, str(tmp_path))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     dirs = pm.search_dirs()
     assert dirs[0] == tmp_path
-    assert dirs[1].parts[-3:] == (".config", "hybridblas", "profiles")
+    assert dirs[1] == Path.home() / ".config" / "hybridblas" / "profiles"
     assert dirs[2].parts[-2:] == ("etc", "hybridblas")
+    monkeypatch.setenv("XDG_CONFIG_HOME", "relative/config")      # not absolute: ignored, as the XDG rules say
+    assert pm.search_dirs()[1] == Path.home() / ".config" / "hybridblas" / "profiles"
 
 
-def test_no_profile_gives_defaults_and_one_notice(profile_dir, caplog):
-    with caplog.at_level(logging.WARNING, logger="hybridblas"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")             # a notice, not a warning storm
-            assert hb.load_profile() is None
-            assert hb.load_profile() is None
-    notices = [r for r in caplog.records if "no profile for this node" in r.getMessage()]
-    assert len(notices) == 1
-    assert "hybridblas-tune calibrate" in notices[0].getMessage()
+def test_xdg_config_home_holds_the_user_profiles(tmp_path, monkeypatch):
+    monkeypatch.delenv(pm.ENV_DIR, raising=False)
+    monkeypatch.delenv(pm.ENV_FILE, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    folder = tmp_path / "hybridblas" / "profiles"
+    assert pm.search_dirs()[0] == folder
+    path = pm.save_profile(make_profile({"cpu": 3e10}))       # calibrate's default folder, made if missing
+    assert path == folder / pm.profile_filename()
+    pm.reset_notices()
+    prof = hb.load_profile()
+    assert prof is not None and prof.path == path
+    pm.reset_notices()
+
+
+@pytest.fixture
+def notices():
+    """The 'hybridblas' logger's records at INFO and above, whatever handlers a CLI left on it."""
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    logger = logging.getLogger("hybridblas")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def _missing(records):
+    return [r for r in records if "no profile for this node" in r.getMessage()]
+
+
+def _herk_is_right(ctx, rng, n=37, k=23):
+    """One herk through ``ctx`` on random complex data into a NaN-poisoned C: the lower triangle is A A^H."""
+    a = np.asfortranarray(rng.standard_normal((n, k)) + 1j * rng.standard_normal((n, k)))
+    c = np.full((n, n), np.nan, dtype=complex, order="F")
+    out = hb.herk(1.0, a, 0.0, c, context=ctx)
+    ref = a @ a.conj().T
+    assert np.allclose(np.tril(out), np.tril(ref), rtol=1e-12, atol=1e-12)
+
+
+def test_no_profile_gives_defaults_and_one_notice(profile_dir, notices):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")             # a notice, not a warning
+        assert hb.load_profile() is None
+        assert hb.load_profile() is None
+    (notice,) = _missing(notices)
+    assert notice.levelno == logging.INFO and notice.name == "hybridblas"
+    assert "hybridblas-tune calibrate" in notice.getMessage() and str(profile_dir) in notice.getMessage()
+
+
+def test_missing_profile_notice_only_where_devices_could_share(profile_dir, notices, rng):
+    """A Context of one device has nothing to split: no notice, however often it runs; two devices: one."""
+    single = ["cpu"] + (["all"] if hb.gpu_count() == 0 else [])        # 'all' is the cores alone here
+    for _ in range(3):
+        for devices in single:
+            ctx = hb.Context(devices=devices)
+            assert len(ctx.devices) == 1
+            _herk_is_right(ctx, rng)
+    assert _missing(notices) == []
+    for _ in range(3):
+        _herk_is_right(hb.Context(devices=["cpu", "cpu"]), rng)
+    assert len(_missing(notices)) == 1
+
+
+@pytest.mark.parametrize("variable", pm.RANK_VARIABLES)
+def test_missing_profile_notice_only_on_rank_zero(profile_dir, notices, monkeypatch, rng, variable):
+    for name in pm.RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "3")
+    assert pm.launcher_rank() == 3
+    _herk_is_right(hb.Context(devices=["cpu", "cpu"]), rng)
+    assert _missing(notices) == []
+    pm.reset_notices()
+    monkeypatch.setenv(variable, "0")
+    _herk_is_right(hb.Context(devices=["cpu", "cpu"]), rng)
+    assert len(_missing(notices)) == 1
+
+
+def test_missing_profile_says_nothing_to_a_library_user_by_default(profile_dir):
+    """Without logging configured, the INFO notice stays quiet: a script's stderr is its own."""
+    code = ("import numpy as np, hybridblas as hb\n"
+            "a = np.random.default_rng(1).standard_normal((40, 9))\n"
+            "c = hb.herk(1.0, a, context=hb.Context(devices=['cpu', 'cpu']))\n"
+            "assert np.allclose(np.tril(c), np.tril(a @ a.T))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
 
 
 def test_save_and_load_roundtrip(profile_dir):
@@ -89,21 +176,202 @@ def test_save_and_load_roundtrip(profile_dir):
     assert prof.rate("cuda:0", "herk", "complex128", 4096) is None
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("format: [unclosed\n  devices: {", "not valid YAML"),
-    ("- just\n- a list\n", "YAML mapping"),
-    ("format: something-else/9\n", "format must be"),
-])
-def test_corrupt_profile_warns_once_and_uses_defaults(profile_dir, text, reason):
-    (profile_dir / pm.profile_filename()).write_text(text)
+def valid_profile():
+    """Two CPU workers and a GPU, with rates, block sizes, a static share and transfer rates."""
+    static = {"herk": {"complex128": {4096: {"cpu_share": 0.2, "cpu_helps": True}}}}
+    data = make_profile({"cpu": 3e10, "cpu#1": 1e10, "cuda:0": 4e12}, static=static,
+                        blocks={"cpu": 64, "cpu#1": 96, "cuda:0": 2048})
+    data["devices"]["cuda:0"]["transfer"] = {k: 2.5e10 for k in pm.TRANSFER_KEYS}
+    data["devices"]["cpu"]["threads"] = 2
+    return data
+
+
+def _set(*path_and_value):
+    """A change to a profile dict: the value at ``path`` becomes ``value``."""
+    *path, value = path_and_value
+
+    def change(data):
+        node = data
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        return data
+    return change
+
+
+def _rekey(*path_and_keys):
+    """A change to a profile dict: the mapping at ``path`` has key ``old`` renamed ``new``."""
+    *path, old, new = path_and_keys
+
+    def change(data):
+        node = data
+        for key in path:
+            node = node[key]
+        node[new] = node.pop(old)
+        return data
+    return change
+
+
+CPU, BLOCK = ("devices", "cpu"), ("devices", "cpu", "block_size")
+RATE = ("devices", "cpu", "rates", "herk", "complex128")
+SHARE = ("static", "herk", "complex128", 4096)
+TRANSFER = ("devices", "cuda:0", "transfer")
+CORRUPTIONS = {     # name: (the file's bytes, or a change to valid_profile()), what the warning says
+    "undecodable bytes": (b"format: hybridblas-profile/1\ndevices: \xff\xfe\x00\n", "not UTF-8 text"),
+    "latin-1 text": ("format: hybridblas-profile/1  # r\xe9glage\n".encode("latin-1"), "not UTF-8 text"),
+    "not YAML": (b"format: [unclosed\n  devices: {", "not valid YAML"),
+    "a list": (b"- just\n- a list\n", "YAML mapping"),
+    "empty": (b"", "YAML mapping"),
+    "too large": (b"#" * (pm.MAX_FILE_BYTES + 1), "larger than"),
+    "other format": (_set("format", "something-else/9"), "format must be"),
+    "no devices": (_set("devices", {}), "devices must be a non-empty mapping"),
+    "devices a list": (_set("devices", ["cpu"]), "devices must be"),
+    "device name": (_rekey("devices", "cpu#1", "gpu1"), "devices key = 'gpu1'"),
+    "device kind": (_set(*CPU, "kind", "cuda"), r"devices\['cpu'\]\['kind'\]"),
+    "device a number": (_set(*CPU, 5), r"devices\['cpu'\] must be a mapping"),
+    "threads zero": (_set(*CPU, "threads", 0), r"\['threads'\] = 0"),
+    "rates a list": (_set(*CPU, "rates", [1, 2]), r"devices\['cpu'\]\.rates must be a mapping"),
+    "rates a number": (_set(*CPU, "rates", "herk", 3e10), r"rates\['herk'\] must be a mapping"),
+    "rates unknown routine": (_rekey(*CPU, "rates", "herk", "trsm"), "trsm"),
+    "rates unknown dtype": (_rekey(*CPU, "rates", "herk", "complex128", "complex256"), "complex256"),
+    "rates table empty": (_set(*RATE, {}), "non-empty mapping"),
+    "rate as text": (_set(*RATE, 64, "fast"), r"\[64\] = 'fast'"),
+    "rate NaN": (_set(*RATE, 64, math.nan), r"\[64\] = nan"),
+    "rate infinite": (_set(*RATE, 64, math.inf), r"\[64\] = inf"),
+    "rate zero": (_set(*RATE, 64, 0.0), r"\[64\] = 0\.0"),
+    "rate negative": (_set(*RATE, 64, -1.0), r"\[64\] = -1\.0"),
+    "rate boolean": (_set(*RATE, 64, True), r"\[64\] = True"),
+    "size as text": (_rekey(*RATE, 64, "64"), "key = '64'"),
+    "size zero": (_rekey(*RATE, 64, 0), "key = 0"),
+    "size fractional": (_rekey(*RATE, 64, 64.5), "key = 64.5"),
+    "block 1": (_set(*BLOCK, "default", 1), r"block_size\['default'\] = 1:"),
+    "block -64": (_set(*BLOCK, "default", -64), "= -64:"),
+    "block huge": (_set(*BLOCK, "default", 1 << 20), "= 1048576:"),
+    "block fractional": (_set(*BLOCK, "default", 512.0), "= 512.0:"),
+    "block as text": (_set(*BLOCK, "default", "512"), "= '512':"),
+    "routine block 1": (_set(*BLOCK, "herk", "complex128", 1), r"block_size\['herk'\]\['complex128'\] = 1:"),
+    "block_size a list": (_set(*BLOCK, [512]), "block_size must be a mapping"),
+    "share above 1": (_set(*SHARE, "cpu_share", 1.5), r"cpu_share'\] = 1\.5"),
+    "share negative": (_set(*SHARE, "cpu_share", -0.1), r"cpu_share'\] = -0\.1"),
+    "share as text": (_set(*SHARE, "cpu_share", "half"), r"cpu_share'\] = 'half'"),
+    "share NaN": (_set(*SHARE, "cpu_share", math.nan), r"cpu_share'\] = nan"),
+    "share missing": (_set(*SHARE, {"cpu_helps": True}), r"cpu_share'\] = None"),
+    "helps as text": (_set(*SHARE, "cpu_helps", "yes"), r"cpu_helps'\] = 'yes'"),
+    "static a list": (_set("static", [0.2]), "static must be a mapping"),
+    "static size as text": (_rekey("static", "herk", "complex128", 4096, "big"), "key = 'big'"),
+    "transfer negative": (_set(*TRANSFER, "h2d_pinned", -5.0), r"transfer\['h2d_pinned'\] = -5\.0"),
+    "transfer zero": (_set(*TRANSFER, "d2h_pinned", 0), r"transfer\['d2h_pinned'\] = 0:"),
+    "transfer as text": (_set(*TRANSFER, "h2d_pageable", "fast"), "= 'fast'"),
+    "transfer unknown key": (_set(*TRANSFER, "p2p", 1e10), "key = 'p2p'"),
+    "transfer a list": (_set(*TRANSFER, [1e10]), "transfer must be a mapping"),
+    "fingerprint gpus": (_set("fingerprint", "gpus", "none"), r"fingerprint\['gpus'\]"),
+    "fingerprint gpu_count": (_set("fingerprint", "gpu_count", 3), r"fingerprint\['gpu_count'\]"),
+    "fingerprint cores": (_set("fingerprint", "cpu_cores", "2"), r"fingerprint\['cpu_cores'\]"),
+    "fingerprint a list": (_set("fingerprint", ["cpu"]), "fingerprint must be a mapping"),
+}
+
+
+def test_the_valid_profile_of_these_tests_loads_and_is_used(profile_dir, rng):
+    """The control for the corruptions below: unchanged, it loads without a word and sets the rates."""
+    (profile_dir / pm.profile_filename()).write_text(yaml.safe_dump(valid_profile()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ctx = hb.Context(devices=["cpu", "cpu"])
+        _herk_is_right(ctx, rng)
+    assert ctx.profile is not None and ctx.profile.block_size("cpu", "herk", np.complex128) == 64
+    prob = herk_problem(400, 60, rng)
+    rates = [ctx.rate(d, prob) for d in ctx.devices]
+    assert rates[0] / rates[1] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("name", CORRUPTIONS)
+def test_corrupt_profile_warns_once_and_calls_still_work(profile_dir, rng, name):
+    change, reason = CORRUPTIONS[name]
+    content = change if isinstance(change, bytes) else yaml.safe_dump(change(valid_profile())).encode()
+    path = profile_dir / pm.profile_filename()
+    path.write_bytes(content)
     with pytest.warns(pm.ProfileWarning, match=reason) as record:
+        for _ in range(3):                                  # every call and Context: still one warning
+            ctx = hb.Context(devices=["cpu", "cpu"])
+            _herk_is_right(ctx, rng)
+            assert ctx.profile is None
         assert hb.load_profile() is None
+    assert len(record) == 1, [str(r.message) for r in record]
+    assert str(path) in str(record[0].message) and "using default device rates" in str(record[0].message)
+    bare = hb.Context(devices=["cpu", "cpu"], profile=False)
+    prob = herk_problem(200, 30, rng)
+    assert [ctx.rate(d, prob) for d in ctx.devices] == [bare.rate(d, prob) for d in bare.devices]
+
+
+def test_a_rewritten_profile_is_judged_again(profile_dir):
+    path = profile_dir / pm.profile_filename()
+    path.write_bytes(b"\xff")
+    with pytest.warns(pm.ProfileWarning, match="not UTF-8"):
         assert hb.load_profile() is None
+    path.write_text(yaml.safe_dump(valid_profile()))
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))     # a new version of the file
+    assert hb.load_profile() is not None
+
+
+def test_an_unreadable_profile_path_warns(profile_dir, monkeypatch, rng):
+    monkeypatch.setenv(pm.ENV_FILE, str(profile_dir))                 # a folder, not a file
+    with pytest.warns(pm.ProfileWarning, match="cannot read") as record:
+        _herk_is_right(hb.Context(devices=["cpu", "cpu"]), rng)
+        _herk_is_right(hb.Context(devices=["cpu", "cpu"]), rng)
     assert len(record) == 1
-    ctx = hb.Context(devices="cpu")
-    a = np.random.default_rng(1).standard_normal((30, 20))
-    c = hb.herk(1.0, a, context=ctx)                   # the library still works, on defaults
-    assert np.allclose(np.tril(c), np.tril(a @ a.T))
+
+
+def test_block_size_range_edges_are_accepted():
+    lo, hi = pm.BLOCK_SIZE_RANGE
+    for size in (lo, hi):
+        data = valid_profile()
+        data["devices"]["cpu"]["block_size"] = {"herk": {"complex128": size}, "default": size}
+        assert pm.Profile(data).block_size("cpu", "herk", np.complex128) == size
+        assert pm.Profile(data).block_size("cpu", "gemm", np.float32) == size
+    for size in (lo - 1, hi + 1):
+        data = valid_profile()
+        data["devices"]["cpu"]["block_size"]["default"] = size
+        with pytest.raises(pm.ProfileError, match=rf"block_size\['default'\] = {size}: want an integer"):
+            pm.Profile(data)
+
+
+def _places(node, path=()):
+    """Every (path, value) of a nested mapping, the mappings themselves included."""
+    yield path, node
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _places(value, path + (key,))
+
+
+def _lookups(prof):
+    """Every lookup the library makes, over routines, dtypes, sizes and device names."""
+    for name in ("cpu", "cpu#1", "cpu#2", "cuda:0", "cuda:1"):
+        prof.covers(name), prof.has_device(name), prof.transfer(name)
+        for kind in pm.ROUTINE_KINDS:
+            for dt in pm.DTYPES:
+                prof.block_size(name, kind, dt)
+                for size in (1, 64, 100, 4096, 10**6):
+                    prof.rate(name, kind, dt, size)
+                    prof.cpu_share(kind, dt, size), prof.cpu_helps(kind, dt, size)
+                    prof.cpu_hybrid_rate(kind, dt, size)
+    prof.cpu_threads(), prof.id, prof.matches(), repr(prof)
+
+
+@pytest.mark.parametrize("bad", [None, "x", -1, 0, 0.5, True, math.nan, [], {}, [1.0]], ids=repr)
+def test_any_value_anywhere_is_refused_or_harmless(bad):
+    """Put ``bad`` in every place of a valid profile in turn: the validation refuses it with a
+    ProfileError, or every lookup still works on what it let through."""
+    places = [path for path, _ in _places(valid_profile()) if path]
+    refused = 0
+    for path in places:
+        try:
+            prof = pm.Profile(_set(*path, bad)(valid_profile()))
+        except pm.ProfileError:
+            refused += 1
+            continue
+        _lookups(prof)
+    assert refused > len(places) // 2
 
 
 def test_bad_values_are_rejected_with_their_place(profile_dir):

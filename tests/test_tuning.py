@@ -1,4 +1,5 @@
 """hybridblas-tune: a tiny CPU-only calibration into a temporary directory, reloaded and used."""
+import io
 import json
 import subprocess
 import sys
@@ -12,15 +13,16 @@ from hybridblas import profile as pm, scheduler
 from hybridblas.devices import CPUDevice, base
 from hybridblas.problem import N, build_problem
 from hybridblas.tuning import Settings, calibrate_to
-from hybridblas.tuning.cli import main
 from hybridblas.tuning.measure import Call, combos, flops
+from hybridblas.tuning.progress import Progress
+from test_bad_input_tune import run_tune
 
 
 def tiny(**kw):
     s = Settings.quick()
     s.routines, s.dtypes = ("herk", "gemm"), ("complex128",)
     s.sizes = {"cpu": (32, 96), "cuda": (32, 96)}
-    s.blocks = {"cpu": (16, 32), "cuda": (16, 32)}
+    s.blocks = {"cpu": (32, 48), "cuda": (32, 48)}
     s.min_time, s.min_reps, s.max_call_s = 0.0, 2, 10.0
     for k, v in kw.items():
         setattr(s, k, v)
@@ -69,7 +71,7 @@ def test_tiny_cpu_calibration_is_reloaded_and_used(profile_dir, rng):
     for n, r in measured["rates"]["herk"]["complex128"].items():
         rec = [x for x in records if x["step"] == "rate" and x["routine"] == "herk" and x["n"] == n][0]
         assert r == pytest.approx(rec["flops"] / rec["best_s"])      # rates are what was timed
-    assert prof.block_size("cpu", "herk", np.complex128) in (16, 32)
+    assert prof.block_size("cpu", "herk", np.complex128) in (32, 48)
     # the library picks it up by itself: a fresh Context's rate is the profile's
     ctx = hb.Context(devices="cpu")
     a = np.asfortranarray(rng.standard_normal((96, 96)) + 1j * rng.standard_normal((96, 96)))
@@ -101,29 +103,61 @@ def test_calibrated_cpu_plus_gpu_profile_sets_the_static_split(profile_dir, fake
 
 
 def test_cli_calibrate_show_info_json(profile_dir, capsys):
-    rc = main(["calibrate", "--devices", "cpu", "--routines", "herk", "--dtypes", "complex128",
-               "--sizes", "32", "64", "--output", str(profile_dir / "out"), "--json"])
-    out = capsys.readouterr()
-    assert rc == 0
-    result = json.loads(out.out)
-    assert result["profile_path"].startswith(str(profile_dir / "out"))
-    assert "cpu herk complex128" in out.err                 # progress on stderr
-    assert main(["show", "--file", result["profile_path"], "--json"]) == 0
-    shown = json.loads(capsys.readouterr().out)
+    out_dir = profile_dir / "out"
+    out_dir.mkdir()
+    code, out, err = run_tune(["calibrate", "--devices", "cpu", "--routines", "herk", "--dtypes", "complex128",
+                               "--sizes", "32", "64", "--output", str(out_dir), "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["profile_path"] == str(out_dir / pm.profile_filename())
+    assert "calibration of cpu" in err                      # the note on stderr, no progress off a terminal
+    assert "GFLOP/s" not in err and "\r" not in err
+    code, out, err = run_tune(["show", "--file", result["profile_path"], "--json"], capsys)
+    assert code == 0, err
+    shown = json.loads(out)
     assert shown["profile"]["devices"]["cpu"]["rates"]["herk"]["complex128"].keys() == {"32", "64"}
-    assert main(["show"]) == 1                              # nothing in $HYBRIDBLAS_PROFILE_DIR itself
-    assert "no usable profile" in capsys.readouterr().err
-    assert main(["info", "--json"]) == 0
-    info = json.loads(capsys.readouterr().out)
+    code, out, err = run_tune(["show"], capsys)
+    assert code == 1 and "no usable profile" in err         # nothing in $HYBRIDBLAS_PROFILE_DIR itself
+    code, out, err = run_tune(["info", "--json"], capsys)
+    assert code == 0, err
+    info = json.loads(out)
     assert info["profile"]["status"].startswith("none") and info["devices"][0]["name"] == "cpu"
     assert info["fingerprint"]["blas"]
+    # -v: each step's result in the log; -q: the result alone
+    code, out, err = run_tune(["calibrate", "--quick", "--devices", "cpu", "--routines", "gemm", "--dtypes",
+                               "float64", "--sizes", "32", "--output", str(out_dir), "-v"], capsys)
+    assert code == 0 and "cpu gemm float64" in err and "GFLOP/s" in err
+    assert out.startswith(f"wrote {out_dir / pm.profile_filename()}")
+    code, out, err = run_tune(["calibrate", "--quick", "--devices", "cpu", "--routines", "gemm", "--dtypes",
+                               "float64", "--sizes", "32", "--output", str(out_dir), "-q"], capsys)
+    assert code == 0 and err == "" and out.startswith("wrote ")
 
 
-def test_cli_rejects_bad_input(profile_dir, capsys):
-    assert main(["calibrate", "--devices", "tpu:0", "--sizes", "16", "--no-progress"]) == 2
-    assert "tpu:0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["calibrate", "--routines", "trsm"])
+def test_cli_show_plots_the_rates(profile_dir, capsys):
+    pytest.importorskip("matplotlib")
+    path, _, _ = calibrate_to(None, ["cpu"], tiny())
+    png = profile_dir / "rates.png"
+    code, out, err = run_tune(["show", "--file", str(path), "--plot", str(png)], capsys)
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "herk  complex128 GFLOP/s" in out and "block size: default" in out
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_progress_only_on_a_terminal(monkeypatch, terminal):
+    pytest.importorskip("tqdm")
+
+    class Stream(io.StringIO):
+        def isatty(self):
+            return terminal
+    stream = Stream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    bar = Progress(2, enabled=True)
+    bar.step("cpu herk complex128: 1.0 GFLOP/s")
+    bar.step("cpu gemm complex128: 2.0 GFLOP/s")
+    bar.close()
+    assert ("calibrate:" in stream.getvalue()) is terminal      # the bar, drawn on a terminal only
+    assert stream.getvalue() == "" or terminal
 
 
 def test_module_entry_point(profile_dir):
@@ -155,3 +189,20 @@ def test_share_trials_keep_a_small_cpu_share(profile_dir, fake_cuda, monkeypatch
         share = float(*trial["trials"])
         assert 0 < share < 0.05
         assert any(f == pytest.approx(share) for f in hybrid)
+
+
+@pytest.mark.gpu
+def test_cli_calibrates_a_gpu_into_a_valid_profile(profile_dir, capsys):
+    """On a GPU node: the CLI's device syntax reaches the GPU, and what it measured passes the profile's
+    validation (rates, a block size in range, the four transfer rates) and is loaded back."""
+    code, out, err = run_tune(["calibrate", "--quick", "--devices", "cpu,0", "--routines", "gemm", "--dtypes",
+                               "float64", "--sizes", "1024", "--json"], capsys)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["devices"] == ["cpu", "cuda:0"]
+    prof = pm.read_profile(result["profile_path"])
+    lo, hi = pm.BLOCK_SIZE_RANGE
+    assert prof.rate("cuda:0", "gemm", np.float64, 1024) > 0
+    assert lo <= prof.block_size("cuda:0", "gemm", np.float64) <= hi
+    assert set(prof.transfer("cuda:0")) == set(pm.TRANSFER_KEYS)
+    assert hb.load_profile() is not None

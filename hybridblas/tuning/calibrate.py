@@ -13,7 +13,7 @@ import hybridblas as hb
 
 from .. import blas_threads
 from ..context import Context, cuda_device_count
-from ..profile import FORMAT, current_fingerprint, fingerprint_id, gpu_inventory, save_profile
+from ..profile import BLOCK_SIZE_RANGE, FORMAT, current_fingerprint, fingerprint_id, gpu_inventory, save_profile
 from .measure import ROUTINES, Call, _operands, bench, combos, transfer_rates
 from .progress import Progress
 
@@ -55,8 +55,12 @@ class Settings:
         if not combos(self.routines, self.dtypes):
             raise ValueError(f"no routine/dtype pair to measure in routines={self.routines}, dtypes={self.dtypes}")
         for kind, sizes in self.sizes.items():
-            if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
+            if not sizes or any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in sizes):
                 raise ValueError(f"sizes[{kind!r}] must be positive integers, got {sizes!r}")
+        lo, hi = BLOCK_SIZE_RANGE
+        for kind, blocks in self.blocks.items():
+            if any(not isinstance(b, int) or isinstance(b, bool) or not lo <= b <= hi for b in blocks):
+                raise ValueError(f"blocks[{kind!r}] must be integers in [{lo}, {hi}], got {blocks!r}")
 
 
 def default_devices():
@@ -72,8 +76,10 @@ def _context(devices, **kw):
     return Context(devices=list(devices), profile=False, **kw)
 
 
-def calibrate(devices=None, settings=None, progress=None):
-    """Measure ``devices`` (default: the CPU and every GPU); return (profile dict, log records)."""
+def calibrate(devices=None, settings=None, show_progress=False):
+    """Measure ``devices`` (default: the CPU and every GPU); return (profile dict, log records).
+
+    ``show_progress``: a bar on stderr while it is a terminal (each step's result is logged at DEBUG)."""
     settings = settings or Settings.thorough()
     settings.validate()
     devices = list(devices or default_devices())
@@ -85,40 +91,43 @@ def calibrate(devices=None, settings=None, progress=None):
     n_blocks = len(devices) * (len(work) if settings.block_sweep == "all" else
                                (1 if settings.block_sweep == "first" else 0))
     total = len(devices) * len(work) + n_blocks + len(gpus) + (len(work) if gpus and cpus else 0)
-    prog = progress or Progress(total, enabled=False)
-    log, t_start = [], time.perf_counter()
-    fp = current_fingerprint()
-    names, _, _ = gpu_inventory()
-    entries = {}
-    for name in devices:
-        kind = _kind(name)
-        entry = {"kind": kind}
-        if kind == "cpu":
-            entry.update(model=fp["cpu_model"], threads=blas_threads.available_cores())
-        else:
-            idx = int(name.split(":")[1]) if ":" in name else 0
-            entry["model"] = names[idx] if idx < len(names) else name
-        entry["rates"] = _rates(name, kind, work, settings, prog, log)
-        entry["block_size"] = _blocks(name, kind, work, entry["rates"], settings, prog, log)
-        if kind != "cpu" and "model" in entry and names:
-            entry["transfer"] = _transfer(name, settings, prog, log)
-        entries[name] = entry
-    data = {"format": FORMAT,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "hybridblas_version": hb.__version__, "mode": settings.mode,
-            "fingerprint": dict(fp), "devices": entries}
-    if gpus and cpus:
-        data["static"] = _shares(cpus[0], gpus, work, entries, settings, prog, log)
-    data["calibration"] = {"seconds": round(time.perf_counter() - t_start, 2), "devices": devices,
-                           "routines": list(settings.routines), "dtypes": list(settings.dtypes)}
-    _operands.cache_clear()        # the shared test matrices are gigabytes on a GPU node
+    prog = Progress(total, enabled=show_progress)
+    try:
+        log, t_start = [], time.perf_counter()
+        fp = current_fingerprint()
+        names, _, _ = gpu_inventory()
+        entries = {}
+        for name in devices:
+            kind = _kind(name)
+            entry = {"kind": kind}
+            if kind == "cpu":
+                entry.update(model=fp["cpu_model"], threads=blas_threads.available_cores())
+            else:
+                idx = int(name.split(":")[1]) if ":" in name else 0
+                entry["model"] = names[idx] if idx < len(names) else name
+            entry["rates"] = _rates(name, kind, work, settings, prog, log)
+            entry["block_size"] = _blocks(name, kind, work, entry["rates"], settings, prog, log)
+            if kind != "cpu" and "model" in entry and names:
+                entry["transfer"] = _transfer(name, settings, prog, log)
+            entries[name] = entry
+        data = {"format": FORMAT,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "hybridblas_version": hb.__version__, "mode": settings.mode,
+                "fingerprint": dict(fp), "devices": entries}
+        if gpus and cpus:
+            data["static"] = _shares(cpus[0], gpus, work, entries, settings, prog, log)
+        data["calibration"] = {"seconds": round(time.perf_counter() - t_start, 2), "devices": devices,
+                               "routines": list(settings.routines), "dtypes": list(settings.dtypes)}
+    finally:
+        prog.close()
+        _operands.cache_clear()        # the shared test matrices are gigabytes on a GPU node
     return data, log
 
 
-def calibrate_to(directory=None, devices=None, settings=None, progress=None):
+def calibrate_to(directory=None, devices=None, settings=None, show_progress=False):
     """Calibrate and save: returns (profile path, log path, profile dict)."""
     import json
-    data, log = calibrate(devices, settings, progress)
+    data, log = calibrate(devices, settings, show_progress)
     path = save_profile(data, directory)
     log_path = path.with_name(fingerprint_id(data["fingerprint"]) + ".calibration.json")
     log_path.write_text(json.dumps({"fingerprint": data["fingerprint"], "mode": data["mode"],
@@ -158,7 +167,8 @@ def _blocks(name, kind, work, rates, settings, prog, log):
     out = {}
     for routine, dt in todo:
         n = max(rates[routine][dt])
-        candidates = [b for b in settings.blocks.get(kind, BLOCKS[kind]) if 2 * b <= n] or [max(1, n // 2)]
+        candidates = ([b for b in settings.blocks.get(kind, BLOCKS[kind]) if 2 * b <= n]
+                      or [max(BLOCK_SIZE_RANGE[0], n // 2)])
         call = Call(routine, n, dt)
         times = {}
         for nb in candidates:

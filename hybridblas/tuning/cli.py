@@ -1,15 +1,25 @@
-"""hybridblas-tune: info | calibrate | show, each with --json (also `python -m hybridblas.tuning`)."""
+"""hybridblas-tune: info | calibrate | show, each with --json (also `python -m hybridblas.tuning`).
+
+Every argument is checked before any measurement (the output folder included); errors are one line and
+an exit code (hybridblas.console.run_main): 2 for bad input, 1 for no usable profile to show.
+"""
 import argparse
 import json
+import logging
 import platform
 import sys
 import time
+from pathlib import Path
 
-from .. import __version__, blas_threads
+from .. import __version__, blas_threads, memory
 from .. import profile as prof_mod
+from ..console import CLIError, add_common_options, check_output_path, positive_int, run_main
+from ..devspec import parse_devices
 from .calibrate import Settings, calibrate_to, default_devices
-from .measure import ROUTINES, combos
-from .progress import Progress
+from .measure import ROUTINES, combos, host_bytes
+
+PROG = "hybridblas-tune"
+log = logging.getLogger(PROG)
 
 
 def _profile_status():
@@ -68,34 +78,56 @@ def _settings(args):
     if args.dtypes:
         s.dtypes = tuple(args.dtypes)
     if args.sizes:
-        s.sizes = {"cpu": tuple(args.sizes), "cuda": tuple(args.sizes)}
+        s.sizes = {"cpu": tuple(sorted(set(args.sizes))), "cuda": tuple(sorted(set(args.sizes)))}
         s.max_call_s = float("inf")
+    if not combos(s.routines, s.dtypes):
+        raise CLIError(f"--routines {' '.join(s.routines)} with --dtypes {' '.join(s.dtypes)} leave nothing to "
+                       f"measure (herk and her2k are measured for complex dtypes only)")
+    s.validate()
     return s
 
 
+def _check_sizes_fit(args, settings):
+    """Explicit --sizes are all measured (no time limit): refuse, before any work, one whose operands
+    would not fit in host memory."""
+    if args.sizes:
+        n = max(args.sizes)
+        memory.require(max(host_bytes(n, dt) for dt in settings.dtypes), where="host",
+                       what=f"--sizes {n} (the operands of one call)", advice="give smaller --sizes")
+
+
+def _output_folder(output):
+    """The folder the profile and its calibration log go to, checked before any work: an explicit
+    --output must be an existing, writable folder; the default one is made if missing."""
+    if output is not None:
+        folder, option = Path(output).expanduser(), "--output"
+        if folder.exists() and not folder.is_dir():
+            raise CLIError(f"--output {output!r} is a file; give the folder to write the profile into")
+        if not folder.is_dir():
+            raise CLIError(f"--output {output!r}: the folder does not exist (create it first)")
+    else:
+        folder, option = prof_mod.default_output_dir(), "profile"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CLIError(f"cannot create the profile folder {str(folder)!r} ({exc.strerror or exc}); "
+                           f"choose one with --output DIR") from None
+    stem = prof_mod.fingerprint_id(prof_mod.current_fingerprint())
+    for name in (stem + ".yaml", stem + ".calibration.json"):
+        check_output_path(folder / name, option)
+    return folder
+
+
 def cmd_calibrate(args):
-    try:
-        settings = _settings(args)
-        settings.validate()
-    except ValueError as exc:
-        print(f"hybridblas-tune: {exc}", file=sys.stderr)
-        return 2
-    devices = args.devices or default_devices()
-    t0 = time.perf_counter()
+    settings = _settings(args)
+    devices = parse_devices(",".join(args.devices), name="--devices").names if args.devices else default_devices()
+    _check_sizes_fit(args, settings)
+    folder = _output_folder(args.output)
     work = combos(settings.routines, settings.dtypes)
-    gpus = [d for d in devices if not d.startswith("cpu")]
-    blocks = {"all": len(work), "first": 1, "none": 0}[settings.block_sweep]
-    total = len(devices) * (len(work) + blocks) + len(gpus) + (len(work) if gpus and len(gpus) < len(devices) else 0)
-    progress = Progress(total, enabled=not args.no_progress)
-    progress.note(f"hybridblas-tune: {settings.mode} calibration of {', '.join(devices)} "
-                  f"({len(work)} routine/dtype pairs)")
-    try:
-        path, log_path, data = calibrate_to(args.output, devices, settings, progress)
-    except ValueError as exc:
-        progress.close()
-        print(f"hybridblas-tune: {exc}", file=sys.stderr)
-        return 2
-    progress.close()
+    log.info(f"{settings.mode} calibration of {', '.join(devices)} ({len(work)} routine/dtype pairs)")
+    t0 = time.perf_counter()
+    show = not (args.no_progress or args.quiet or args.verbose)     # -v logs each step instead of a bar
+    path, log_path, data = calibrate_to(folder, devices, settings, show_progress=show)
     seconds = time.perf_counter() - t0
     if args.json:
         print(json.dumps({"profile_path": str(path), "log_path": str(log_path), "seconds": round(seconds, 2),
@@ -105,28 +137,26 @@ def cmd_calibrate(args):
     return 0
 
 
-def _load_for_show(args):
+def cmd_show(args):
+    check_output_path(args.plot, "--plot")
     if args.file:
         try:
-            return prof_mod.read_profile(args.file), None
+            p = prof_mod.read_profile(args.file)
         except prof_mod.ProfileError as exc:
-            return None, f"{args.file}: {exc}"
-    path, status, p = _profile_status()
-    return p, None if p else f"no usable profile for this node: {status}"
-
-
-def cmd_show(args):
-    p, why = _load_for_show(args)
-    if p is None:
-        print(json.dumps(None) if args.json else f"hybridblas-tune: {why}", file=sys.stdout if args.json else sys.stderr)
-        return 1
+            raise CLIError(f"--file {args.file!r}: {exc}") from None
+    else:
+        _, status, p = _profile_status()
+        if p is None:
+            if args.json:
+                print(json.dumps(None))
+            print(f"{PROG}: no usable profile for this node: {status}", file=sys.stderr)
+            return 1
     if args.plot:
         from .plot import plot_rates
         try:
             plot_rates(p, args.plot)
         except ImportError:
-            print("hybridblas-tune: --plot needs matplotlib (pip install 'hybridblas[plot]')", file=sys.stderr)
-            return 2
+            raise CLIError("--plot needs matplotlib (pip install 'hybridblas[plot]')") from None
     if args.json:
         print(json.dumps({"path": str(p.path) if p.path else None, "id": p.id, "profile": p.to_dict()},
                          indent=2, default=str))
@@ -148,26 +178,29 @@ def cmd_show(args):
         for dt, per_n in per.items():
             for n, s in per_n.items():
                 print(f"static {routine} {dt} n={n}: CPU share {s['cpu_share']:.3f} "
-                      f"({'helps' if s['cpu_helps'] else 'does not help'})")
+                      f"({'helps' if s.get('cpu_helps') else 'does not help'})")
     return 0
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(prog="hybridblas-tune", description="Measure this node and manage its "
+    ap = argparse.ArgumentParser(prog=PROG, description="Measure this node and manage its "
                                  "hybridblas profile (rates, block sizes, CPU share, transfer rates).")
+    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="devices, BLAS libraries, GPUs, fingerprint, the active profile")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("calibrate", help="measure this node and write its profile")
     p.add_argument("--quick", action="store_true", help="a short run (<= 2 min on a GPU node)")
-    p.add_argument("--devices", nargs="+", metavar="DEV", help="devices to measure (default: cpu and every GPU)")
-    p.add_argument("--output", metavar="DIR", help=f"directory to write to (default: ${prof_mod.ENV_DIR} "
-                   "or ~/.config/hybridblas/profiles)")
+    p.add_argument("--devices", nargs="+", metavar="DEV", help="devices to measure: cpu, gpu, all, 0,1, cuda:0 "
+                   "(default: cpu and every GPU)")
+    p.add_argument("--output", metavar="DIR", help=f"existing folder to write to (default: the first of "
+                   f"${prof_mod.ENV_DIR}, $XDG_CONFIG_HOME/hybridblas/profiles, ~/.config/hybridblas/profiles)")
     p.add_argument("--routines", nargs="+", choices=ROUTINES, help="routines to measure (default: all)")
     p.add_argument("--dtypes", nargs="+", choices=("float32", "float64", "complex64", "complex128"))
-    p.add_argument("--sizes", nargs="+", type=int, metavar="N", help="problem edges to measure (every device)")
-    p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--sizes", nargs="+", type=positive_int, metavar="N",
+                   help="problem edges to measure on every device, all of them (no time limit)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (there is none off a terminal)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_calibrate)
     p = sub.add_parser("show", help="print the active profile")
@@ -175,9 +208,10 @@ def build_parser():
     p.add_argument("--plot", metavar="PNG", help="also plot each device's rate against size (matplotlib)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_show)
+    for p in sub.choices.values():
+        add_common_options(p)
     return ap
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    return run_main(PROG, lambda args: args.func(args), argv, build_parser())

@@ -47,6 +47,11 @@ def _operands(n, dtype, seed):
     return a, b
 
 
+def host_bytes(n, dtype):
+    """Host memory one Call of edge n holds at its peak: A, B and C, and the temporaries of drawing A and B."""
+    return 6 * n * n * np.dtype(dtype).itemsize
+
+
 class Call:
     """Operands of one square call, allocated once; ``run(ctx)`` performs it (beta = 0, C preallocated)."""
 
