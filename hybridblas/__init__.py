@@ -7,10 +7,11 @@
 The routines follow the reference BLAS contract (scipy.linalg.blas argument order); ``context=``
 chooses devices, strategy and block size. Importing this package touches no GPU.
 """
-from . import console, devspec, memory
+from . import console, devspec, memory, testing
 from ._version import __version__
 from .context import Context, default_context, set_default_context
 from .devspec import DeviceSpec, gpu_count, parse_devices
+from .faults import DeviceFailure, DeviceFailureWarning
 from .memory import InsufficientMemory
 from .profile import load_profile
 from .routines import gemm, gemmt, her2k, herk, herkx, syr2k, syrk
@@ -18,4 +19,5 @@ from .routines import gemm, gemmt, her2k, herk, herkx, syr2k, syrk
 __all__ = ["herk", "her2k", "gemmt", "herkx", "syrk", "syr2k", "gemm",
            "Context", "default_context", "set_default_context", "load_profile",
            "DeviceSpec", "parse_devices", "gpu_count", "InsufficientMemory",
-           "console", "devspec", "memory", "__version__"]
+           "DeviceFailure", "DeviceFailureWarning",
+           "console", "devspec", "memory", "testing", "__version__"]

@@ -106,6 +106,9 @@ class Context:
             raise ValueError(f"cpu_min_share must be in [0, 1), got {cpu_min_share!r}")
         self.cpu_min_share = cpu_min_share
         self.pin_host = _pin_policy(pin_host)
+        self._failed = {}            # device name -> the exception that put it out
+        self._faults = {}            # device name -> testing.FaultPlan (hybridblas.testing.inject_fault)
+        self._fault_lock = threading.Lock()
 
     @staticmethod
     def _resolve_devices(devices):
@@ -150,7 +153,43 @@ class Context:
         if not usable:
             where = "host (numpy)" if problem.xp.__name__ == "numpy" else "GPU (cupy)"
             raise ValueError(f"no device in {[d.name for d in self.devices]} can work on {where} operands")
-        return self._drop_unhelpful_cpu(usable, problem)
+        live = [d for d in usable if d.name not in self._failed]
+        if not live:
+            from .faults import DeviceFailure
+            raise DeviceFailure(list(self._failed.items()), message_tail=(
+                f"every device of this Context that can take the call has failed earlier "
+                f"({', '.join(d.name for d in usable)}); Context.reset_failed() puts them back"))
+        return self._drop_unhelpful_cpu(live, problem)
+
+    # ------------------------------------------------------------ faults
+    @property
+    def failed(self):
+        """{device name: exception} of the devices left out after they raised during a call."""
+        with self._fault_lock:
+            return dict(self._failed)
+
+    def mark_failed(self, device, exc):
+        """Leave ``device`` out of this Context's later calls (the scheduler calls it when one raises)."""
+        with self._fault_lock:
+            self._failed.setdefault(device.name, exc)
+
+    def is_failed(self, device):
+        return device.name in self._failed
+
+    def reset_failed(self, device=None):
+        """Put failed devices back into use: all of them, or the one named (a name or a Device)."""
+        name = getattr(device, "name", device)
+        with self._fault_lock:
+            if name is None:
+                self._failed.clear()
+            else:
+                self._failed.pop(name, None)
+
+    def fault_check(self, device):
+        """Called before each task a device launches: raises an injected fault when one is due."""
+        plan = self._faults.get(device.name)
+        if plan is not None:
+            plan.tick(device)
 
     def _drop_unhelpful_cpu(self, usable, problem):
         """Leave the CPU out of a CPU+GPU call when the profile measured that it only slows GPUs down."""

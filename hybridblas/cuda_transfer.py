@@ -130,7 +130,11 @@ def _run_seq(jobs):
 
 
 class PinnedRing:
-    """A few page-locked slots reused round-robin; a slot is free once its last copy has completed."""
+    """A few page-locked slots reused round-robin; a slot is free once its last copy has completed.
+
+    A ring has one user at a time (one thread of one call on one GPU: the feeder uploads through its 'in'
+    ring, the writer downloads through its 'out' ring); ``RingPool`` hands rings out and takes them back.
+    """
 
     def __init__(self, slot_bytes, slots):
         import cupy
@@ -154,6 +158,49 @@ class PinnedRing:
 
     def release(self, i, event):
         self.busy[i] = event
+
+
+class RingPool:
+    """The staging rings of one GPU, lent to one call at a time.
+
+    Concurrent calls on one GPU each need their own ring: two users of one ring would copy into the same
+    page-locked slot while the other's DMA still reads it. A call takes a ring when it starts on the GPU
+    and gives it back when it ends; at most ``limit`` rings exist (each holds ``slots`` x ``slot_bytes``
+    of page-locked host memory), and a call that finds them all lent waits for one.
+    """
+
+    def __init__(self, slot_bytes, slots, limit):
+        self.slot_bytes, self.slots, self.limit = int(slot_bytes), int(slots), int(limit)
+        self._idle = []
+        self._made = 0
+        self._cond = threading.Condition()
+
+    def take(self):
+        with self._cond:
+            while not self._idle and self._made >= self.limit:
+                self._cond.wait()
+            if self._idle:
+                return self._idle.pop()
+            self._made += 1
+        try:
+            return PinnedRing(self.slot_bytes, self.slots)
+        except BaseException:
+            with self._cond:
+                self._made -= 1
+                self._cond.notify()
+            raise
+
+    def give(self, ring):
+        """Return a ring once every copy through it has been waited for (its slots may be reused at once)."""
+        if ring is None:
+            return
+        with self._cond:
+            self._idle.append(ring)
+            self._cond.notify()
+
+    @property
+    def made(self):
+        return self._made
 
 
 def _pieces(rows, cols, item, slot_bytes):

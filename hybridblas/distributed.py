@@ -4,6 +4,8 @@ is imported by ``import hybridblas``, and every function works with ``comm=None`
 The pattern is MFDn's: vectors are distributed by rows, a Gram matrix is a local hybridblas split-K
 product over the local rows followed by one Allreduce.
 """
+import threading
+
 import numpy as np
 
 __all__ = ["world", "local_rank", "block_range", "allreduce", "allgather_rows", "gather_rows_into",
@@ -120,7 +122,8 @@ def gather_rows_into(full, counts, comm):
     return full
 
 
-_NCCL = {}
+_NCCL = {}                 # (id(comm), device) -> (comm, NCCL communicator)
+_NCCL_LOCK = threading.Lock()
 
 
 def _nccl_available():
@@ -138,12 +141,15 @@ def _nccl_comm(comm, x):
     import cupy
     from cupy.cuda import nccl
     key = (id(comm), x.device.id)
-    if key not in _NCCL:
-        uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
-        uid = comm.bcast(uid, root=0)
-        with cupy.cuda.Device(x.device.id):
-            _NCCL[key] = nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank())
-    return _NCCL[key]
+    with _NCCL_LOCK:
+        entry = _NCCL.get(key)
+        if entry is None or entry[0] is not comm:
+            # the entry holds the MPI communicator itself, so its id cannot be reused by another one
+            uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
+            uid = comm.bcast(uid, root=0)
+            with cupy.cuda.Device(x.device.id):
+                entry = _NCCL[key] = (comm, nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank()))
+    return entry[1]
 
 
 def allgather_rows(local, comm):

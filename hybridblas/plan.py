@@ -93,6 +93,24 @@ def band(problem, g0, g1):
     return out
 
 
+def grid(lo, hi, nb):
+    """Edges of [lo, hi) cut at the multiples of nb (the same grid for every device of a call)."""
+    edges = [lo] + [x for x in range((lo // nb + 1) * nb, hi, nb)] + [hi]
+    return list(zip(edges, edges[1:]))
+
+
+def subtiles(problem, task, nb):
+    """Tiles of ``task`` on the nb grid, row panel by row panel (so each row panel is reused in a row)."""
+    out = []
+    for i0, i1 in grid(task.i0, task.i1, nb):
+        for j0, j1 in grid(task.j0, task.j1, nb):
+            diag = task.diag and i0 == j0
+            if task.diag and not diag and (i0 < j0 if problem.lower else i0 > j0):
+                continue
+            out.append(make_task(problem, i0, i1, j0, j1, task.k0, task.k1, diag=diag, split=task.split))
+    return out
+
+
 def split_task(problem, task):
     """Cut a task into about four smaller ones (the tail of the dynamic queue)."""
     if task.split or min(task.i1 - task.i0, task.j1 - task.j0) < 2:

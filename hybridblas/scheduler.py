@@ -1,27 +1,25 @@
-"""Run a planned call on the context's devices: static split, dynamic queues, or one thread (sync).
+"""Plan a call and run it on the context's devices: static split, dynamic queues, or one thread (sync).
 
-One coordinator (the caller's thread) owns all bookkeeping; each device has one worker thread that only
-computes. Results and exceptions come back through one queue; an exception is re-raised in the caller
-with the worker's traceback attached.
+This module decides which devices take part and what each gets (``static_assignment``, ``dynamic_tasks``);
+``engine.Engine`` runs the tasks, one worker per device, and survives a device that fails.
 """
-import collections
 import queue
 import threading
-import time
 
 from . import blas_threads, plan
+from .engine import Engine
 from .triangle import reduce_partials
-
-_STOP = None
 
 
 def execute(problem, ctx):
-    devices = ctx.devices_for(problem)
-    rates = [ctx.rate(d, problem) for d in devices]
-    devices, rates = _without_idle_cpus(devices, rates, ctx.min_cpu_share(devices))
+    available = ctx.devices_for(problem)
+    rates = [ctx.rate(d, problem) for d in available]
+    devices, rates = _without_idle_cpus(available, rates, ctx.min_cpu_share(available))
     devices, rates = _one_device_if_small(problem, devices, rates, ctx)
+    reserves = [d for d in available if d not in devices]
     problem.extra.setdefault("memory_limit", getattr(ctx, "memory_limit", None))
     problem.extra.setdefault("pin_host", getattr(ctx, "pin_host", False))
+    problem.extra["rates"] = {d.name: r for d, r in zip(devices, rates)}
     if len(devices) == 1 and devices[0].kind == "cuda":
         from .devices import cuda_inline
         if cuda_inline.applies(problem, devices[0]):
@@ -32,11 +30,12 @@ def execute(problem, ctx):
     strategy = ctx.resolve_strategy(devices)
     with blas_threads.limit(ctx.blas_threads(devices)):
         if strategy == "static":
-            assignment = static_assignment(problem, devices, rates, ctx)
-            partials = _run_static(problem, devices, assignment, ctx.sync)
+            engine = Engine(problem, ctx, devices, rates, queues=static_assignment(problem, devices, rates, ctx),
+                            reserves=reserves)
         else:
-            tasks = dynamic_tasks(problem, devices, ctx)
-            partials = _run_dynamic(problem, devices, rates, tasks, ctx.sync)
+            engine = Engine(problem, ctx, devices, rates, pending=dynamic_tasks(problem, devices, ctx),
+                            reserves=reserves)
+        partials = engine.run(sync=ctx.sync)
     if partials:
         reduce_partials(problem, partials)
     return strategy
@@ -141,50 +140,7 @@ def dynamic_tasks(problem, devices, ctx):
     return plan.dynamic_order(problem, plan.tiles(problem, nb), ctx.tail_fraction)
 
 
-# ---------------------------------------------------------------- running
-
-def _run_inline(problem, device, tasks):
-    run = device.open(problem)
-    inflight = collections.deque()     # a GPU queues the next task while the last one still runs
-    try:
-        for t in tasks:
-            if len(inflight) >= device.max_in_flight:
-                run.wait(inflight.popleft())
-            inflight.append(run.launch(t))
-        while inflight:
-            run.wait(inflight.popleft())
-    finally:
-        partial = run.close()
-    return partial
-
-
-def _run_static(problem, devices, assignment, sync):
-    busy = [(d, tasks) for d, tasks in zip(devices, assignment) if tasks]
-    if sync or len(busy) == 1:
-        partials = [_run_inline(problem, d, tasks) for d, tasks in busy]
-        return [p for p in partials if p is not None]
-    pool = _WorkerPool(problem, [d for d, _ in busy])
-    try:
-        for w, (_, tasks) in enumerate(busy):
-            for t in tasks:
-                pool.submit(w, t)
-        pool.drain()
-    finally:
-        partials = pool.shutdown()
-    return partials
-
-
-def _run_dynamic(problem, devices, rates, tasks, sync):
-    if sync or len(devices) == 1:
-        assignment = [[] for _ in devices]
-        finish = [0.0] * len(devices)
-        for t in tasks:   # the same earliest-finish rule, decided up front
-            i = min(range(len(devices)), key=lambda d: finish[d] + t.flops / rates[d])
-            finish[i] += t.flops / rates[i]
-            assignment[i].append(t)
-        return _run_static(problem, devices, assignment, sync=True)
-    return _Coordinator(problem, devices, rates, tasks).run()
-
+# ---------------------------------------------------------------- worker threads
 
 class _Runner:
     """A long-lived thread that runs one device worker at a time, then waits for the next: starting and
@@ -221,156 +177,3 @@ class _Runner:
             finally:
                 _Runner._idle.put(self)
                 done.set()
-
-
-class _WorkerPool:
-    """One worker per device (on pooled runner threads); each pulls from its own queue and reports to one
-    results queue."""
-
-    def __init__(self, problem, devices):
-        self.devices = devices
-        self.results = queue.Queue()
-        self.inboxes = [queue.Queue() for _ in devices]
-        self.outstanding = [0] * len(devices)
-        self.error = None
-        self.finished = [_Runner.take().start(_worker, problem, d, i, self.inboxes[i], self.results)
-                         for i, d in enumerate(devices)]
-
-    def submit(self, w, task):
-        self.outstanding[w] += 1
-        self.inboxes[w].put(task)
-
-    def next_event(self):
-        """Block for one report; returns (kind, worker, payload) and re-raises nothing yet."""
-        kind, w, payload = self.results.get()
-        if kind == "done":
-            self.outstanding[w] -= 1
-        elif kind == "error" and self.error is None:
-            self.error = payload
-        return kind, w, payload
-
-    def drain(self):
-        while any(self.outstanding) and self.error is None:
-            self.next_event()
-        self._raise()
-
-    def shutdown(self):
-        """Stop every worker, collect their partial sums, join them; re-raise a worker's exception."""
-        for box in self.inboxes:
-            box.put(_STOP)
-        partials, closed = [], 0
-        while closed < len(self.finished):
-            kind, w, payload = self.next_event()
-            if kind == "closed":
-                closed += 1
-                if payload is not None:
-                    partials.append(payload)
-        for done in self.finished:
-            done.wait()
-        self._raise()
-        return partials
-
-    def _raise(self):
-        if self.error is not None:
-            err, self.error = self.error, None
-            raise err
-
-
-def _worker(problem, device, w, inbox, results):
-    run, inflight = None, collections.deque()
-    try:
-        run = device.open(problem)
-        while True:
-            if inflight and (len(inflight) >= device.max_in_flight or inbox.empty()):
-                task, handle = inflight.popleft()
-                run.wait(handle)
-                results.put(("done", w, task))
-                continue
-            task = inbox.get()
-            if task is _STOP:
-                break
-            inflight.append((task, run.launch(task)))
-    except BaseException as exc:   # reported, then this worker drains its inbox until told to stop
-        results.put(("error", w, exc))
-        while inbox.get() is not _STOP:
-            pass
-    partial = None
-    try:
-        partial = run.close() if run is not None else None
-    except BaseException as exc:
-        results.put(("error", w, exc))
-    results.put(("closed", w, partial))
-
-
-class _Coordinator:
-    """Dynamic strategy: feed bounded per-device queues, biggest tasks first.
-
-    A device is given the next task only if it would finish it before the other devices could finish
-    everything still pending without it: so a slow CPU takes tiles early and none at the tail.
-    Rates start from the profile and follow the measured throughput.
-    """
-
-    def __init__(self, problem, devices, rates, tasks):
-        self.problem = problem
-        self.devices = devices
-        self.rates = list(rates)
-        self.pending = collections.deque(tasks)
-        self.pending_flops = sum(t.flops for t in tasks)
-        self.depth = [d.max_in_flight + 1 for d in devices]
-        self.queued_flops = [0.0] * len(devices)
-        self.done_flops = [0.0] * len(devices)
-        self.started = [None] * len(devices)
-
-    def run(self):
-        pool = _WorkerPool(self.problem, self.devices)
-        try:
-            while self.pending or any(pool.outstanding):
-                self._feed(pool)
-                if not any(pool.outstanding) and self.pending:
-                    self._give(pool, self._fastest(), self.pending.popleft())   # never stall
-                    continue
-                kind, w, task = pool.next_event()
-                if kind == "error":
-                    break
-                if kind == "done":
-                    self._account(w, task)
-        finally:
-            partials = pool.shutdown()
-        return partials
-
-    def _fastest(self):
-        return max(range(len(self.devices)), key=lambda i: self.rates[i])
-
-    def _feed(self, pool):
-        order = sorted(range(len(self.devices)), key=lambda i: -self.rates[i])
-        progress = True
-        while progress and self.pending:
-            progress = False
-            for i in order:
-                if not self.pending:
-                    break
-                if pool.outstanding[i] < self.depth[i] and self._helps(i, self.pending[0]):
-                    self._give(pool, i, self.pending.popleft())
-                    progress = True
-
-    def _helps(self, i, task):
-        others = [j for j in range(len(self.devices)) if j != i]
-        if not others:
-            return True
-        mine = (self.queued_flops[i] + task.flops) / self.rates[i]
-        rest = (self.pending_flops + sum(self.queued_flops[j] for j in others)) / sum(self.rates[j] for j in others)
-        return mine <= rest
-
-    def _give(self, pool, i, task):
-        if self.started[i] is None:
-            self.started[i] = time.perf_counter()
-        self.pending_flops -= task.flops
-        self.queued_flops[i] += task.flops
-        pool.submit(i, task)
-
-    def _account(self, i, task):
-        self.queued_flops[i] -= task.flops
-        self.done_flops[i] += task.flops
-        elapsed = time.perf_counter() - self.started[i]
-        if elapsed > 0.05:       # trust measurements once they are long enough to mean something
-            self.rates[i] = self.done_flops[i] / elapsed

@@ -186,17 +186,38 @@ def explode_in_worker(task):
 
 
 @pytest.mark.parametrize("strategy", ["static", "dynamic"])
-def test_worker_exception_reaches_caller(strategy, rng):
+def test_failed_device_tiles_rerun_elsewhere(strategy, rng):
+    """A device that raises mid-call: its tiles run on the other device, one warning names it, the
+    result is exact, no thread leaks, and the Context leaves it out until reset."""
     a = random_matrix(rng, (200, 20), np.float64)
     _warm_runners(rng, 2)
     before = threading.active_count()
-    ctx = hb.Context(devices=[CPUDevice(0), _Exploding()], strategy=strategy, block_size=16,
+    bad = _Exploding()
+    ctx = hb.Context(devices=[CPUDevice(0), bad], strategy=strategy, block_size=16,
                      rates={"cpu": 1.0, "cpu#7": 1.0})
-    with pytest.raises(RuntimeError, match="device failure on block") as info:
-        hb.syrk(1.0, a, context=ctx)
-    frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
-    assert "explode_in_worker" in frames
+    with pytest.warns(hb.DeviceFailureWarning, match=r"cpu#7 failed \(RuntimeError: device failure on block"):
+        c = hb.syrk(1.0, a, context=ctx)
+    low = np.tril(np.ones((200, 200), dtype=bool))
+    np.testing.assert_allclose(c[low], (a @ a.T)[low], rtol=1e-12, atol=1e-12)
+    assert list(ctx.failed) == ["cpu#7"]
     assert _settled_thread_count(before) == before
+    seen = bad.count
+    hb.syrk(1.0, a, context=ctx)
+    assert bad.count == seen                       # left out of later calls
+    ctx.reset_failed()
+    assert ctx.failed == {}
+
+
+def test_exception_reaches_caller_when_no_device_is_left(rng):
+    a = random_matrix(rng, (200, 20), np.float64)
+    ctx = hb.Context(devices=[_Exploding()], block_size=16)
+    with pytest.raises(hb.DeviceFailure, match="no device of the call is left") as info:
+        hb.syrk(1.0, a, context=ctx)
+    cause = info.value.__cause__
+    frames = [f.name for f in traceback.extract_tb(cause.__traceback__)]
+    assert "explode_in_worker" in frames
+    with pytest.raises(hb.DeviceFailure, match="reset_failed"):
+        hb.syrk(1.0, a, context=ctx)
 
 
 def test_cpu_blas_releases_the_gil(rng):

@@ -5,8 +5,21 @@ A scheduler calls ``device.open(problem)`` once per call in the device's worker 
 return before the task is finished (a GPU queues it on a stream); ``wait`` blocks until it is done and
 its block of C is written where C lives. ``close`` releases the run and returns its split-K partial sum,
 if it accumulated one, as an array on C's side (host or the GPU holding C), or None.
+
+After a run raised, ``remainder(task)`` says what is left of a task it was given and did not finish:
+(clean, torn) lists of smaller tasks, clean ones not yet written into C, torn ones partly written.
+Between tiles a run checks ``problem.extra["cancel"]`` (a threading.Event) and raises
+``faults.Cancelled`` when it is set, so an interrupted call stops within a tile's time.
 """
 import abc
+
+from ..faults import Cancelled
+
+
+def check_cancel(problem):
+    ev = problem.extra.get("cancel")
+    if ev is not None and ev.is_set():
+        raise Cancelled()
 
 
 class DeviceRun(abc.ABC):
@@ -21,6 +34,10 @@ class DeviceRun(abc.ABC):
     def close(self):
         """Finish the call on this device; return the split-K partial sum or None."""
         return None
+
+    def remainder(self, task):
+        """(clean, torn) parts of an unfinished task; by default the whole task, untouched."""
+        return [task], []
 
 
 class Device(abc.ABC):

@@ -21,9 +21,9 @@ import numpy as np
 from .. import cublas, cuda_transfer, host_pinning
 from ..cuda_panels import Panel, PanelCache, join_share, leave_share
 from ..kernels import rect_block
-from ..plan import make_task, with_k
+from ..plan import subtiles, with_k
 from ..problem import Operand, T, k_axis
-from .base import Device, DeviceRun, register
+from .base import Device, DeviceRun, check_cancel, register
 
 MAX_BLOCK = 4096
 MIN_BLOCK = 32
@@ -31,6 +31,7 @@ GEMMT_LEAF = 512           # gemmt diagonal blocks up to this edge: one scratch 
 WINDOW = 5                 # tiles launched and not yet written back (the feeder's lead)
 STAGING_SLOT = 64 << 20
 STAGING_SLOTS = 4
+STAGING_RINGS = 4          # rings per direction a GPU lends at once (concurrent calls beyond wait for one)
 RESERVE = 256 << 20        # left free for cuBLAS workspaces and CuPy temporaries
 SINGLE_K = 1024            # k chunk for float32/complex64 kernels (accuracy, see _CUDARun)
 STREAM_K = 4096            # panels moved from elsewhere are cut along k: the first kernel starts sooner
@@ -67,8 +68,8 @@ class CUDADevice(Device):
         self.index = int(index)
         self.memory_limit = memory_limit
         self.block = block
-        self._ring = None
-        self._lock = threading.Lock()
+        self._rings = {which: cuda_transfer.RingPool(STAGING_SLOT, STAGING_SLOTS, STAGING_RINGS)
+                       for which in ("in", "out")}
 
     @property
     def name(self):
@@ -88,14 +89,10 @@ class CUDADevice(Device):
             budget = _budget(self, problem)
         return _block_plan(problem, budget, None)[0]
 
-    def ring(self, which="in"):
-        """A pinned staging ring of this GPU ('in' for the feeder, 'out' for the writer), made once and kept."""
-        with self._lock:
-            if self._ring is None:
-                self._ring = {}
-            if which not in self._ring:
-                self._ring[which] = cuda_transfer.PinnedRing(STAGING_SLOT, STAGING_SLOTS)
-            return self._ring[which]
+    def ring_pool(self, which="in"):
+        """This GPU's pinned staging rings ('in' for the feeder, 'out' for the writer): a call borrows one
+        of each for its whole run on this GPU, so concurrent calls never share a ring."""
+        return self._rings[which]
 
 
 def _budget(device, problem):
@@ -134,24 +131,6 @@ def _block_plan(problem, budget, fixed):
     return nb, kc
 
 
-def _grid(lo, hi, nb):
-    """Edges of [lo, hi) cut at the multiples of nb (the same grid for every device of a call)."""
-    edges = [lo] + [x for x in range((lo // nb + 1) * nb, hi, nb)] + [hi]
-    return list(zip(edges, edges[1:]))
-
-
-def subtiles(problem, task, nb):
-    """Tiles of ``task`` on the nb grid, row panel by row panel (so each row panel is reused in a row)."""
-    out = []
-    for i0, i1 in _grid(task.i0, task.i1, nb):
-        for j0, j1 in _grid(task.j0, task.j1, nb):
-            diag = task.diag and i0 == j0
-            if task.diag and not diag and (i0 < j0 if problem.lower else i0 > j0):
-                continue
-            out.append(make_task(problem, i0, i1, j0, j1, task.k0, task.k1, diag=diag, split=task.split))
-    return out
-
-
 class _PanelFactor:
     """A factor as compute_block sees it (op, global indices) whose blocks resolve to cached panels."""
 
@@ -171,7 +150,7 @@ class _PanelFactor:
 
 
 class _Tile:
-    __slots__ = ("task", "local", "done_event", "finish", "done", "written", "error")
+    __slots__ = ("task", "local", "done_event", "finish", "done", "written", "error", "touched", "failed")
 
     def __init__(self, task):
         self.task = task
@@ -181,6 +160,8 @@ class _Tile:
         self.done = False
         self.written = None      # set by the writer thread once a host tile is in the caller's C
         self.error = None
+        self.touched = False     # a write into the caller's C has been queued or begun
+        self.failed = False      # finishing it raised: its result is not to be trusted
 
 
 class _CUDARun(DeviceRun):
@@ -214,18 +195,7 @@ class _CUDARun(DeviceRun):
                 # LOBPCG's tall Gram matrices (k ~ 3e4) that gave 10x the error of CPU BLAS and of a gemm;
                 # short k chunks, summed in C, bring it back (measured in docs/performance.md)
                 self.kc = min(self.kc, SINGLE_K)
-            self.share = join_share(id(problem)) if self.host else None
-            self.call_id = id(problem)
-            self.cache = PanelCache(self._cache_capacity(), self.s_in, self.share, device.index)
-            self.ring = device.ring("in") if self.host else None
-            self.pin_f, self.pin_c = [None] * len(problem.factors), None
-            self.writer = None
-            if self.host:     # host write-back on its own thread: the feeder never waits for a kernel
-                self.out_ring = device.ring("out")
-                self.write_q = queue.Queue()
-                self.writer = threading.Thread(target=self._writer_loop, daemon=True,
-                                               name=f"hybridblas-{device.name}-writer")
-                self.writer.start()
+            self.call_id = problem.extra.setdefault("call_id", object())
             self.pending = collections.deque()
             self.partial = None
             self.scratch = None
@@ -233,14 +203,49 @@ class _CUDARun(DeviceRun):
             self.kaxis = [k_axis(problem.kind, f, fac.op) for f, fac in enumerate(problem.factors)]
             self.fallbacks = 0
             self.stats = collections.Counter()
-            if self.host and problem.extra.get("pin_host"):
-                self._pin_host_operands()
+            self.share, self.ring, self.out_ring, self.writer = None, None, None, None
+            self.pin_f, self.pin_c = [None] * len(problem.factors), None
+            try:
+                self._acquire()
+            except BaseException:
+                self._release()
+                raise
             self.kernel_events = []
+            self.tasks = {}        # id(task) -> (its launched tile records, its tiles not yet launched)
             self.t_open = time.perf_counter()
             self.open_event = cp.cuda.Event()
             self.open_event.record(self.s_comp)
 
     # ------------------------------------------------------------------ setup
+    def _acquire(self):
+        """The run's shared resources: the call's panel index, a staging ring of each direction (lent by
+        the GPU for this run only), the write-back thread, page-locked operands. ``_release`` undoes it."""
+        device, problem = self.device, self.problem
+        self.share = join_share(self.call_id) if self.host else None
+        self.cache = PanelCache(self._cache_capacity(), self.s_in, self.share, device.index)
+        if not self.host:
+            return
+        self.ring = device.ring_pool("in").take()
+        self.out_ring = device.ring_pool("out").take()
+        self.write_q = queue.Queue()     # host write-back on its own thread: the feeder never waits for a kernel
+        self.writer = threading.Thread(target=self._writer_loop, daemon=True, name=f"hybridblas-{device.name}-writer")
+        self.writer.start()
+        if problem.extra.get("pin_host"):
+            self._pin_host_operands()
+
+    def _release(self):
+        self._stop_writer()
+        self.device.ring_pool("in").give(self.ring)
+        self.device.ring_pool("out").give(self.out_ring)
+        self.ring = self.out_ring = None
+        for pin in self.pin_f + [self.pin_c]:
+            host_pinning.release(pin)
+        self.pin_f, self.pin_c = [None] * len(self.pin_f), None
+        if self.share is not None:
+            for ev in leave_share(self.call_id, self.device.index):
+                ev.synchronize()
+            self.share = None
+
     def _pin_host_operands(self):
         """Start page-locking the caller's large host operands (kept while they live): once locked, an
         upload is one DMA. Until then (a first call) they go through the staging ring."""
@@ -289,13 +294,7 @@ class _CUDARun(DeviceRun):
                 self._record_stats()
                 return self._partial_result()
             finally:
-                self._stop_writer()
-                for pin in self.pin_f + [self.pin_c]:
-                    host_pinning.release(pin)
-                self.pin_f, self.pin_c = [None] * len(self.pin_f), None
-                if self.share is not None:
-                    for ev in leave_share(self.call_id, self.device.index):
-                        ev.synchronize()
+                self._release()
                 self.cache.panels.clear()
                 self.scratch = None
 
@@ -316,20 +315,37 @@ class _CUDARun(DeviceRun):
     def _launch(self, task):
         tiles = collections.deque(subtiles(self.problem, task, self.nb))
         launched = []
+        self.tasks[id(task)] = (launched, tiles)
         while tiles:
-            t = tiles.popleft()
+            check_cancel(self.problem)
+            t = tiles[0]
             try:
-                launched.append(self._launch_tile_retry(t))
+                rec = self._launch_tile_retry(t)
             except _Shrink:
+                tiles.popleft()
                 if self.nb > MIN_BLOCK or self.kc > 16:
                     self.nb = max(MIN_BLOCK, self.nb // 2)
                     self.kc = max(16, self.kc // 2)
                     tiles.extendleft(reversed(subtiles(self.problem, t, self.nb)))
                     continue
-                launched.append(self._host_fallback(t))
+                tiles.appendleft(t)
+                rec = self._host_fallback(t)
+            launched.append(rec)
+            tiles.popleft()
             while len(self.pending) > WINDOW:
                 self._finish(self.pending.popleft())
         return launched
+
+    def remainder(self, task):
+        """What is left of a task after a failure: tiles not launched or not written (clean), and tiles
+        whose write into C was queued or begun and not confirmed (torn)."""
+        entry = self.tasks.get(id(task))
+        if entry is None:
+            return [task], []
+        launched, unlaunched = entry
+        clean = [r.task for r in launched if not r.done and not r.touched] + list(unlaunched)
+        torn = [r.task for r in launched if not r.done and r.touched]
+        return clean, torn
 
     def _launch_tile_retry(self, t):
         OOM = self.cp.cuda.memory.OutOfMemoryError
@@ -417,6 +433,7 @@ class _CUDARun(DeviceRun):
             rec.done_event = done
         elif local and not self.host:
             self.s_out.wait_event(done)
+            rec.touched = True
             self._copy_device(target, buf, self.s_out)
             ev = cp.cuda.Event(disable_timing=True)
             ev.record(self.s_out)
@@ -427,6 +444,7 @@ class _CUDARun(DeviceRun):
             rec.written = threading.Event()
             self.write_q.put(rec)
         else:
+            rec.touched = True       # the kernels wrote into C in place
             rec.done_event = done
         self.pending.append(rec)
         return rec
@@ -434,13 +452,19 @@ class _CUDARun(DeviceRun):
     def _finish(self, rec):
         if rec.done:
             return
-        if rec.finish == "host":
-            rec.written.wait()
-            if rec.error is not None:
-                err, rec.error = rec.error, None
-                raise err
-        elif rec.done_event is not None:
-            rec.done_event.synchronize()
+        if rec.failed:
+            raise RuntimeError(f"{self.device.name}: tile {rec.task.i0}:{rec.task.i1} x {rec.task.j0}:{rec.task.j1} "
+                               f"failed earlier")
+        try:
+            if rec.finish == "host":
+                rec.written.wait()
+                if rec.error is not None:
+                    raise rec.error
+            elif rec.done_event is not None:
+                rec.done_event.synchronize()
+        except BaseException:
+            rec.failed = True
+            raise
         rec.local = None
         rec.done = True
 
@@ -453,9 +477,10 @@ class _CUDARun(DeviceRun):
                     return
                 try:
                     t, p = rec.task, self.problem
-                    self.s_out.wait_event(rec.done_event)
+                    rec.done_event.synchronize()     # the tile's kernels succeeded: only now is C written
                     tri = ("lower" if p.lower else "upper") if t.diag else None
                     t0 = time.perf_counter()
+                    rec.touched = True
                     cuda_transfer.download(p.c[t.i0:t.i1, t.j0:t.j1], rec.local, self.out_ring, self.s_out, tri,
                                            direct=host_pinning.is_ready(self.pin_c))
                     self.stats["host_download_s"] += time.perf_counter() - t0

@@ -16,6 +16,8 @@ float32 products whose operands are row-major tall blocks (LOBPCG's S^T S) go to
 one kernel that streams k once and sums in double (faster than these chunks, whose batched calls leave
 the host busy, and 10x more accurate).
 """
+import threading
+
 import numpy as np
 
 from .. import cublas, plan
@@ -28,6 +30,7 @@ CHUNK = 512                 # single-precision k terms summed in float32 before 
 PARTIALS_BYTES = 64 << 20   # partial products held at once (one strided-batched call fills them)
 _WIDE = {np.dtype(np.float32): np.dtype(np.float64), np.dtype(np.complex64): np.dtype(np.complex128)}
 _masks = {}
+_masks_lock = threading.Lock()
 
 
 def applies(problem, device):
@@ -116,9 +119,18 @@ def _triangle(backend, problem, out, beta):
 
 
 def _mask(xp, n, lower):
-    """Boolean n x n mask on the current GPU: lower or upper triangle, or the diagonal (lower=None)."""
+    """Boolean n x n mask on the current GPU: lower or upper triangle, or the diagonal (lower=None).
+
+    Made once and shared by every thread: it is published only after the stream that filled it has
+    finished, since another caller may read it at once from a stream of its own."""
     key = (xp.cuda.Device().id, n, lower)
-    if key not in _masks:
-        ones = xp.ones((n, n), dtype=bool)
-        _masks[key] = xp.eye(n, dtype=bool) if lower is None else (xp.tril(ones) if lower else xp.triu(ones))
-    return _masks[key]
+    mask = _masks.get(key)
+    if mask is None:
+        with _masks_lock:
+            mask = _masks.get(key)
+            if mask is None:
+                ones = xp.ones((n, n), dtype=bool)
+                mask = xp.eye(n, dtype=bool) if lower is None else (xp.tril(ones) if lower else xp.triu(ones))
+                xp.cuda.get_current_stream().synchronize()
+                _masks[key] = mask
+    return mask

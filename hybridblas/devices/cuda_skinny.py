@@ -19,6 +19,8 @@ It applies when, in the normalised problem, every left factor is m x k with its 
 and every right factor k x n with its columns on the unit stride, k running along the leading dimension:
 what row-major (C-order) n x p blocks give for ``a^T b``, strided column slices included.
 """
+import threading
+
 import numpy as np
 
 from ..problem import leading_dim
@@ -165,6 +167,7 @@ extern "C" __global__ void skinny_gram_finish(
 }
 """
 _modules = {}
+_modules_lock = threading.Lock()
 _sm_counts = {}
 
 
@@ -186,11 +189,12 @@ def _rows_unit(f, left):
 
 def _kernels(cupy, dtype):
     key = (cupy.cuda.Device().id, dtype)
-    if key not in _modules:
-        ctype = "float" if dtype == np.float32 else "double"
-        module = cupy.RawModule(code=f"typedef {ctype} T;\n" + _SOURCE, options=("--std=c++14",))
-        _modules[key] = (module.get_function("skinny_gram_partials"), module.get_function("skinny_gram_finish"))
-    return _modules[key]
+    with _modules_lock:      # one compile per device and dtype, also under concurrent callers
+        if key not in _modules:
+            ctype = "float" if dtype == np.float32 else "double"
+            module = cupy.RawModule(code=f"typedef {ctype} T;\n" + _SOURCE, options=("--std=c++14",))
+            _modules[key] = (module.get_function("skinny_gram_partials"), module.get_function("skinny_gram_finish"))
+        return _modules[key]
 
 
 def multiprocessors(cupy):
