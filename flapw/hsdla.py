@@ -38,7 +38,7 @@ def _sync(xp):
 
 
 def buffers_per_atom(method):
-    """N_L x N_G buffers a batch holds per atom: A, B, X (refined) or A, B and their backups (original)."""
+    """N_L x N_G buffers a batch holds per atom: A, B, X (refined) or A, B, Z, UB (original)."""
     return 3 if method == "refined" else 4
 
 
@@ -111,7 +111,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     """H and S (N_G × N_G, complex, Hermitian) of ``cell`` at its k-point.
 
     method:         "refined" (Algorithm 3: zherk, zherk, zher2k, zherkx; one temporary buffer X)
-                    or "original" (Algorithm 1: backups of A and B, Cholesky of T^AA, zgemm).
+                    or "original" (Algorithm 1: Z and UB work buffers, Cholesky of T^AA, zgemm).
     context:        a hybridblas.Context passed to every large product (None: hybridblas's default).
     interstitial:   add the plane-wave parts (needed for eigenvalues); the MT parts only otherwise.
     batch_atoms / max_temp_bytes: bound the A, B, X buffers by processing atoms in batches.
