@@ -28,6 +28,9 @@ def _parser():
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build H and S for a preset crystal and print a per-stage table")
     b.add_argument("--system", default="NaCl", choices=sorted(PRESETS))
+    b.add_argument("--structure", metavar="FILE", default=None,
+                   help="build this crystal instead of --system: any file ase.io.read reads (CIF, POSCAR, ...; "
+                        "needs ase), default muffin-tin radii and lmax as System.from_ase")
     b.add_argument("--kmax", type=float, default=2.5, help="plane-wave cutoff |k+G| <= Kmax (1/bohr)")
     b.add_argument("--kpoints", type=int, default=1, help="number of generic k-points (radial functions and T reused)")
     b.add_argument("--k", type=float, nargs=3, default=DEFAULT_K, help="first k-point, supercell reciprocal units")
@@ -93,8 +96,8 @@ def _build(args):
     comm = parallel.world()
     rank = comm.Get_rank() if comm is not None else 0
     backend = make_backend(args.blas, args.devices, args.strategy, comm)
-    cell = System.preset(args.system, kmax=args.kmax, k=tuple(args.k), potential=args.potential, v0=args.v0,
-                         supercell=args.supercell)
+    crystal = dict(kmax=args.kmax, k=tuple(args.k), potential=args.potential, v0=args.v0, supercell=args.supercell)
+    cell = System.from_file(args.structure, **crystal) if args.structure else System.preset(args.system, **crystal)
     quiet = args.quiet or args.json or rank != 0
     log = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     ranks = f", {comm.Get_size()} MPI ranks" if comm is not None else ""

@@ -3,8 +3,9 @@
 Stacked operands are column-major (n·N_L) × N_G matrices (see matching.py): the paper's A, B, X.
 Atoms are processed in batches (``batch_atoms``, or as many as ``max_temp_bytes`` allows); each batch
 adds its share to H and S with beta = 1, so a batch of all atoms is exactly the paper's algorithm and
-smaller batches bound memory at the same flop count.  Only the lower triangle is accumulated; the
-upper one is filled at the end unless ``lower_only``.
+smaller batches bound memory at the same flop count.  Each batch goes through
+``flapw.hs_from_coefficients`` (flapw/coefficients.py), the public call on given coefficients.  Only the
+lower triangle is accumulated; the upper one is filled at the end unless ``lower_only``.
 """
 import numpy as np
 
@@ -37,7 +38,7 @@ def _sync(xp):
 
 
 def buffers_per_atom(method):
-    """N_L x N_G buffers a batch holds per atom: A, B, X (refined) or A, B and their backups (original)."""
+    """N_L x N_G buffers a batch holds per atom: A, B, X (refined) or A, B, Z, UB (original)."""
     return 3 if method == "refined" else 4
 
 
@@ -110,7 +111,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     """H and S (N_G × N_G, complex, Hermitian) of ``cell`` at its k-point.
 
     method:         "refined" (Algorithm 3: zherk, zherk, zher2k, zherkx; one temporary buffer X)
-                    or "original" (Algorithm 1: backups of A and B, Cholesky of T^AA, zgemm).
+                    or "original" (Algorithm 1: Z and UB work buffers, Cholesky of T^AA, zgemm).
     context:        a hybridblas.Context passed to every large product (None: hybridblas's default).
     interstitial:   add the plane-wave parts (needed for eigenvalues); the MT parts only otherwise.
     batch_atoms / max_temp_bytes: bound the A, B, X buffers by processing atoms in batches.
@@ -145,8 +146,8 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
         fa = [xp.asarray(f[0]) for f in fac]
         fb = [xp.asarray(f[1]) for f in fac]
         del fac
-    dev_t = [dict(taa_t=xp.asarray(t.taa.T), tba_t=xp.asarray(t.tab.conj()), half_tbb_t=xp.asarray(0.5 * t.tbb.T),
-                  u=xp.asarray(t.udot_norm_lm)) for t in tmats]
+    from .coefficients import hs_from_coefficients     # the per-batch assembly (it builds on this module)
+    taa, tab, tbb, u = (np.stack([getattr(t, f) for t in tmats]) for f in ("taa", "tab", "tbb", "udot_norm_lm"))
 
     h = xp.zeros((n_g, n_g), complex, order="F")
     s = xp.zeros((n_g, n_g), complex, order="F")
@@ -155,15 +156,9 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     # flat buffers: a batch of any width is a contiguous (n_g, w) view, i.e. a column-major (w, n_g) matrix
     a_buf = xp.empty(n_g * width, complex)
     b_buf = xp.empty(n_g * width, complex)
-    x_buf = xp.empty(n_g * width, complex)
-    extra = {}
-    if method == "original":
-        extra = {"A backup": xp.empty(n_g * width, complex), "B backup": xp.empty(n_g * width, complex)}
-    rep.note_buffers(A=a_buf.nbytes, B=b_buf.nbytes, **({"X": x_buf.nbytes} if method == "refined" else {}),
-                     **{k: v.nbytes for k, v in extra.items()})
-    if method == "original":
-        x_buf = None            # Algorithm 1 has no X; its work buffers are the backups
-    chol = _cholesky_factors(tmats, xp) if method == "original" else None
+    work = {"X": xp.empty(n_g * width, complex)} if method == "refined" else \
+        {"Z": xp.empty(n_g * width, complex), "UB": xp.empty(n_g * width, complex)}
+    rep.note_buffers(A=a_buf.nbytes, B=b_buf.nbytes, **{k: v.nbytes for k, v in work.items()})
 
     batches = [list(range(i, min(n_a, i + nb))) for i in range(0, n_a, nb)]
     for ib, atoms in enumerate(batches):
@@ -175,15 +170,11 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
             each = _on_host_cores if xp is np else None
             fill_coefficients(a, fa, ph, sp_of[atoms], n_l, each)
             fill_coefficients(b, fb, ph, sp_of[atoms], n_l, each)
-        beta = 0.0 if ib == 0 else 1.0
-        args = (rep, backend, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w, sync, xp)
-        if method == "refined":
-            _refined_batch(*args, view(x_buf))
-        else:
-            _original_batch(*args, view(extra["A backup"]), view(extra["B backup"]), chol)
+        hs_from_coefficients(a, b, taa, tab, tbb, u, t_index=cls_of[atoms], method=method, blas=backend, h=h, s=s,
+                             accumulate=ib > 0, lower_only=True, work=[view(buf) for buf in work.values()], report=rep)
         if progress:
             progress(ib + 1, len(batches))
-    del a_buf, b_buf, x_buf, extra
+    del a_buf, b_buf, work
     if interstitial:
         from .interstitial import add_interstitial
         with rep.stage("interstitial", sync=sync):
@@ -223,8 +214,8 @@ def _refined_batch(rep, be, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w,
 
 
 def _ta_plus_half_tb(xp, out, a, b, atoms, cls_of, dev_t, n_l):
-    """Per atom: out = T^BA A + ½ T^BB B (column blocks of the stacked, transposed coefficients);
-    ``out`` may be ``a`` itself (Algorithm 1 overwrites A, Algorithm 3 writes X)."""
+    """Per atom: out = T^BA A + ½ T^BB B (column blocks of the stacked, transposed coefficients):
+    Algorithm 3's X, Algorithm 1's Z."""
     def one(sl, at):
         t = dev_t[cls_of[at]]
         out[:, sl] = a[:, sl] @ t["tba_t"] + b[:, sl] @ t["half_tbb_t"]
@@ -258,55 +249,51 @@ def _on_host_cores(jobs, fn):
         list(pool.map(fn, jobs))
 
 
-def _cholesky_factors(tmats, xp):
-    """conj(C) per class with T^AA = C Cᴴ (C lower), or None where T^AA is not positive definite."""
-    out = []
-    for t in tmats:
+def _cholesky_factors(taa, xp):
+    """{set: conj(C)} with T^AA = C Cᴴ (C lower), or None where T^AA is not positive definite."""
+    out = {}
+    for c, t in taa.items():
         try:
-            c = np.linalg.cholesky(t.taa)
+            out[c] = xp.asarray(np.linalg.cholesky(t).conj())
         except np.linalg.LinAlgError:
-            out.append(None)
-            continue
-        out.append(xp.asarray(c.conj()))
+            out[c] = None
     return out
 
 
-def _original_batch(rep, be, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w, sync, xp, a_hat, b_hat, chol):
-    """Algorithm 1 on one batch: backups, Z = T^BA A + ½T^BB B stacked over A, her2k, restore, S, Cholesky split."""
-    with rep.stage("backup Â=A, B̂=B", sync=sync):
-        a_hat[...] = a
-        b_hat[...] = b
+def _original_batch(rep, be, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w, sync, xp, z, ub, chol):
+    """Algorithm 1 on one batch with A and B left as given: Z = T^BA A + ½T^BB B in the first work buffer
+    (the paper overwrites A and restores A, B from backups; the same four buffers, no backup copies), her2k,
+    S with UB in the second work buffer, then the Cholesky split: B_T, B_B in the second, the A_a of the
+    atoms whose T^AA is not positive definite gathered in the first (where some T^AA are)."""
     with _small(rep, "T·A, T·B (zgemm)", n_g, n_l, 2 * len(atoms), sync):
-        _ta_plus_half_tb(xp, a, a, b, atoms, cls_of, dev_t, n_l)
+        _ta_plus_half_tb(xp, z, a, b, atoms, cls_of, dev_t, n_l)
     with rep.stage("zher2k H=ZᴴB+BᴴZ", flops("zher2k", n_g, w), blas=True, sync=sync):
-        be.her2k(1.0, a.T, b.T, beta, h)
-    a, b = a_hat, b_hat                      # restore (the backups are the original A and B)
+        be.her2k(1.0, z.T, b.T, beta, h)
     with rep.stage("zherk S=AᴴA", flops("zherk", n_g, w), blas=True, sync=sync):
         be.herk(1.0, a.T, beta, s)
-    with rep.stage("scale B=UB", 2.0 * n_g * w, sync=sync):
-        for j, at in enumerate(atoms):
-            sl = slice(j * n_l, (j + 1) * n_l)
-            b[:, sl] *= dev_t[cls_of[at]]["u"][None, :]
-    with rep.stage("zherk S+=BᴴB", flops("zherk", n_g, w), blas=True, sync=sync):
-        be.herk(1.0, b.T, 1.0, s)
+    with rep.stage("scale UB", 2.0 * n_g * w, sync=sync):
+        _each_atom(xp, atoms, n_l, lambda sl, at: xp.multiply(b[:, sl], dev_t[cls_of[at]]["u"][None, :],
+                                                              out=ub[:, sl]))
+    with rep.stage("zherk S+=(UB)ᴴUB", flops("zherk", n_g, w), blas=True, sync=sync):
+        be.herk(1.0, ub.T, 1.0, s)
     hpd = [at for at in atoms if chol[cls_of[at]] is not None]
     other = [at for at in atoms if chol[cls_of[at]] is None]
     pos = {at: j for j, at in enumerate(atoms)}
     with rep.stage("T^AA·A (ztrmm/zhemm)", (flops("ztrmm", n_l, n_l, m=n_g) * len(hpd)
                                             + flops("zhemm", n_l, n_l, m=n_g) * len(other)), sync=sync):
-        # B_T = [Cᴴ A_a] for positive definite T^AA, then B_B = [T^AA A_a]; both overwrite B (no longer needed)
+        # B_T = [Cᴴ A_a] for positive definite T^AA, then B_B = [T^AA A_a], both in ub; the other atoms' A_a in z
         for i, at in enumerate(hpd + other):
             src = slice(pos[at] * n_l, (pos[at] + 1) * n_l)
             op = chol[cls_of[at]] if i < len(hpd) else dev_t[cls_of[at]]["taa_t"]
-            b[:, i * n_l:(i + 1) * n_l] = a[:, src] @ op
-        for i, at in enumerate(other):       # compress the A_a of the non-HPD atoms (i <= position: safe)
-            src = pos[at]
-            if src != i:
-                a[:, i * n_l:(i + 1) * n_l] = a[:, src * n_l:(src + 1) * n_l]
+            ub[:, i * n_l:(i + 1) * n_l] = a[:, src] @ op
+        if hpd:              # gather the other atoms' A_a (where no T^AA is positive definite, A is that)
+            for i, at in enumerate(other):
+                z[:, i * n_l:(i + 1) * n_l] = a[:, pos[at] * n_l:(pos[at] + 1) * n_l]
+    a_b = z if hpd else a
     n_t, n_b = len(hpd) * n_l, len(other) * n_l
     if n_t:
         with rep.stage("zherk H+=B_TᴴB_T", flops("zherk", n_g, n_t), blas=True, sync=sync):
-            be.herk(1.0, b[:, :n_t].T, 1.0, h)
+            be.herk(1.0, ub[:, :n_t].T, 1.0, h)
     if n_b:
         with rep.stage("zgemm H+=AᴴB_B", flops("zgemm", n_g, n_b, m=n_g), blas=True, sync=sync):
-            be.gemm(1.0, a[:, :n_b].T, b[:, n_t:n_t + n_b].T, 1.0, h, transa="C", transb="N")
+            be.gemm(1.0, a_b[:, :n_b].T, ub[:, n_t:n_t + n_b].T, 1.0, h, transa="C", transb="N")

@@ -1,6 +1,8 @@
 """System: a crystal, its G+k basis at one k-point, and the k-independent data (radial functions, T).
 
-A preset is cheap: nothing heavy is computed until a build asks for it.  ``with_k`` returns the same
+Crystals come from the presets (``System.preset``), from ASE (``System.from_ase``, ``System.from_file``)
+or from a ``Structure`` made by hand (``System(structure, kmax)``). A system is cheap: nothing heavy is
+computed until a build asks for it.  ``with_k`` returns the same
 crystal at another k-point sharing the k-independent caches, so radial functions and T matrices are
 computed once for all k-points (SIRIUS's split between the k-independent Hamiltonian and the k-set).
 """
@@ -10,7 +12,7 @@ import numpy as np
 
 from .basis import GkBasis
 from .potential import PotentialModel, atom_classes, build_t_matrices, radial_for_species
-from .structures import PRESETS, make_structure
+from .structures import PRESETS, import_ase, make_structure, structure_from_ase
 
 __all__ = ["System", "DEFAULT_K"]
 
@@ -27,11 +29,15 @@ class _Shared:
         self.seconds = {}
 
 
+def _check_kmax(kmax):
+    if isinstance(kmax, bool) or not isinstance(kmax, (int, float)) or not np.isfinite(kmax) or kmax <= 0:
+        raise ValueError(f"kmax must be a positive number (1/bohr), got {kmax!r}")
+
+
 class System:
     def __init__(self, structure, kmax, k=DEFAULT_K, potential="model", v0=0.0, e_l=None,
                  ns_strength=0.1, _shared=None):
-        if not isinstance(kmax, (int, float)) or not np.isfinite(kmax) or kmax <= 0:
-            raise ValueError(f"kmax must be a positive number (1/bohr), got {kmax!r}")
+        _check_kmax(kmax)
         self.structure = structure
         self.kmax = float(kmax)
         self.k = tuple(float(x) for x in k)
@@ -64,6 +70,45 @@ class System:
         if name not in PRESETS:
             raise ValueError(f"system must be one of {sorted(PRESETS)}, got {name!r}")
         return cls(make_structure(name, supercell, lmax), kmax, k, potential, v0, e_l, ns_strength)
+
+    @classmethod
+    def from_ase(cls, atoms, kmax=3.0, k=DEFAULT_K, *, rmt=None, lmax=None, supercell=None, potential="model",
+                 v0=0.0, e_l=None, ns_strength=0.1, name=None):
+        """A crystal given as an ``ase.Atoms`` (periodic in 3D; ASE's ångström are converted to bohr).
+
+        rmt:       muffin-tin radii in bohr: None, one number for every species, or {symbol: bohr} (the
+                   species it leaves out get the default). Default: 0.95 × half the shortest distance from
+                   an atom of that species to any other atom (touching spheres, scaled down by 5 %).
+        lmax:      one angular cutoff for every atom (the stacked HSDLA operands have one N_L per atom).
+                   Default: ceil(max R_MT · Kmax) clipped to [2, 12], the LAPW rule l_max ≈ R_MT·K_max.
+        supercell: repeat the cell n1×n2×n3 first (``atoms.repeat``); k is in units of the repeated cell.
+        name:      the report's system name (default: the chemical formula).
+        Species are the chemical elements; the model potential's Z is the atomic number (the screening
+        length R_MT/4, ``v0``, ``e_l``, ``ns_strength`` are as for the presets). Raises ValueError for an
+        empty or non-periodic structure, a cell that does not span 3D, coincident atoms or overlapping
+        muffin tins, naming the value; MissingDependency (an ImportError and a ValueError) without ASE.
+        """
+        _check_kmax(kmax)
+        structure = structure_from_ase(atoms, kmax, rmt=rmt, lmax=lmax, supercell=supercell, name=name)
+        return cls(structure, kmax, k, potential, v0, e_l, ns_strength)
+
+    @classmethod
+    def from_file(cls, path, kmax=3.0, k=DEFAULT_K, *, format=None, index=-1, name=None, **options):
+        """The crystal in a file that ``ase.io.read`` reads (CIF, POSCAR, extended XYZ, ...; ``format`` as
+        ASE names it, guessed from the name when None; ``index``: which image of a multi-image file). The
+        other options are ``from_ase``'s; the default name is the file's name."""
+        import os
+        ase = import_ase()
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise ValueError(f"structure file {path!r} does not exist or is not a file")
+        try:
+            atoms = ase.io.read(path, index=index, format=format)
+        except Exception as exc:       # ASE's readers raise many kinds; report one, naming the file
+            raise ValueError(f"could not read a crystal from {path!r}: {type(exc).__name__}: {exc}") from None
+        if not isinstance(atoms, ase.Atoms):
+            raise ValueError(f"index={index!r} selects {len(atoms)} images of {path!r}; give one image")
+        return cls.from_ase(atoms, kmax, k, name=name or os.path.basename(path), **options)
 
     def with_k(self, k):
         """The same crystal and potential at another k-point; radial functions and T are shared."""
