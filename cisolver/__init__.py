@@ -7,6 +7,8 @@ Pieces: shellmodel/ (KSHELL .snt reader, bit-string M-scheme basis, vectorised H
 lobpcg (Algorithm 1), dense (hybridblas Gram products, CholQR2, Rayleigh–Ritz), operators (SpMM),
 preconditioner (block-diagonal tiles). cupy is imported only when a GPU is asked for.
 """
+from hybridblas import __version__   # one version for the whole distribution
+
 from .solver import LobpcgResult, lobpcg
 from .operators import SymmetricOperator
 from .spectrum import compute_spectrum

@@ -1,30 +1,37 @@
-"""Where the shared interaction files live: $CISOLVER_DATA, else <repo>/../shared/data/interactions."""
+"""Where interaction files are found: an existing path as given, else a name ('usdb', 'gxpf1a.snt') looked up in
+$CISOLVER_DATA, then among the files shipped in cisolver/data/interactions (provenance: that folder's README)."""
 import os
+from importlib import resources
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parent.parent
+ENV = "CISOLVER_DATA"
 
 
-def interactions_dir():
-    """The interaction folder, or None when it cannot be found."""
-    env = os.environ.get("CISOLVER_DATA")
-    candidates = [Path(env)] if env else []
-    candidates += [_REPO.parent / "shared" / "data" / "interactions", _REPO / "shared" / "data" / "interactions"]
-    for c in candidates:
-        if c.is_dir():
-            return c
-    return None
+def packaged_interactions():
+    """The folder of interaction files installed with cisolver (usdb, ckpot, gxpf1a, kb3g)."""
+    return Path(resources.files(__package__) / "data" / "interactions")
+
+
+def interaction_folders():
+    """The folders searched for a bare name, in order: $CISOLVER_DATA when set, then the packaged files."""
+    env = os.environ.get(ENV)
+    if not env:
+        return [packaged_interactions()]
+    if not Path(env).is_dir():
+        raise ValueError(f"{ENV} must name a folder of .snt files, got {env!r}")
+    return [Path(env), packaged_interactions()]
 
 
 def resolve_interaction(name):
-    """A path as given, or a bare name ('usdb', 'gxpf1a.snt') looked up in the interaction folder."""
+    """A path as given when it is an existing file, else ``name`` or ``name.snt`` in :func:`interaction_folders`."""
     p = Path(name)
     if p.is_file():
         return p
-    folder = interactions_dir()
-    if folder is not None:
+    folders = interaction_folders()
+    for folder in folders:
         for cand in (folder / name, folder / f"{name}.snt"):
             if cand.is_file():
                 return cand
-    where = f" or in {folder}" if folder else " (no interaction folder found; set CISOLVER_DATA)"
-    raise FileNotFoundError(f"interaction {name!r} not found as a file{where}")
+    shipped = ", ".join(sorted(f.stem for f in packaged_interactions().glob("*.snt")))
+    raise FileNotFoundError(f"interaction {str(name)!r} not found as a file or in {', '.join(map(str, folders))} "
+                            f"(shipped: {shipped}; {ENV} adds a folder of .snt files)")

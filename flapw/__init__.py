@@ -9,6 +9,8 @@
 
 Hartree atomic units (bohr, Ha, Kmax in 1/bohr). See docs/flapw.md for the conventions.
 """
+from hybridblas import __version__   # one version for the whole distribution
+
 from .coefficients import hs_from_coefficients
 from .hsdla import METHODS, build_hs, hermitian_fill
 from .report import BuildReport

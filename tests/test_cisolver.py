@@ -9,11 +9,12 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from cisolver import dense, lobpcg
+from cisolver.data import packaged_interactions
 from cisolver.operators import SymmetricOperator
 from cisolver.preconditioner import TilePreconditioner, configuration_labels
 from cisolver.shellmodel import angmom, hamiltonian, snt
 
-DATA = Path(os.environ.get("CISOLVER_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
+DATA = Path(os.environ.get("CISOLVER_DATA") or packaged_interactions())   # the shipped files unless overridden
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA} (set CISOLVER_DATA)")
 
 REF = {  # README reference spectra (KSHELL + dense check), MeV, and J
