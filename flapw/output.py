@@ -129,7 +129,9 @@ class HSWriter:
             self._file = _h5py(option, self.path).File(self._tmp, "w")
 
     def add(self, index, cell_k, h, s):
-        """H and S (full Hermitian N_G x N_G, numpy or cupy) of k-point ``index``, built for ``cell_k``."""
+        """H and S (full Hermitian N_G x N_G, numpy or cupy) of k-point ``index``, built for ``cell_k``.
+        Refuses (ValueError) a shape other than this k-point's N_G, non-finite entries, and a matrix whose
+        first row is not the conjugate of its first column (one triangle only)."""
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or index < 0:
             raise ValueError(f"index must be a k-point number >= 0, got {index!r}")
         if int(index) in self._indices:
@@ -140,6 +142,8 @@ class HSWriter:
             if m.shape != (basis.n_g, basis.n_g):
                 raise ValueError(f"{name} must be N_G x N_G = {basis.n_g} x {basis.n_g} for this k-point's basis, "
                                  f"got shape {m.shape}")
+            if not np.isfinite(m).all():
+                raise ValueError(f"{name} has entries that are not finite (nan or inf); nothing is written for them")
             if m.size and not np.allclose(m[0, :], m[:, 0].conj(), rtol=1e-12, atol=1e-14 * np.abs(m[:, 0]).max()):
                 raise ValueError(f"{name} is not a full Hermitian matrix (its first row is not the conjugate of "
                                  f"its first column): pass both triangles (build_hs with lower_only=False)")
@@ -218,14 +222,15 @@ def read_hs(path):
     fmt = file_format(path, "path")
     if fmt == "npz":
         with np.load(path, allow_pickle=False) as z:
-            names = set(z.files)
-            meta = {n: _scalar(z[n]) for n in names if not n.rpartition("_")[2].isdigit()}
-            indices = [int(i) for i in z["kpoints"]]
+            meta = {n: _scalar(z[n]) for n in z.files if not n.rpartition("_")[2].isdigit()}
+            _check_format(meta, path)
+            indices = [int(i) for i in meta["kpoints"]]
             kpoints = [dict({n: _scalar(z[f"{n}_{i}"]) for n in _PER_K}, index=i) for i in indices]
     else:
         h5py = _h5py("path", path)
         with h5py.File(path, "r") as f:
             meta = {n: _scalar(v) for n, v in f.attrs.items()}
+            _check_format(meta, path)
             for n, d in f.items():
                 if isinstance(d, h5py.Dataset):
                     meta[n] = d.asstr()[()] if h5py.check_string_dtype(d.dtype) else d[()]
@@ -236,6 +241,10 @@ def read_hs(path):
                 kpoints.append(dict({n: g[n][()] for n in _PER_K if n != "N_G"}, N_G=int(g.attrs["N_G"]), index=i))
     meta["species"] = [str(x) for x in np.asarray(meta["species"]).tolist()]
     meta["kpoints"] = kpoints
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"path {str(path)!r} is not a flapw H/S file (format {meta.get('format')!r})")
     return meta
+
+
+def _check_format(meta, path):
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"path {str(path)!r} is not a flapw H/S file of format version {FORMAT_VERSION} "
+                         f"(format {meta.get('format')!r}, version {meta.get('format_version')!r})")
