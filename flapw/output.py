@@ -37,7 +37,7 @@ __all__ = ["HSWriter", "write_hs", "read_hs", "file_format", "check_writable", "
 
 FORMAT = "flapw-hs"
 FORMAT_VERSION = 1
-HDF5_HINT = 'h5py is not installed; install the HDF5 extra: pip install "hybridblas[hdf5]" (or pip install h5py)'
+HDF5_HINT = 'install the HDF5 extra: pip install "hybridblas[hdf5]" (or pip install h5py)'
 _SUFFIXES = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5"}
 UNITS = ("lengths (lattice, positions_cart, rmt) in bohr; H and v0 in hartree; kmax, k_cart and reciprocal in "
          "1/bohr; k in units of the reciprocal lattice vectors (rows of reciprocal); S dimensionless")
@@ -50,7 +50,8 @@ def _h5py(option, path):
     try:
         import h5py
     except ImportError:
-        raise ValueError(f"{option} {str(path)!r}: writing HDF5 needs h5py; {HDF5_HINT}") from None
+        raise ValueError(f"{option} {str(path)!r}: HDF5 files need h5py, which is not installed; "
+                         f"{HDF5_HINT}") from None
     return h5py
 
 
