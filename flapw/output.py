@@ -16,7 +16,7 @@ Two containers, one layout (docs/flapw.md lists every field):
 H and S are stored whole (``triangle = "full"``): both triangles hold the Hermitian matrices.
 H[i, j] = <φ_i|H|φ_j> (row i is the bra), φ_i = e^{i(k+G_i)·r}/√Ω in the interstitial with
 G_i = miller[i] @ reciprocal. Arrays are written in numpy's (row-major) index order; a Fortran reader of
-the HDF5 file sees every array transposed (H(j, i) = H[i, j], miller(1:3, i)).
+the HDF5 file sees every array transposed (H(j, i) = H[i, j]: the conjugate of the Hermitian H; miller(1:3, i)).
 
 A file is written to a temporary name in the same folder and moved into place when complete, so a run
 that fails leaves no partial file behind.
