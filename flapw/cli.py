@@ -176,7 +176,8 @@ def _plan(args, comm):
     """Every check before the build; returns what the build needs. Raises on a bad option (exit 2)."""
     spec = parallel.check_devices(args.devices, comm)
     if args.arrays == "device" and args.blas != "hybridblas":
-        raise ValueError(f"--arrays device needs --blas hybridblas (cuBLASXt takes host arrays), got --blas {args.blas}")
+        raise ValueError(f"--arrays device needs --blas hybridblas (cuBLASXt takes host arrays), "
+                         f"got --blas {args.blas}")
     if args.arrays == "device" and not spec.gpus:
         raise ValueError(f"--arrays device needs a GPU in --devices, got --devices {args.devices!r}")
     path = None

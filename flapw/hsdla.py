@@ -293,7 +293,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
 
 
 def build_hs_with_fallback(cell, method="refined", context=None, interstitial=False, *, batch_atoms=None,
-                           max_temp_bytes=None, lower_only=False, blas="hybridblas", arrays="device",
+                           max_temp_bytes=None, lower_only=False, blas="hybridblas", arrays="host",
                            return_report=False, progress=None, out_of_memory=(MemoryError,)):
     """build_hs that outlives running out of memory, with the same H and S.
 

@@ -62,9 +62,6 @@ BAD = [
 @pytest.mark.parametrize("build", [flapw.build_hs, flapw.build_hs_with_fallback], ids=["build_hs", "fallback"])
 @pytest.mark.parametrize("kwargs, kind, pattern", BAD, ids=[repr(k) for k, _, _ in BAD])
 def test_bad_argument(cell, build, kwargs, kind, pattern):
-    kwargs = dict(kwargs)
-    if build is flapw.build_hs_with_fallback:
-        kwargs.setdefault("arrays", "host")
     with pytest.raises(kind, match=pattern):
         build(cell, **kwargs)
     assert _untouched(cell)
