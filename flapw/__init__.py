@@ -3,23 +3,26 @@
     import flapw
     cell = flapw.System.preset("TiO2", kmax=3.0, k=(0.1234, 0.2345, 0.3456))
     H, S = flapw.build_hs(cell, method="refined", context=None, interstitial=False)
+    flapw.write_hs("hs.h5", cell, H, S, method="refined", interstitial=False)   # or hs.npz; flapw.read_hs
 
     cell = flapw.System.from_file("Si.cif", kmax=3.0)            # any crystal ase.io.read reads (needs ase)
     H, S = flapw.hs_from_coefficients(a, b, taa, tab, tbb, u)     # your own A, B, T and U
 
-Hartree atomic units (bohr, Ha, Kmax in 1/bohr). See docs/flapw.md for the conventions.
+Hartree atomic units (bohr, Ha, Kmax in 1/bohr). See docs/flapw.md for the conventions and the file layout.
 """
 from hybridblas import __version__   # one version for the whole distribution
 
 from .coefficients import hs_from_coefficients
-from .hsdla import METHODS, build_hs, hermitian_fill
+from .hsdla import METHODS, build_bytes, build_hs, build_hs_with_fallback, hermitian_fill
+from .output import HSWriter, read_hs, write_hs
 from .report import BuildReport
 from .structures import PRESETS, Species, Structure
 from .system import DEFAULT_K, System
 from .wigner import gaunt, wigner3j
 
-__all__ = ["System", "Structure", "Species", "build_hs", "hs_from_coefficients", "BuildReport", "PRESETS",
-           "METHODS", "DEFAULT_K", "hermitian_fill", "gaunt", "wigner3j", "solve"]
+__all__ = ["System", "Structure", "Species", "build_hs", "build_hs_with_fallback", "build_bytes",
+           "hs_from_coefficients", "BuildReport", "PRESETS", "METHODS", "DEFAULT_K", "hermitian_fill",
+           "HSWriter", "write_hs", "read_hs", "gaunt", "wigner3j", "solve"]
 
 
 def solve(h, s, nev):

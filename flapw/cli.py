@@ -1,17 +1,34 @@
 """flapw build --system TiO2 --kmax 3.0 [--kpoints N] [--method refined|original] [--devices ...]
-           [--interstitial] [--solve NEV] [--output FILE] [--json]"""
+           [--interstitial] [--solve NEV] [--output FILE.npz|FILE.h5] [--json] [-q] [-v]
+
+Everything is checked before any work: each option's value, the devices, the output path and format, the
+basis at every k-point this rank builds, and the memory the build needs. A bad choice ends with exit 2 and
+a one-line message naming the option and its value; nothing is written.
+"""
 import argparse
 import json
+import logging
+import math
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
-from .backends import BACKENDS, BackendUnavailable
+import hybridblas as hb
+from hybridblas import console
+
 from . import parallel
-from .hsdla import METHODS, build_hs
+from .backends import BACKENDS, BackendUnavailable, get_backend
+from .hsdla import (METHODS, _batch_size, build_bytes, build_hs_with_fallback, buffers_per_atom, fitting_batch,
+                    memory_breakdown)
+from .output import HSWriter, check_writable, file_format, rank_path
 from .structures import PRESETS
 from .system import DEFAULT_K, System
+
+PROG = "flapw"
+log = logging.getLogger(PROG)
+_C16 = 16
 
 
 def _kpoints(n, first):
@@ -23,136 +40,280 @@ def _kpoints(n, first):
     return out
 
 
+def _finite(text):
+    """argparse type: a finite float (nan and inf refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
 def _parser():
-    p = argparse.ArgumentParser(prog="flapw", description="LAPW Hamiltonian and Overlap matrices on hybridblas")
+    p = argparse.ArgumentParser(prog=PROG, description="LAPW Hamiltonian and Overlap matrices on hybridblas")
+    # -q/-v belong to the subcommand: argparse lets a subparser's defaults overwrite the parent's values
+    p.add_argument("--version", action="version", version=f"%(prog)s {hb.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build H and S for a preset crystal and print a per-stage table")
+    console.add_common_options(b)
     b.add_argument("--system", default="NaCl", choices=sorted(PRESETS))
     b.add_argument("--structure", metavar="FILE", default=None,
                    help="build this crystal instead of --system: any file ase.io.read reads (CIF, POSCAR, ...; "
                         "needs ase), default muffin-tin radii and lmax as System.from_ase")
-    b.add_argument("--kmax", type=float, default=2.5, help="plane-wave cutoff |k+G| <= Kmax (1/bohr)")
-    b.add_argument("--kpoints", type=int, default=1, help="number of generic k-points (radial functions and T reused)")
-    b.add_argument("--k", type=float, nargs=3, default=DEFAULT_K, help="first k-point, supercell reciprocal units")
+    b.add_argument("--kmax", type=console.positive_float, default=2.5,
+                   help="plane-wave cutoff |k+G| <= Kmax (1/bohr)")
+    b.add_argument("--kpoints", type=console.positive_int, default=1,
+                   help="number of generic k-points (radial functions and T reused)")
+    b.add_argument("--k", type=_finite, nargs=3, default=DEFAULT_K, help="first k-point, supercell reciprocal units")
     b.add_argument("--method", default="refined", choices=METHODS)
-    b.add_argument("--devices", default="cpu", help="hybridblas devices: cpu, all, gpu, or e.g. cpu,cuda:0")
+    b.add_argument("--devices", default="cpu", help="cpu, gpu, all, GPU ids like 0,1, or cuda:0,cuda:1 "
+                                                    "(under MPI: all, gpu or cpu)")
     b.add_argument("--strategy", default="auto", choices=("static", "dynamic", "auto"))
     b.add_argument("--blas", default="hybridblas", choices=BACKENDS)
     b.add_argument("--arrays", default="auto", choices=("auto", "host", "device"),
                    help="where A, B, X, H, S live (device: cupy on this rank's first GPU; auto: there when "
-                        "hybridblas runs on GPUs and they fit in its free memory, else host)")
+                        "hybridblas runs on GPUs and they fit in its free memory, else host). A device build "
+                        "that runs out of GPU memory is repeated with fewer atoms per batch, then on the host")
     b.add_argument("--potential", default="model", choices=("model", "empty"))
-    b.add_argument("--v0", type=float, default=0.0, help="interstitial potential (Ha)")
-    b.add_argument("--supercell", type=int, nargs=3, default=None, help="override the preset's supercell")
-    b.add_argument("--batch-atoms", type=int, default=None)
-    b.add_argument("--max-temp-gib", type=float, default=None, help="bound the A/B/X buffers (GiB)")
+    b.add_argument("--v0", type=_finite, default=0.0, help="interstitial potential (Ha)")
+    b.add_argument("--supercell", type=console.positive_int, nargs=3, default=None,
+                   help="override the preset's supercell")
+    b.add_argument("--batch-atoms", type=console.positive_int, default=None, help="atoms per batch (A/B/X memory)")
+    b.add_argument("--max-temp-gib", type=console.positive_float, default=None,
+                   help="bound the A/B/X buffers (GiB)")
     b.add_argument("--interstitial", action="store_true", help="add the interstitial part")
-    b.add_argument("--solve", type=int, default=0, metavar="NEV", help="print the lowest NEV eigenvalues")
-    b.add_argument("--output", default=None, help="write H and S (and k, N_G) to this .npz file")
+    b.add_argument("--solve", type=console.nonnegative_int, default=0, metavar="NEV",
+                   help="print the lowest NEV eigenvalues")
+    b.add_argument("--output", default=None,
+                   help="write H and S (full Hermitian) with k, N_G, the basis's Miller indices, the crystal, "
+                        "Kmax and units per k-point to FILE.npz or FILE.h5 (docs/flapw.md: the layout)")
     b.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    b.add_argument("--quiet", action="store_true")
     return p
 
 
 def gpu_ids(devices):
-    """GPU ids named by a --devices value ("all"/"gpu": every GPU; "cuda:0,cuda:1": those)."""
-    if devices in ("all", "gpu", "cuda"):
-        from hybridblas.context import cuda_device_count
-        return list(range(cuda_device_count()))
-    return [int(d.split(":")[1]) for d in devices.split(",") if d.startswith("cuda:")]
-
-
-def auto_arrays(backend, cell, method, batch_atoms=None, max_temp_bytes=None):
-    """'device' when hybridblas runs on GPUs and A, B, X (one batch) and H, S fit in 80 % of the first
-    GPU's free memory (that GPU becomes current: cupy allocates there); else 'host'. On the host the
-    per-atom products and copies between the BLAS calls cost more than the GPUs' BLAS part."""
-    ctx = getattr(backend, "context", None)
-    gpus = [d.index for d in getattr(ctx, "devices", []) if d.kind == "cuda"]
-    if not gpus:
-        return "host"
-    import cupy
-    from .hsdla import _batch_size, buffers_per_atom
-    atoms = _batch_size(cell, method, batch_atoms, max_temp_bytes)
-    need = 16 * (2 * cell.n_g ** 2 + buffers_per_atom(method) * atoms * cell.n_l * cell.n_g)
-    with cupy.cuda.Device(gpus[0]):
-        free = cupy.cuda.runtime.memGetInfo()[0]
-    if need > 0.8 * free:
-        return "host"
-    cupy.cuda.Device(gpus[0]).use()
-    return "device"
+    """GPU ids a --devices value names ("all"/"gpu": every visible GPU; "cuda:0,cuda:1": those)."""
+    return list(hb.parse_devices(devices, name="--devices").gpus)
 
 
 def make_backend(blas, devices, strategy, comm=None):
-    from .backends import get_backend
+    """The BLAS backend for ``devices`` (a --devices string or a DeviceSpec): hybridblas on this rank's
+    Context, or cuBLASXt on the GPUs named."""
+    spec = devices if isinstance(devices, hb.DeviceSpec) else parallel.check_devices(devices, comm)
     if blas == "hybridblas":
-        return get_backend(blas, parallel.rank_context(comm, devices, strategy))
-    gpus = gpu_ids(devices)
+        return get_backend(blas, parallel.rank_context(comm, spec, strategy))
+    if not spec.gpus:
+        raise ValueError(f"--blas {blas} needs GPUs; --devices {str(spec)!r} names none")
+    try:
+        return get_backend(blas, gpus=list(spec.gpus))
+    except BackendUnavailable as exc:
+        raise console.CLIError(f"--blas {blas}: {exc}") from None
+
+
+def _context_gpus(backend):
+    ctx = getattr(backend, "context", None)
+    return [d.index for d in getattr(ctx, "devices", []) if d.kind == "cuda"]
+
+
+def _use_gpu(index):
+    """Make GPU ``index`` current: cupy allocates device arrays there."""
+    import cupy
+    cupy.cuda.Device(index).use()
+
+
+def auto_arrays(backend, cell, method, batch_atoms, interstitial=False):
+    """('device', nb) when hybridblas runs on GPUs and a build with nb atoms per batch, the first of
+    batch_atoms, batch_atoms // 2, ..., 1 that fits, takes at most 80 % of the first GPU's free memory
+    (that GPU becomes current: cupy allocates there); else ('host', batch_atoms). On the host the per-atom
+    products and copies between the BLAS calls cost more than the GPUs' BLAS part."""
+    gpus = _context_gpus(backend)
     if not gpus:
-        raise ValueError(f"--blas {blas} needs GPUs; --devices {devices!r} names none")
-    return get_backend(blas, gpus=gpus)
+        return "host", batch_atoms
+    nb = fitting_batch(cell, method, batch_atoms, 0.8 * hb.memory.gpu_free(gpus[0]), interstitial)
+    if nb is None:
+        return "host", batch_atoms
+    _use_gpu(gpus[0])
+    return "device", nb
+
+
+def _host_copies(args, arrays, n_g):
+    """Bytes beside the build on the host: eigh's copies of H and S for --solve, and the host copies of
+    device H and S for --solve or --output."""
+    pair = 2 * _C16 * n_g * n_g
+    return (pair if args.solve else 0) + (pair if arrays == "device" and (args.solve or args.output) else 0)
+
+
+def _host_batch(args, cell, nb, arrays, comm):
+    """Atoms per batch (nb, or for host arrays the first halving of it that fits) for which what the host
+    holds (the build's estimate with host arrays, and the copies of H and S for --solve/--output) fits in
+    this rank's share of the host's memory; else hybridblas.InsufficientMemory, before any work."""
+    ranks = parallel.ranks_on_node(comm)
+    fraction = 0.9 / ranks
+    extra = _host_copies(args, arrays, cell.n_g)
+    if arrays == "host":
+        fits = fitting_batch(cell, args.method, nb, fraction * hb.memory.host_available() - extra,
+                             args.interstitial)
+        if fits is not None:
+            if fits < nb:
+                log.info("host memory: %d atoms per batch instead of %d", fits, nb)
+            return fits
+        need = build_bytes(cell, args.method, 1, args.interstitial) + extra
+        parts = memory_breakdown(cell, args.method, 1) + (
+            f", copies of H and S for --solve {hb.memory.format_bytes(extra)}" if extra else "")
+    elif extra:
+        need, parts = extra, "host copies of H and S for --solve/--output"
+    else:
+        return nb
+    share = f" per rank ({ranks} ranks on this node)" if ranks > 1 else ""
+    hb.memory.require(
+        need, where="host", fraction=fraction,
+        what=f"--system {cell.name} --kmax {args.kmax} (N_G = {cell.n_g}: {parts}){share}",
+        advice="use a smaller --kmax (N_G grows as Kmax³, H and S as N_G²), bound the A/B/X buffers with "
+               "--max-temp-gib or --batch-atoms, or run fewer MPI ranks per node")
+    return nb
+
+
+def _plan(args, comm):
+    """Every check before the build; returns what the build needs. Raises on a bad option (exit 2)."""
+    spec = parallel.check_devices(args.devices, comm)
+    if args.arrays == "device" and args.blas != "hybridblas":
+        raise ValueError(f"--arrays device needs --blas hybridblas (cuBLASXt takes host arrays), "
+                         f"got --blas {args.blas}")
+    if args.arrays == "device" and not spec.gpus:
+        raise ValueError(f"--arrays device needs a GPU in --devices, got --devices {args.devices!r}")
+    path = None
+    if args.output is not None:
+        console.check_output_path(args.output, "--output")
+        file_format(args.output, "--output")
+        path = args.output if comm is None else rank_path(args.output, comm.Get_rank())
+        check_writable(path, "--output")
+    crystal = dict(kmax=args.kmax, k=tuple(args.k), potential=args.potential, v0=args.v0, supercell=args.supercell)
+    cell = System.from_file(args.structure, **crystal) if args.structure else System.preset(args.system, **crystal)
+    kpoints = _kpoints(args.kpoints, args.k)
+    mine = parallel.my_kpoints(kpoints, comm)
+    sizes = {ik: cell.with_k(k).n_g for ik, k in mine}
+    for ik, n_g in sizes.items():
+        if n_g == 0:
+            raise ValueError(f"--kmax {args.kmax}: no plane wave has |k+G| <= Kmax at k-point {ik + 1} "
+                             f"(N_G = 0); raise --kmax")
+        if args.solve > n_g:
+            raise ValueError(f"--solve {args.solve} asks for more eigenvalues than N_G = {n_g}, the basis size "
+                             f"at k-point {ik + 1}")
+        if args.solve and not args.interstitial and n_g > 2 * cell.n_atoms * cell.n_l:
+            raise ValueError(f"--solve {args.solve} needs --interstitial here: without it S (muffin-tin part "
+                             f"only) has rank at most 2 N_A N_L = {2 * cell.n_atoms * cell.n_l} < N_G = {n_g}")
+    largest = cell.with_k(kpoints[max(sizes, key=sizes.get)]) if sizes else cell
+    max_bytes = None if args.max_temp_gib is None else int(args.max_temp_gib * 2 ** 30)
+    per_atom = buffers_per_atom(args.method) * _C16 * largest.n_l * largest.n_g
+    if max_bytes is not None and max_bytes < per_atom:
+        raise ValueError(f"--max-temp-gib {args.max_temp_gib} is below one atom's {args.method} buffers "
+                         f"({hb.memory.format_bytes(per_atom)} at N_G = {largest.n_g})")
+    nb = _batch_size(largest, args.method, args.batch_atoms, max_bytes)
+    backend = make_backend(args.blas, spec, args.strategy, comm)
+    arrays = args.arrays
+    if arrays == "auto":
+        arrays, nb = auto_arrays(backend, largest, args.method, nb, args.interstitial)
+    elif arrays == "device":
+        _use_gpu(_context_gpus(backend)[0])
+    nb = _host_batch(args, largest, nb, arrays, comm)
+    return SimpleNamespace(spec=spec, cell=cell, kpoints=kpoints, mine=mine, backend=backend, arrays=arrays,
+                           batch_atoms=nb, path=path)
+
+
+class _BatchProgress:
+    """build_hs's progress(batch, batches) as a progress bar on a terminal (console.progress); a build
+    repeated after running out of memory starts a new bar."""
+
+    def __init__(self, desc, enabled):
+        self.desc, self.enabled, self.bar = desc, enabled, None
+
+    def __call__(self, batch, batches):
+        if self.bar is None or batch == 1:
+            self.close()
+            self.bar = console.progress(batches, self.desc, self.enabled and batches > 1)
+        self.bar.update(1)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def _build(args):
     comm = parallel.world()
     rank = comm.Get_rank() if comm is not None else 0
-    backend = make_backend(args.blas, args.devices, args.strategy, comm)
-    crystal = dict(kmax=args.kmax, k=tuple(args.k), potential=args.potential, v0=args.v0, supercell=args.supercell)
-    cell = System.from_file(args.structure, **crystal) if args.structure else System.preset(args.system, **crystal)
-    quiet = args.quiet or args.json or rank != 0
-    log = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    if args.quiet:                           # nothing but errors (console's -q keeps warnings)
+        for name in (PROG, "hybridblas", "py.warnings"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    elif rank != 0:
+        log.setLevel(logging.WARNING)        # notes from rank 0 only
+    plan = parallel.on_every_rank(comm, lambda: _plan(args, comm))
+    cell, arrays, nb = plan.cell, plan.arrays, plan.batch_atoms
     ranks = f", {comm.Get_size()} MPI ranks" if comm is not None else ""
-    log(f"flapw: {cell.name}: N_A={cell.n_atoms} N_L={cell.n_l} Kmax={cell.kmax} "
-        f"({args.kpoints} k-point{'s' if args.kpoints > 1 else ''}, {args.method}, devices={args.devices}{ranks})")
+    log.info("%s: N_A=%d N_L=%d Kmax=%s (%d k-point%s, %s, devices=%s%s); arrays: %s, %d atoms per batch",
+             cell.name, cell.n_atoms, cell.n_l, cell.kmax, args.kpoints, "s" if args.kpoints > 1 else "",
+             args.method, plan.spec, ranks, arrays, nb)
     parallel.share_k_independent(cell, comm)
-    reports, saved = [], {}
-    max_bytes = None if args.max_temp_gib is None else int(args.max_temp_gib * 2 ** 30)
-    arrays = args.arrays if args.arrays != "auto" else auto_arrays(backend, cell, args.method, args.batch_atoms,
-                                                                   max_bytes)
-    log(f"arrays: {arrays}")
+    show = not args.quiet and not args.json and comm is None
+    writer = None if plan.path is None else HSWriter(plan.path, cell, method=args.method, option="--output",
+                                                     interstitial=args.interstitial, n_kpoints=args.kpoints)
+    reports = []
     t_loop = time.perf_counter()
-    for ik, k in parallel.my_kpoints(_kpoints(args.kpoints, args.k), comm):
-        kc = cell.with_k(k)
-        log(f"k-point {ik + 1}/{args.kpoints}: k={k} N_G={kc.n_g}")
-        h, s, rep = build_hs(kc, method=args.method, interstitial=args.interstitial,
-                             batch_atoms=args.batch_atoms, max_temp_bytes=max_bytes, blas=backend,
-                             arrays=arrays, return_report=True,
-                             progress=lambda i, n: log(f"  batch {i}/{n} done") if n > 1 else None)
-        d = rep.as_dict()
-        d["k"] = list(k)
-        d["k_index"] = ik
-        d["rank"] = rank
-        if args.solve:
-            from . import solve
-            hh, ss = (h.get(), s.get()) if hasattr(h, "get") else (h, s)
-            d["eigenvalues"] = solve(hh, ss, args.solve).tolist()
-        if not args.json and comm is None:
-            print(rep.table())
+    try:
+        for ik, k in plan.mine:
+            kc = cell.with_k(k)
+            log.info("k-point %d/%d: k=%s N_G=%d", ik + 1, args.kpoints, k, kc.n_g)
+            with _BatchProgress(f"k-point {ik + 1}/{args.kpoints}", not args.quiet) as bar:
+                h, s, rep = build_hs_with_fallback(kc, method=args.method, interstitial=args.interstitial,
+                                                   batch_atoms=nb, blas=plan.backend, arrays=arrays,
+                                                   return_report=True, progress=bar)
+            if arrays == "device" and isinstance(h, np.ndarray) and (ik, k) != plan.mine[-1]:
+                log.info("the remaining k-points are built on host arrays too")
+            arrays, nb = ("host" if isinstance(h, np.ndarray) else "device"), rep.batch_atoms
+            d = rep.as_dict()
+            d.update(k=list(k), k_index=ik, rank=rank, arrays=arrays)
             if args.solve:
-                print("lowest eigenvalues (Ha):", " ".join(f"{e:.6f}" for e in d["eigenvalues"]))
-        reports.append(d)
-        if args.output:
-            saved[f"H_{ik}"] = h.get() if hasattr(h, "get") else h
-            saved[f"S_{ik}"] = s.get() if hasattr(s, "get") else s
-            saved[f"k_{ik}"] = np.asarray(k)
-        del h, s
-    if args.output:
-        # under MPI each rank writes the k-points it built: FILE.rank<r>.npz
-        path = args.output if comm is None else f"{args.output.removesuffix('.npz')}.rank{rank}.npz"
-        np.savez(path, **saved)
-        log(f"wrote H and S to {path}")
+                from . import solve
+                hh, ss = (h.get(), s.get()) if hasattr(h, "get") else (h, s)
+                d["eigenvalues"] = solve(hh, ss, args.solve).tolist()
+                del hh, ss
+            if show:
+                print(rep.table())
+                if args.solve:
+                    print("lowest eigenvalues (Ha):", " ".join(f"{e:.6f}" for e in d["eigenvalues"]))
+            reports.append(d)
+            if writer is not None:
+                writer.add(ik, kc, h, s)
+            del h, s
+    except BaseException:
+        if writer is not None:
+            writer.discard()
+        raise
+    if writer is not None:
+        writer.close()
+        log.info("wrote H and S to %s", plan.path)
     # this rank's k-point loop (the throughput measure: setup and process start are paid once per run)
     loop = time.perf_counter() - t_loop
     loops = comm.gather(loop, root=0) if comm is not None else [loop]
     reports = parallel.gather_reports(reports, comm)
     if rank != 0:
         return 0
-    if comm is not None and not args.json:
+    if comm is not None and not args.json and not args.quiet:
         for d in reports:
             print(f"k-point {d['k_index'] + 1} on rank {d['rank']}: " + _summary(d))
     if args.json:
-        json.dump({"system": cell.name, "kmax": cell.kmax, "devices": args.devices, "arrays": arrays,
-                   "ranks": comm.Get_size() if comm is not None else 1, "loop_seconds": loops,
-                   "kpoints_per_second": args.kpoints / max(loops), "reports": reports},
+        json.dump({"system": cell.name, "kmax": cell.kmax, "devices": str(plan.spec), "arrays": plan.arrays,
+                   "batch_atoms": plan.batch_atoms, "ranks": comm.Get_size() if comm is not None else 1,
+                   "loop_seconds": loops, "kpoints_per_second": args.kpoints / max(loops), "reports": reports,
+                   "output": None if plan.path is None else str(plan.path)},
                   sys.stdout, indent=1)
         print()
     return 0
@@ -163,15 +324,18 @@ def _summary(d):
             f"(BLAS part {d['blas_tflops']:.3f})")
 
 
+def _body(args):
+    if args.command == "build":
+        return _build(args)
+    raise console.CLIError(f"unknown command {args.command!r}")
+
+
 def main(argv=None):
-    args = _parser().parse_args(argv)
+    """``flapw build ...``; returns the exit code (0 done, 1 failed, 2 bad input or refused, 130 Ctrl-C)."""
     try:
-        if args.command == "build":
-            return _build(args)
-    except (ValueError, BackendUnavailable) as exc:
-        print(f"flapw: error: {exc}", file=sys.stderr)
-        return 2
-    return 1
+        return console.run_main(PROG, _body, argv, _parser())
+    except SystemExit as exc:        # argparse: --help, --version, or a bad option (its message is printed)
+        return exc.code if isinstance(exc.code, int) else 2
 
 
 if __name__ == "__main__":

@@ -6,17 +6,33 @@ adds its share to H and S with beta = 1, so a batch of all atoms is exactly the 
 smaller batches bound memory at the same flop count.  Each batch goes through
 ``flapw.hs_from_coefficients`` (flapw/coefficients.py), the public call on given coefficients.  Only the
 lower triangle is accumulated; the upper one is filled at the end unless ``lower_only``.
+
+Memory: ``build_bytes`` estimates what a build holds at its peak; a host build larger than the host's
+available memory is refused before anything is allocated. ``build_hs_with_fallback`` repeats a build that
+ran out of memory with half the atoms per batch, and a device build that fails even with one atom per
+batch on host arrays.
 """
+import gc
+import logging
+import sys
+
 import numpy as np
 
-from .backends import get_backend
+import hybridblas as hb
+
+from .backends import BACKENDS, PeerBackend, get_backend
 from .matching import fill_coefficients, k_only_factors, phases
 from .report import BuildReport, flops
+from .system import System
 
-__all__ = ["build_hs", "METHODS"]
+__all__ = ["build_hs", "build_hs_with_fallback", "build_bytes", "fitting_batch", "METHODS"]
 
 METHODS = ("refined", "original")
 _C16 = 16
+_INTERSTITIAL_ROWS = 1024     # rows of H and S add_interstitial fills at once
+_INTERSTITIAL_BYTES = 112     # bytes per element of such a row block (index triples, Θ, H part, temporaries;
+                              # traced peaks: 80-104 for NaCl and TiO2 at N_G 1529-4414)
+log = logging.getLogger("flapw")
 
 
 def _array_module(arrays):
@@ -26,7 +42,8 @@ def _array_module(arrays):
         try:
             import cupy
         except ImportError:
-            raise ValueError("arrays='device' needs cupy, which is not installed") from None
+            raise ValueError(f"arrays='device' needs CuPy, which is not installed; "
+                             f"{hb.devspec.CUDA_INSTALL_HINT}") from None
         return cupy
     raise ValueError(f"arrays must be 'host' or 'device', got {arrays!r}")
 
@@ -49,6 +66,9 @@ def _batch_size(cell, method, batch_atoms, max_temp_bytes):
             raise ValueError(f"batch_atoms must be a positive integer, got {batch_atoms!r}")
         return min(int(batch_atoms), n_a)
     if max_temp_bytes is not None:
+        if (not isinstance(max_temp_bytes, (int, float, np.integer, np.floating)) or isinstance(max_temp_bytes, bool)
+                or not np.isfinite(max_temp_bytes) or max_temp_bytes <= 0):
+            raise ValueError(f"max_temp_bytes must be a positive number of bytes, got {max_temp_bytes!r}")
         per_atom = buffers_per_atom(method) * _C16 * cell.n_l * cell.n_g
         nb = int(max_temp_bytes // per_atom)
         if nb < 1:
@@ -56,6 +76,76 @@ def _batch_size(cell, method, batch_atoms, max_temp_bytes):
                              f"({per_atom} bytes for {method})")
         return min(nb, n_a)
     return n_a
+
+
+def build_bytes(cell, method, batch_atoms, interstitial=False):
+    """Bytes a build of ``cell`` holds at its peak, with ``batch_atoms`` atoms per batch: H and S, the
+    k-only matching factors (two N_G x N_L per species, with Y*_lm and a temporary), and the larger of one
+    batch's A/B/X (or backup) buffers and the interstitial part's row blocks (made after the buffers are
+    freed). Against traced host peaks of NaCl builds at N_G 880-1862 it came 1-4 % low without the
+    interstitial part (radial meshes and T are left out) and 5-45 % high with it."""
+    n_g, n_l = cell.n_g, cell.n_l
+    n_species = len({sp.symbol for sp in cell.structure.species})
+    batch = (_C16 * buffers_per_atom(method) * n_l + 24) * batch_atoms * n_g     # + the batch's phases
+    rows = _INTERSTITIAL_BYTES * min(n_g, _INTERSTITIAL_ROWS) * n_g if interstitial else 0
+    return _C16 * n_g * (2 * n_g + (2 * n_species + 2) * n_l) + max(batch, rows)
+
+
+def memory_breakdown(cell, method, batch_atoms):
+    """'H and S 25.3 GiB, A/B/X of 384 atoms 40.5 GiB': the two parts of build_bytes a user can change."""
+    fmt = hb.memory.format_bytes
+    names = "A/B/X" if method == "refined" else "A/B and their backups"
+    atoms = f"{batch_atoms} atom{'s' if batch_atoms != 1 else ''}"
+    return (f"H and S {fmt(2 * _C16 * cell.n_g ** 2)}, {names} of {atoms} "
+            f"{fmt(_C16 * buffers_per_atom(method) * batch_atoms * cell.n_l * cell.n_g)}")
+
+
+def fitting_batch(cell, method, batch_atoms, limit, interstitial=False):
+    """The first of batch_atoms, batch_atoms // 2, ..., 1 whose build fits in ``limit`` bytes (build_bytes);
+    None when not even one atom per batch does."""
+    nb = batch_atoms
+    while nb >= 1:
+        if build_bytes(cell, method, nb, interstitial) <= limit:
+            return nb
+        nb //= 2
+    return None
+
+
+def _require_host_memory(cell, method, nb, interstitial):
+    """Refuse a host build whose estimate exceeds 90 % of the host's available memory, before allocating."""
+    hb.memory.require(
+        build_bytes(cell, method, nb, interstitial), where="host",
+        what=f"the {method} build of {cell.name} at kmax={cell.kmax} (N_G={cell.n_g}: "
+             f"{memory_breakdown(cell, method, nb)})",
+        advice="fewer atoms per batch (batch_atoms= or max_temp_bytes=) shrink the buffers; a smaller kmax "
+               "shrinks everything (N_G grows as kmax³, H and S as N_G²)")
+
+
+def _check_arguments(cell, method, context, blas, arrays, flags, progress):
+    """Every argument of build_hs that is not a size, checked before any work (sizes: _batch_size)."""
+    if not isinstance(cell, System):
+        raise TypeError(f"cell must be a flapw.System, got {type(cell).__name__} {cell!r:.80}")
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if context is not None and not isinstance(context, hb.Context):
+        raise TypeError(f"context must be a hybridblas.Context or None, got {type(context).__name__} {context!r}")
+    if isinstance(blas, str):
+        if blas not in BACKENDS:
+            raise ValueError(f"blas must be one of {BACKENDS} or a backend object, got {blas!r}")
+    elif not all(callable(getattr(blas, f, None)) for f in ("herk", "her2k", "herkx", "gemm")):
+        raise TypeError(f"blas must be one of {BACKENDS} or a backend with herk, her2k, herkx and gemm "
+                        f"(flapw.backends.get_backend), got {type(blas).__name__} {blas!r:.80}")
+    if context is not None and blas != "hybridblas":
+        raise ValueError(f"context= reaches hybridblas's calls only; blas={blas!r} takes none (its devices "
+                         f"come from flapw.backends.get_backend)")
+    if arrays == "device" and (blas == "cublasxt" or isinstance(blas, PeerBackend)):
+        raise ValueError(f"arrays='device' needs blas='hybridblas': cuBLASXt takes host arrays, got blas={blas!r}")
+    for name, value in flags.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a function (batch, batches) or None, got {type(progress).__name__} "
+                        f"{progress!r}")
 
 
 def hermitian_fill(c, xp=np, block=None):
@@ -120,12 +210,19 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
                     backend object from flapw.backends.get_backend (e.g. cuBLASXt on chosen GPUs).
     arrays:         "host" (numpy) or "device" (cupy: A, B, X, H, S on the current GPU).
     return_report:  also return a BuildReport (per-stage seconds, flops, peak temporary bytes).
+    progress:       called as progress(batch, batches) after each batch of atoms.
+
+    Every argument is checked before any work (ValueError or TypeError naming it and its value); a host
+    build whose estimate (build_bytes) exceeds the host's available memory raises
+    hybridblas.InsufficientMemory before anything is allocated.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    _check_arguments(cell, method, context, blas, arrays, dict(interstitial=interstitial, lower_only=lower_only,
+                     return_report=return_report), progress)
     xp = _array_module(arrays)
-    backend = get_backend(blas, context) if isinstance(blas, str) else blas
     nb = _batch_size(cell, method, batch_atoms, max_temp_bytes)
+    if xp is np:
+        _require_host_memory(cell, method, nb, interstitial)
+    backend = get_backend(blas, context) if isinstance(blas, str) else blas
     n_g, n_l, n_a = cell.n_g, cell.n_l, cell.n_atoms
     rep = BuildReport(method=method, system=cell.name, n_atoms=n_a, n_g=n_g, n_l=n_l, batch_atoms=nb,
                       backend=backend.name)
@@ -175,7 +272,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
         if progress:
             progress(ib + 1, len(batches))
     del a_buf, b_buf, work
-    if interstitial:
+    if interstitial and n_g:       # an empty basis has no plane-wave part to add
         from .interstitial import add_interstitial
         with rep.stage("interstitial", sync=sync):
             hermitian_fill(h, xp)
@@ -186,6 +283,56 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
             hermitian_fill(h, xp)
             hermitian_fill(s, xp)
     return (h, s, rep) if return_report else (h, s)
+
+
+def build_hs_with_fallback(cell, method="refined", context=None, interstitial=False, *, batch_atoms=None,
+                           max_temp_bytes=None, lower_only=False, blas="hybridblas", arrays="host",
+                           return_report=False, progress=None, out_of_memory=(MemoryError,)):
+    """build_hs that outlives running out of memory, with the same H and S.
+
+    An attempt that raises one of ``out_of_memory`` (default MemoryError, which covers CuPy's
+    OutOfMemoryError and hybridblas's "GPU memory exhausted") is repeated with half the atoms per batch
+    (less A/B/X memory, the same flops); a device build that fails even with one atom per batch is built
+    once more on host arrays, with the largest halving of the first batch that the host's memory holds.
+    Each retry logs one line on the 'flapw' logger. The estimate's refusal (hybridblas.InsufficientMemory)
+    and the error of the last possible attempt propagate. Other arguments as for build_hs; after a fall
+    back to the host, H and S are numpy arrays.
+    """
+    _check_arguments(cell, method, context, blas, arrays, dict(interstitial=interstitial, lower_only=lower_only,
+                     return_report=return_report), progress)
+    if not isinstance(out_of_memory, tuple) or not all(isinstance(e, type) and issubclass(e, BaseException)
+                                                       for e in out_of_memory):
+        raise TypeError(f"out_of_memory must be a tuple of exception types, got {out_of_memory!r}")
+    first = nb = _batch_size(cell, method, batch_atoms, max_temp_bytes)
+    place = arrays
+    while True:
+        try:
+            return build_hs(cell, method, context, interstitial, batch_atoms=nb, lower_only=lower_only, blas=blas,
+                            arrays=place, return_report=return_report, progress=progress)
+        except hb.InsufficientMemory:
+            raise
+        except out_of_memory as exc:
+            if nb == 1 and place != "device":
+                raise
+            why = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        _release_memory()          # the failed attempt's arrays, now that its traceback is gone
+        where = "GPU" if place == "device" else "host"
+        if nb > 1:
+            log.info("%s out of memory with %d atoms per batch (%s); retrying with %d", where, nb, why, nb // 2)
+            nb //= 2
+        else:
+            limit = 0.9 * hb.memory.host_available()
+            place, nb = "host", fitting_batch(cell, method, first, limit, interstitial) or 1
+            log.info("GPU out of memory even with 1 atom per batch (%s); building on host arrays with %d atoms "
+                     "per batch", why, nb)
+
+
+def _release_memory():
+    """Collect the arrays a failed attempt left in reference cycles and hand CuPy's idle blocks back."""
+    gc.collect()
+    cupy = sys.modules.get("cupy")      # only when a device build imported it
+    if cupy is not None:
+        cupy.get_default_memory_pool().free_all_blocks()
 
 
 def _small(rep, name, n_g, n_l, n_atoms, sync):

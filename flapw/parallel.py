@@ -1,11 +1,49 @@
 """k-points over MPI ranks (mpi4py): radial functions and T are computed once on rank 0 and broadcast,
 each rank builds H and S for its own k-points on its own GPUs (local rank -> device), and the reports
-are gathered on rank 0. Without MPI (comm None) everything runs in this process."""
-from hybridblas import distributed
+are gathered on rank 0. Without MPI (comm None) everything runs in this process.
 
-__all__ = ["world", "share_k_independent", "my_kpoints", "gather_reports", "rank_context"]
+The checks before a build run on every rank and fail on all of them when they fail on one
+(``on_every_rank``), so no rank is left waiting for one that stopped."""
+import hybridblas as hb
+from hybridblas import distributed
+from hybridblas.console import CLIError
+
+__all__ = ["world", "share_k_independent", "my_kpoints", "gather_reports", "rank_context", "check_devices",
+           "on_every_rank", "ranks_on_node"]
 
 world = distributed.world
+
+
+def ranks_on_node(comm):
+    """How many ranks share this node's memory (1 without MPI)."""
+    return distributed.local_rank(comm)[1]
+
+
+def on_every_rank(comm, check):
+    """``check()`` on every rank; when it raises on any rank, every rank raises (that rank's error, or a
+    CLIError naming the first rank that failed and its message). Returns check()'s value."""
+    if comm is None:
+        return check()
+    try:
+        result, error = check(), None
+    except Exception as exc:           # any failure: the other ranks must hear of it, not wait
+        result, error = None, exc
+    failures = comm.allgather(None if error is None else str(error))
+    if error is not None:
+        raise error
+    for r, message in enumerate(failures):
+        if message is not None:
+            raise CLIError(f"rank {r}: {message}")
+    return result
+
+
+def check_devices(devices, comm):
+    """The DeviceSpec that --devices names, checked before any work (hybridblas.parse_devices); under MPI
+    only every-device words (all, gpu, cpu), since each rank takes its share of the node's GPUs."""
+    spec = hb.parse_devices(devices, name="--devices")
+    if comm is not None and hb.devspec.device_words(devices, name="--devices")[3]:
+        raise ValueError(f"under MPI --devices must be all, gpu or cpu (one GPU per local rank), got {devices!r}")
+    return spec
 
 
 def share_k_independent(cell, comm):
@@ -37,12 +75,10 @@ def gather_reports(reports, comm):
     return sorted((r for part in everything for r in part), key=lambda r: r["k_index"])
 
 
-def rank_context(comm, devices, strategy):
-    """This rank's hybridblas Context: its share of the node's GPUs and cores."""
-    import hybridblas as hb
+def rank_context(comm, spec, strategy):
+    """This rank's hybridblas Context for the devices of ``spec`` (a DeviceSpec from check_devices): all of
+    them without MPI; under MPI its share of the node's GPUs and cores."""
     if comm is None:
-        devs = devices.split(",") if "," in devices else devices
-        return hb.Context(devices=devs, strategy=strategy)
-    if devices not in ("all", "gpu", "cpu"):
-        raise ValueError(f"under MPI --devices must be all, gpu or cpu (one GPU per local rank), got {devices!r}")
-    return distributed.node_context(comm, devices, strategy=strategy)
+        return hb.Context(devices=spec.names, strategy=strategy)
+    word = ("all" if spec.cpu else "gpu") if spec.gpus else "cpu"
+    return distributed.node_context(comm, word, strategy=strategy)

@@ -26,6 +26,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(autouse=True)
+def _logging_as_before():
+    """A CLI run in-process configures loggers (hybridblas.console.configure_logging: own handlers, no
+    propagation, levels); put every logger back afterwards so later tests' caplog sees their records."""
+    import logging
+    import warnings
+
+    def loggers():
+        return {n: lg for n, lg in logging.root.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    before = {n: (lg.handlers[:], lg.level, lg.propagate) for n, lg in loggers().items()}
+    show = warnings.showwarning
+    yield
+    for name, lg in loggers().items():
+        handlers, level, propagate = before.get(name, ([], logging.NOTSET, True))
+        lg.handlers[:], lg.propagate = handlers, propagate
+        if lg.level != level:
+            lg.setLevel(level)
+    if warnings.showwarning is not show:
+        logging.captureWarnings(False)
+        warnings.showwarning = show
+
+
 @pytest.fixture
 def rng():
     import numpy as np

@@ -185,7 +185,7 @@ def test_cli_json_output_and_solve(tmp_path, capsys):
 def test_cli_table_and_errors(capsys):
     from flapw.cli import main
     assert main(["build", "--system", "TiO2", "--supercell", "1", "1", "1", "--kmax", "1.8",
-                 "--method", "original", "--quiet"]) == 0
+                 "--method", "original"]) == 0
     text = capsys.readouterr().out
     assert "original HSDLA build" in text and "peak temporary bytes" in text and "TFLOP/s" in text
     assert main(["build", "--system", "NaCl", "--kmax", "-2"]) == 2

@@ -1,0 +1,251 @@
+"""H and S files a FLAPW code can read back: per k-point H, S, k, N_G and the basis G-vectors (integer
+Miller indices in basis order), with the crystal, Kmax, method and units.
+
+    with HSWriter("hs.h5", cell, method="refined", interstitial=True, n_kpoints=1) as out:
+        out.add(0, cell, h, s)
+    data = read_hs("hs.h5")                    # {"system": "NaCl", ..., "kpoints": [{"H": ..., ...}]}
+
+Two containers, one layout (docs/flapw.md lists every field):
+
+* ``.npz`` (numpy): per k-point ``H_<i>``, ``S_<i>``, ``k_<i>``, ``k_cart_<i>``, ``miller_<i>``, ``N_G_<i>``;
+  the rest as top-level arrays (strings as 0-d unicode arrays: ``np.load`` needs no pickle).
+* ``.h5`` / ``.hdf5`` (h5py, ``pip install "hybridblas[hdf5]"``): per k-point a group ``kpoint_<i>`` with
+  datasets ``H``, ``S``, ``k``, ``k_cart``, ``miller`` and attribute ``N_G``; scalars and strings as
+  attributes of the root, crystal arrays as root datasets. Complex numbers are h5py's compound (r, i).
+
+H and S are stored whole (``triangle = "full"``): both triangles hold the Hermitian matrices.
+H[i, j] = <φ_i|H|φ_j> (row i is the bra), φ_i = e^{i(k+G_i)·r}/√Ω in the interstitial with
+G_i = miller[i] @ reciprocal. Arrays are written in numpy's (row-major) index order; a Fortran reader of
+the HDF5 file sees every array transposed (H(j, i) = H[i, j]: the conjugate of the Hermitian H; miller(1:3, i)).
+
+A file is written to a temporary name in the same folder and moved into place when complete, so a run
+that fails leaves no partial file behind.
+"""
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+import hybridblas as hb
+
+from .basis import reciprocal
+
+__all__ = ["HSWriter", "write_hs", "read_hs", "file_format", "check_writable", "rank_path", "FORMAT", "FORMAT_VERSION",
+           "HDF5_HINT"]
+
+FORMAT = "flapw-hs"
+FORMAT_VERSION = 1
+HDF5_HINT = 'install the HDF5 extra: pip install "hybridblas[hdf5]" (or pip install h5py)'
+_SUFFIXES = {".npz": "npz", ".h5": "hdf5", ".hdf5": "hdf5"}
+UNITS = ("lengths (lattice, positions_cart, rmt) in bohr; H and v0 in hartree; kmax, k_cart and reciprocal in "
+         "1/bohr; k in units of the reciprocal lattice vectors (rows of reciprocal); S dimensionless")
+CONVENTION = ("H[i, j] = <phi_i|H|phi_j> (row i is the bra); phi_i = exp(i(k+G_i).r)/sqrt(omega) in the "
+              "interstitial, G_i = miller[i] @ reciprocal; basis ordered by |k+G|, then by Miller index")
+_PER_K = ("H", "S", "k", "k_cart", "miller", "N_G")
+
+
+def _h5py(option, path):
+    try:
+        import h5py
+    except ImportError:
+        raise ValueError(f"{option} {str(path)!r}: HDF5 files need h5py, which is not installed; "
+                         f"{HDF5_HINT}") from None
+    return h5py
+
+
+def file_format(path, option="path"):
+    """'npz' or 'hdf5' from the file name's suffix; a ValueError naming ``option`` and the path for any
+    other suffix, or for HDF5 without h5py installed. Writes nothing."""
+    fmt = _SUFFIXES.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise ValueError(f"{option} {str(path)!r} must end in .npz, .h5 or .hdf5 (the file's format)")
+    if fmt == "hdf5":
+        _h5py(option, path)
+    return fmt
+
+
+def _temporary(path, option):
+    """A new empty file beside ``path`` (its name), or a ValueError naming ``option`` when the folder refuses."""
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    except OSError as exc:
+        raise ValueError(f"{option} {str(path)!r} cannot be written ({exc.strerror or exc})") from None
+    os.close(fd)
+    return Path(tmp)
+
+
+def check_writable(path, option="path"):
+    """Create and remove a file in ``path``'s folder: a refusal (read-only or virtual file system, no space
+    for a name) becomes a ValueError naming ``option`` before any work. Leaves nothing behind."""
+    _temporary(path, option).unlink()
+
+
+def rank_path(path, rank):
+    """The file MPI rank ``rank`` writes for ``path``: hs.npz -> hs.rank1.npz."""
+    p = Path(path)
+    return p.with_name(f"{p.stem}.rank{rank}{p.suffix}")
+
+
+def _crystal(cell, method, interstitial, n_kpoints):
+    """The metadata every file carries (numbers, strings and small arrays)."""
+    st = cell.structure
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "generator": f"flapw (hybridblas {hb.__version__})",
+        "system": cell.name, "method": method, "kmax": cell.kmax, "lmax": cell.lmax,
+        "interstitial": bool(interstitial), "potential": cell.model.kind, "v0": float(cell.model.v0),
+        "triangle": "full", "units": UNITS, "convention": CONVENTION, "n_kpoints": int(n_kpoints),
+        "omega": float(st.omega), "lattice": np.asarray(st.lattice, float),
+        "reciprocal": reciprocal(np.asarray(st.lattice, float)),
+        "species": np.array([sp.symbol for sp in st.species], dtype=str),
+        "z": np.array([sp.z for sp in st.species], float), "rmt": np.array([sp.rmt for sp in st.species], float),
+        "positions_frac": np.asarray(st.positions, float), "positions_cart": np.asarray(st.cartesian, float),
+    }
+
+
+def _host(x):
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+class HSWriter:
+    """Writes H and S of several k-points of one crystal into ``path`` (.npz, .h5 or .hdf5).
+
+    ``cell``: the flapw.System (any k-point: the crystal, Kmax and potential are what is recorded).
+    ``method`` and ``interstitial`` say how H and S were built (interstitial=False: muffin-tin parts only).
+    ``n_kpoints``: how many k-points the whole run has (a rank's file holds some of them).
+    Use as a context manager: the file appears when the block ends without an error.
+    """
+
+    def __init__(self, path, cell, *, method, interstitial, n_kpoints=1, option="path"):
+        self.path = Path(path)
+        self.format = file_format(self.path, option)
+        self._meta = _crystal(cell, method, interstitial, n_kpoints)
+        self._tmp = _temporary(self.path, option)
+        self._indices = []
+        if self.format == "npz":
+            self._file = zipfile.ZipFile(self._tmp, "w", zipfile.ZIP_STORED, allowZip64=True)
+        else:
+            self._file = _h5py(option, self.path).File(self._tmp, "w")
+
+    def add(self, index, cell_k, h, s):
+        """H and S (full Hermitian N_G x N_G, numpy or cupy) of k-point ``index``, built for ``cell_k``.
+        Refuses (ValueError) a shape other than this k-point's N_G, non-finite entries, and a matrix whose
+        first row is not the conjugate of its first column (one triangle only)."""
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or index < 0:
+            raise ValueError(f"index must be a k-point number >= 0, got {index!r}")
+        if int(index) in self._indices:
+            raise ValueError(f"index {index} is already in {str(self.path)!r}")
+        basis = cell_k.basis
+        h, s = _host(h), _host(s)
+        for name, m in (("h", h), ("s", s)):
+            if m.shape != (basis.n_g, basis.n_g):
+                raise ValueError(f"{name} must be N_G x N_G = {basis.n_g} x {basis.n_g} for this k-point's basis, "
+                                 f"got shape {m.shape}")
+            if not np.isfinite(m).all():
+                raise ValueError(f"{name} has entries that are not finite (nan or inf); nothing is written for them")
+            if m.size and not np.allclose(m[0, :], m[:, 0].conj(), rtol=1e-12, atol=1e-14 * np.abs(m[:, 0]).max()):
+                raise ValueError(f"{name} is not a full Hermitian matrix (its first row is not the conjugate of "
+                                 f"its first column): pass both triangles (build_hs with lower_only=False)")
+        k = np.asarray(basis.k, float)
+        data = {"H": h, "S": s, "k": k, "k_cart": k @ reciprocal(np.asarray(cell_k.structure.lattice, float)),
+                "miller": np.asarray(basis.miller, np.int64), "N_G": np.int64(basis.n_g)}
+        if self.format == "npz":
+            for name, value in data.items():
+                self._npz_array(f"{name}_{index}", value)
+        else:
+            group = self._file.create_group(f"kpoint_{index}")
+            for name, value in data.items():
+                if name == "N_G":
+                    group.attrs[name] = value
+                else:
+                    group.create_dataset(name, data=np.ascontiguousarray(value))
+        self._indices.append(int(index))
+
+    def _npz_array(self, name, value):
+        with self._file.open(name + ".npy", "w", force_zip64=True) as fh:
+            np.lib.format.write_array(fh, np.asanyarray(value), allow_pickle=False)
+
+    def close(self):
+        """Write the crystal's data and move the file into place."""
+        meta = dict(self._meta, kpoints=np.array(sorted(self._indices), np.int64))
+        if self.format == "npz":
+            for name, value in meta.items():
+                self._npz_array(name, np.asarray(value))
+        else:
+            for name, value in meta.items():
+                if isinstance(value, np.ndarray):
+                    kind = self._file.create_dataset if value.dtype.kind != "U" else self._strings
+                    kind(name, data=value)
+                else:
+                    self._file.attrs[name] = value
+        self._file.close()
+        os.replace(self._tmp, self.path)
+
+    def _strings(self, name, data):
+        import h5py
+        self._file.create_dataset(name, data=data.astype(object), dtype=h5py.string_dtype())
+
+    def discard(self):
+        """Drop the partial file (nothing appears at ``path``)."""
+        try:
+            self._file.close()
+        finally:
+            self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is None:
+            self.close()
+        else:
+            self.discard()
+
+
+def write_hs(path, cell, h, s, *, method, interstitial, index=0):
+    """One k-point's H and S (full Hermitian, numpy or cupy) of ``cell`` into ``path`` (.npz, .h5, .hdf5)."""
+    with HSWriter(path, cell, method=method, interstitial=interstitial, n_kpoints=1) as out:
+        out.add(index, cell, h, s)
+    return Path(path)
+
+
+def _scalar(value):
+    value = value.item() if isinstance(value, np.ndarray) and value.ndim == 0 else value
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def read_hs(path):
+    """A file of HSWriter as a dict: the crystal's fields (``system``, ``kmax``, ``lattice``, ``species``
+    as a list of str, ...) and ``kpoints``, a list of dicts (``index``, ``H``, ``S``, ``k``, ``k_cart``,
+    ``miller``, ``N_G``) in k-point order."""
+    fmt = file_format(path, "path")
+    if fmt == "npz":
+        with np.load(path, allow_pickle=False) as z:
+            meta = {n: _scalar(z[n]) for n in z.files if not n.rpartition("_")[2].isdigit()}
+            _check_format(meta, path)
+            indices = [int(i) for i in meta["kpoints"]]
+            kpoints = [dict({n: _scalar(z[f"{n}_{i}"]) for n in _PER_K}, index=i) for i in indices]
+    else:
+        h5py = _h5py("path", path)
+        with h5py.File(path, "r") as f:
+            meta = {n: _scalar(v) for n, v in f.attrs.items()}
+            _check_format(meta, path)
+            for n, d in f.items():
+                if isinstance(d, h5py.Dataset):
+                    meta[n] = d.asstr()[()] if h5py.check_string_dtype(d.dtype) else d[()]
+            indices = [int(i) for i in meta["kpoints"]]
+            kpoints = []
+            for i in indices:
+                g = f[f"kpoint_{i}"]
+                kpoints.append(dict({n: g[n][()] for n in _PER_K if n != "N_G"}, N_G=int(g.attrs["N_G"]), index=i))
+    meta["species"] = [str(x) for x in np.asarray(meta["species"]).tolist()]
+    meta["kpoints"] = kpoints
+    return meta
+
+
+def _check_format(meta, path):
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"path {str(path)!r} is not a flapw H/S file of format version {FORMAT_VERSION} "
+                         f"(format {meta.get('format')!r}, version {meta.get('format_version')!r})")

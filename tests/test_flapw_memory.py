@@ -1,0 +1,187 @@
+"""Memory: the estimate against traced peaks, a build that runs out of memory repeated with half the atoms
+per batch and then on host arrays (same H and S, one note per retry), --arrays auto shrinking the batch to
+fit a GPU, and (GPU) the same through a CuPy memory-pool limit."""
+import logging
+import tracemalloc
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import flapw
+import hybridblas as hb
+from flapw import cli, hsdla
+from flapw.hsdla import build_bytes
+
+
+def _rel(x, ref):
+    return np.abs(x - ref).max() / np.abs(ref).max()
+
+
+@pytest.fixture(scope="module")
+def nacl():
+    cell = flapw.System.preset("NaCl", kmax=1.8, supercell=(1, 1, 1))       # 8 atoms
+    return cell, flapw.build_hs(cell, interstitial=True)
+
+
+def _notes(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "flapw"]
+
+
+@pytest.mark.parametrize("batch, interstitial", [(None, False), (2, True)])
+def test_estimate_covers_the_traced_peak(batch, interstitial):
+    cell = flapw.System.preset("NaCl", kmax=3.5, supercell=(1, 1, 1))       # N_G 880, 8 atoms
+    cell.tmats                                                               # k-independent data first
+    tracemalloc.start()
+    try:
+        flapw.build_hs(cell, batch_atoms=batch, interstitial=interstitial)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    est = build_bytes(cell, "refined", batch or cell.n_atoms, interstitial)
+    assert 0.93 * peak <= est <= 1.5 * peak, (est, peak)
+
+
+def test_first_attempt_out_of_memory_retries_with_half_the_atoms(nacl, monkeypatch, caplog):
+    """The first attempt fails after one batch has been added to H and S; the repeat starts afresh."""
+    cell, (h_ref, s_ref) = nacl
+    real, calls = hsdla.build_hs, []
+
+    def stand_in(*args, **kw):
+        calls.append(kw["batch_atoms"])
+        if len(calls) == 1:
+            def fail(batch, batches):
+                raise MemoryError("stand-in: out of memory after the first batch")
+            kw["progress"] = fail
+        return real(*args, **kw)
+    monkeypatch.setattr(hsdla, "build_hs", stand_in)
+    with caplog.at_level(logging.INFO, logger="flapw"):
+        h, s, rep = flapw.build_hs_with_fallback(cell, interstitial=True, arrays="host", batch_atoms=4,
+                                                 return_report=True)
+    assert calls == [4, 2] and rep.batch_atoms == 2
+    assert _rel(h, h_ref) <= 1e-12 and _rel(s, s_ref) <= 1e-12
+    notes = _notes(caplog)
+    assert len(notes) == 1 and "out of memory with 4 atoms per batch" in notes[0] and "retrying with 2" in notes[0]
+
+
+class _GpuOutOfMemory(Exception):
+    """Stands in for cupy.cuda.memory.OutOfMemoryError on a machine without a GPU."""
+
+
+class _FullGpu:
+    """A 'device' array module whose every allocation of H and S fails (numpy otherwise)."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def zeros(self, *args, **kw):
+        raise _GpuOutOfMemory("Out of memory allocating 14,495,514,624 bytes")
+
+
+def test_device_out_of_memory_falls_back_to_host_arrays(nacl, monkeypatch, caplog):
+    cell, (h_ref, s_ref) = nacl
+    real_module = hsdla._array_module
+    monkeypatch.setattr(hsdla, "_array_module", lambda arrays: _FullGpu() if arrays == "device"
+                        else real_module(arrays))
+    seen = []
+    real = hsdla.build_hs
+    monkeypatch.setattr(hsdla, "build_hs", lambda *a, **kw: seen.append((kw["arrays"], kw["batch_atoms"]))
+                        or real(*a, **kw))
+    with caplog.at_level(logging.INFO, logger="flapw"):
+        h, s = flapw.build_hs_with_fallback(cell, interstitial=True, arrays="device",
+                                            out_of_memory=(_GpuOutOfMemory,))
+    assert seen == [("device", 8), ("device", 4), ("device", 2), ("device", 1), ("host", 8)]
+    assert isinstance(h, np.ndarray)
+    assert _rel(h, h_ref) <= 1e-12 and _rel(s, s_ref) <= 1e-12
+    notes = _notes(caplog)
+    assert len(notes) == 4 and all("GPU out of memory" in n for n in notes)
+    assert "building on host arrays with 8 atoms per batch" in notes[-1]
+
+
+def test_other_errors_and_refusals_are_not_retried(nacl, monkeypatch, caplog):
+    cell, _ = nacl
+    calls = []
+
+    def broken(*a, **kw):
+        calls.append(kw["batch_atoms"])
+        raise RuntimeError("not a memory problem")
+    monkeypatch.setattr(hsdla, "build_hs", broken)
+    with pytest.raises(RuntimeError, match="not a memory problem"):
+        flapw.build_hs_with_fallback(cell, arrays="host")
+    assert calls == [8]
+    monkeypatch.undo()
+    monkeypatch.setattr(hb.memory, "host_available", lambda: 1 << 20)
+    with caplog.at_level(logging.INFO, logger="flapw"):
+        with pytest.raises(hb.InsufficientMemory, match="needs about"):
+            flapw.build_hs_with_fallback(cell, arrays="host")
+    assert _notes(caplog) == []
+
+
+def test_host_out_of_memory_with_one_atom_gives_up(nacl, monkeypatch, caplog):
+    cell, _ = nacl
+    calls = []
+
+    def always(*a, **kw):
+        calls.append((kw["arrays"], kw["batch_atoms"]))
+        raise MemoryError("stand-in: no memory at all")
+    monkeypatch.setattr(hsdla, "build_hs", always)
+    with caplog.at_level(logging.INFO, logger="flapw"):
+        with pytest.raises(MemoryError, match="no memory at all"):
+            flapw.build_hs_with_fallback(cell, arrays="host")
+    assert calls == [("host", 8), ("host", 4), ("host", 2), ("host", 1)]
+    assert len(_notes(caplog)) == 3
+
+
+def _gpu_backend():
+    return SimpleNamespace(context=SimpleNamespace(devices=[SimpleNamespace(kind="cuda", index=3)]))
+
+
+def test_auto_arrays_shrinks_the_batch_to_fit_the_gpu(nacl, monkeypatch):
+    cell, _ = nacl
+    used = []
+    monkeypatch.setattr(cli, "_use_gpu", used.append)
+    for free, want in [(1 << 40, ("device", 8)), (build_bytes(cell, "refined", 2) / 0.8 + 1, ("device", 2)),
+                       (build_bytes(cell, "refined", 1) / 0.8 - 1, ("host", 8))]:
+        monkeypatch.setattr(hb.memory, "gpu_free", lambda index, free=free: free if index == 3 else 0)
+        assert cli.auto_arrays(_gpu_backend(), cell, "refined", 8) == want
+    assert used == [3, 3]                                  # the GPU becomes current only for device arrays
+    cpu = SimpleNamespace(context=hb.Context("cpu"))
+    assert cli.auto_arrays(cpu, cell, "refined", 5) == ("host", 5)
+
+
+@pytest.mark.gpu
+def test_device_build_out_of_gpu_memory_matches_host(caplog):
+    """A CuPy pool limit below the full batch's device arrays forces the out-of-memory path; H and S
+    equal the host build's."""
+    import cupy
+    cell = flapw.System.preset("NaCl", kmax=2.2, supercell=(1, 1, 1))
+    h_ref, s_ref = flapw.build_hs(cell, interstitial=True, context=hb.Context("cpu"))
+    n_g, n_l = cell.n_g, cell.n_l
+    fixed = 16 * n_g * (2 * n_g + 4 * n_l)                        # H, S and the two species' factors
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    before = pool.get_limit()
+    pool.set_limit(size=fixed + 16 * 3 * n_l * n_g * (cell.n_atoms // 2))     # half the atoms' A/B/X
+    try:
+        with caplog.at_level(logging.INFO, logger="flapw"):
+            h, s = flapw.build_hs_with_fallback(cell, interstitial=True, arrays="device",
+                                                context=hb.Context(devices=["cuda:0"]))
+        h, s = (cupy.asnumpy(x) if not isinstance(x, np.ndarray) else x for x in (h, s))
+    finally:
+        pool.set_limit(size=before)                            # 0: no limit
+        pool.free_all_blocks()
+    notes = _notes(caplog)
+    assert notes and "GPU out of memory with 8 atoms per batch" in notes[0]
+    assert _rel(h, h_ref) <= 1e-12 and _rel(s, s_ref) <= 1e-12
+
+
+@pytest.mark.gpu
+def test_cli_device_arrays_write_the_host_build(tmp_path, capsys):
+    path = tmp_path / "hs.h5"
+    rc = cli.main(["build", "--system", "NaCl", "--supercell", "1", "1", "1", "--kmax", "2.0", "--interstitial",
+                   "--devices", "cuda:0", "--arrays", "device", "--output", str(path), "--json"])
+    assert rc == 0, capsys.readouterr().err
+    got = flapw.read_hs(path)["kpoints"][0]
+    cell = flapw.System.preset("NaCl", kmax=2.0, supercell=(1, 1, 1))
+    h, s = flapw.build_hs(cell, interstitial=True, context=hb.Context("cpu"))
+    assert _rel(got["H"], h) <= 1e-12 and _rel(got["S"], s) <= 1e-12
