@@ -1,0 +1,119 @@
+"""Per-state labels from M-scheme vectors: orbit occupations, parity and isospin.
+
+Isospin uses the files' convention t_z = +1/2 for a neutron: T_z = (N - Z)/2 of the valence nucleons, T₊ = Σ_α c†_(nα)
+c_(pα) (a proton turned into the neutron of the same n l j m), T₋ = T₊†, and
+    T² = T₊T₋ + T_z² - T_z,   T₊T₋ = N̂ - Σ_(αβ) (c†_(pβ) c_(pα)) (c†_(nα) c_(nβ)),
+so <T²> needs no basis other than the state's own. It is defined when the proton and neutron orbits are the same
+n l j (in any order); otherwise it is reported as unavailable (None).
+"""
+import numpy as np
+import scipy.sparse as sp
+
+from .mscheme import apply_product
+
+
+def _normalised(problem, vectors):
+    v = np.asarray(vectors, dtype=np.float64)
+    if v.ndim != 2 or v.shape[0] != problem.basis.dim:
+        raise ValueError(f"vectors must have {problem.basis.dim} rows (one column per state), got shape {v.shape}")
+    norms = np.linalg.norm(v, axis=0)
+    if not np.all(np.isfinite(norms)) or np.any(norms == 0):
+        raise ValueError("vectors must be finite and nonzero")
+    return v / norms
+
+
+def _block_weights(problem, v):
+    """[(block, |X|² summed over neutrons (n_p x k), over protons (n_n x k))] of each basis block."""
+    out = []
+    for blk in problem.basis.blocks:
+        x2 = (v[blk.offset:blk.offset + blk.size] ** 2).reshape(blk.n_p, blk.n_n, -1)
+        out.append((blk, x2.sum(axis=1), x2.sum(axis=0)))
+    return out
+
+
+def occupations(problem, vectors):
+    """<n_k> of every proton orbit and every neutron orbit: two arrays (states x orbits), in the interaction's
+    orbit order within each species. Each row sums to the valence proton (neutron) number."""
+    v = _normalised(problem, vectors)
+    k = v.shape[1]
+    result = []
+    for dets, space, which in ((problem.pdets, problem.pspace, 0), (problem.ndets, problem.nspace, 1)):
+        orbit_of = np.zeros((space.size, len(space.orbits)))
+        orbit_of[np.arange(space.size), space.orbit] = 1.0
+        per_det = dets.occ @ orbit_of
+        occ = np.zeros((k, len(space.orbits)))
+        for blk, wp, wn in _block_weights(problem, v):
+            if which == 0:
+                occ += wp.T @ per_det[blk.p_start:blk.p_start + blk.n_p]
+            else:
+                occ += wn.T @ per_det[blk.n_start:blk.n_start + blk.n_n]
+        result.append(occ)
+    return result[0], result[1]
+
+
+def parity_expectation(problem, vectors):
+    """<π> of each state, π = Π (-1)^l over the occupied orbits: ±1 for a state of one parity."""
+    v = _normalised(problem, vectors)
+    signs = []
+    for dets, space in ((problem.pdets, problem.pspace), (problem.ndets, problem.nspace)):
+        l_state = np.array([space.orbits[o].l for o in space.orbit], dtype=np.int64)
+        signs.append(1.0 - 2.0 * ((dets.occ @ l_state).round().astype(np.int64) % 2))
+    out = np.zeros(v.shape[1])
+    for blk, wp, wn in _block_weights(problem, v):
+        x2 = (v[blk.offset:blk.offset + blk.size] ** 2).reshape(blk.n_p, blk.n_n, -1)
+        pi = np.outer(signs[0][blk.p_start:blk.p_start + blk.n_p], signs[1][blk.n_start:blk.n_start + blk.n_n])
+        out += np.einsum("pn,pnk->k", pi, x2)
+    return out
+
+
+def _partner_states(problem):
+    """For each proton m-state, the neutron m-state with the same n l j m; None unless the orbits pair up."""
+    key = lambda o: (o.n, o.l, o.twoj)
+    p_orbits, n_orbits = problem.pspace.orbits, problem.nspace.orbits
+    n_index = {key(o): i for i, o in enumerate(n_orbits)}
+    if len(p_orbits) != len(n_orbits) or len(n_index) != len(n_orbits) or \
+            any(key(o) not in n_index for o in p_orbits):
+        return None
+    first_n = np.concatenate([[0], np.cumsum([o.twoj + 1 for o in n_orbits])])
+    first_p = np.concatenate([[0], np.cumsum([o.twoj + 1 for o in p_orbits])])
+    partner = np.empty(problem.pspace.size, dtype=np.int64)
+    for i, o in enumerate(p_orbits):
+        j = n_index[key(o)]
+        partner[first_p[i]:first_p[i] + o.twoj + 1] = np.arange(first_n[j], first_n[j] + o.twoj + 1)
+    return partner
+
+
+def _bilinears(dets, jumps):
+    """{(created, annihilated): sparse c†_a c_b} over the determinants of one species (a = b: the occupation)."""
+    n = len(dets)
+    out = {}
+    for s in range(dets.space.size):
+        out[(s, s)] = sp.diags(dets.occ[:, s]).tocsr()
+    order = np.lexsort((jumps.gamma, jumps.alpha))
+    a, g = jumps.alpha[order], jumps.gamma[order]
+    cuts = np.nonzero(np.diff(a * dets.space.size + g))[0] + 1
+    for piece in np.split(np.arange(len(order)), cuts):
+        if len(piece):
+            j = order[piece]
+            out[(int(a[piece[0]]), int(g[piece[0]]))] = sp.csr_matrix(
+                (jumps.sign[j].astype(np.float64), (jumps.target[j], jumps.source[j])), shape=(n, n))
+    return out
+
+
+def isospin_squared(problem, vectors):
+    """<T²> of each state (see the module docstring), or None when the proton and neutron orbits differ."""
+    partner = _partner_states(problem)
+    if partner is None:
+        return None
+    v = _normalised(problem, vectors)
+    tz = (problem.n_neutrons - problem.n_protons) / 2.0
+    exchange = np.zeros_like(v)
+    if problem.n_protons and problem.n_neutrons:
+        pb = _bilinears(problem.pdets, problem.jumps_p)
+        nb = _bilinears(problem.ndets, problem.jumps_n)
+        twom = problem.pspace.twom
+        for (beta, alpha), p_op in pb.items():
+            n_op = nb.get((int(partner[alpha]), int(partner[beta])))
+            if n_op is not None:
+                apply_product(problem.basis, problem.basis, p_op, n_op, int(twom[beta] - twom[alpha]), v, exchange)
+    return problem.n_neutrons - np.sum(v * exchange, axis=0) + tz * tz - tz
