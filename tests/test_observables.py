@@ -16,7 +16,7 @@ from scipy.special import eval_genlaguerre
 
 from cisolver.observables import PARITY_TOLERANCE, TransitionOptions, compute_observables, orbit_label
 from cisolver.observables import oscillator, single_particle, states, transitions
-from cisolver.observables.mscheme import OneBodyOperator
+from cisolver.observables.mscheme import OneBodyOperator, apply_product, species_one_body
 from cisolver.shellmodel import angmom, basis, hamiltonian, snt
 from cisolver.shellmodel.clebsch import clebsch_gordan
 
@@ -254,6 +254,39 @@ def test_isospin_of_20ne_and_its_t1_analogs():
     assert w[first_t1] == pytest.approx(wf[0], abs=1e-9)
     obs = compute_observables(ne, v[:, :3])
     assert obs["t"] == [0.0, 0.0, 0.0] and obs["t2"] == pytest.approx([0, 0, 0], abs=1e-10)
+
+
+def _t2_by_exchange(problem, v):
+    """<T²> = N - <Σ_(αβ) (c†_(pβ) c_(pα)) (c†_(nα) c_(nβ))> + T_z² - T_z: the same-basis form of T₊T₋, a
+    reference independent of the ladder operators and of the (Z ± 1, N ∓ 1) bases."""
+    n_sp = problem.pspace.size
+    ops = []
+    for dets, jumps in ((problem.pdets, problem.jumps_p), (problem.ndets, problem.jumps_n)):
+        table = {}
+        for a in range(n_sp):
+            for b in range(n_sp):
+                o = np.zeros((n_sp, n_sp))
+                o[a, b] = 1.0
+                table[(a, b)] = species_one_body(dets, jumps, o)
+        ops.append(table)
+    twom = problem.pspace.twom
+    x = np.zeros_like(v)
+    for a in range(n_sp):
+        for b in range(n_sp):
+            apply_product(problem.basis, problem.basis, ops[0][(b, a)], ops[1][(a, b)], int(twom[b] - twom[a]), v, x)
+    tz = (problem.n_neutrons - problem.n_protons) / 2
+    return problem.n_neutrons - np.sum(v * x, axis=0) + tz * tz - tz
+
+
+@needs_data
+@pytest.mark.parametrize("name,z,n", [("usdb.snt", 2, 2), ("usdb.snt", 1, 1), ("usdb.snt", 1, 3), ("usdb.snt", 3, 1),
+                                      ("usdb.snt", 11, 12), ("ckpot.snt", 3, 4)])
+def test_isospin_of_random_vectors_against_the_exchange_form(rng, name, z, n):
+    """Both branches (T₋ for N >= Z, T₊ for Z > N) and a target with no neutrons (1 + 1 nucleons)."""
+    prob = _problem(name, z, n)
+    v = rng.standard_normal((prob.dimension, 3))
+    v /= np.linalg.norm(v, axis=0)
+    np.testing.assert_allclose(states.isospin_squared(prob, v), _t2_by_exchange(prob, v), atol=1e-12)
 
 
 @needs_data

@@ -2,8 +2,9 @@
 
 A many-body vector restricted to a basis block (one proton 2M) is an n_p x n_n matrix X (proton determinant, neutron
 determinant), so an operator A ⊗ B (A on the proton determinants, B on the neutron ones) maps it to A X Bᵀ in the
-target block. A one-body operator is O_p ⊗ 1 + 1 ⊗ O_n; a product like T₊ = Σ_α c†_(n α) c_(p α) is a sum of such
-terms. Nothing of the size of H is built.
+target block. A one-body operator is O_p ⊗ 1 + 1 ⊗ O_n (sparse products per block); a ladder product like
+T₋ = Σ_α c†_(p α) c_(n α) is a sum of such terms whose factors map determinants one to one, applied by a gather and a
+scatter per block. Nothing of the size of H is built.
 """
 import numpy as np
 import scipy.sparse as sp
@@ -27,8 +28,9 @@ def species_one_body(dets, jumps, matrix):
 
 
 def species_ladder(source, target, state, create):
-    """c†_state (create) or c_state between the determinants ``source`` and ``target`` of one species (sparse
-    len(target) x len(source)), with the sign (-1)^(occupied states below ``state``)."""
+    """c†_state (create) or c_state from the determinants ``source`` to ``target`` of one species, as index maps
+    (source positions ascending, target positions, signs (-1)^(occupied states below ``state``)): each source
+    determinant goes to at most one target determinant."""
     b = bits.bit(np.array([state]))[0]
     has = (source.states & b) != 0
     pick = np.nonzero(~has if create else has)[0]
@@ -36,8 +38,30 @@ def species_ladder(source, target, state, create):
     sign = bits.parity_below(states, np.full(len(pick), state)).astype(np.float64)
     new = states | b if create else states & ~b
     twom = source.twom[pick] + (1 if create else -1) * int(source.space.twom[state])
-    rows = target.lookup(new, twom)
-    return sp.csr_matrix((sign, (rows, pick)), shape=(len(target), len(source)))
+    return pick, target.lookup(new, twom), sign
+
+
+def apply_ladders(source, target, proton_map, neutron_map, dtwom_p, vectors, out):
+    """out += (A ⊗ B) vectors for one-to-one maps A, B of proton and neutron determinants (``species_ladder``),
+    A changing the proton 2M by ``dtwom_p``: a gather and a scatter per basis block, no sparse products."""
+    v = np.asarray(vectors)
+    k = v.shape[1]
+    (p_src, p_dst, p_sign), (n_src, n_dst, n_sign) = proton_map, neutron_map
+    for blk in source.blocks:
+        ti = target.block_of_twom.get(blk.twom_p + dtwom_p)
+        if ti is None:
+            continue
+        tb = target.blocks[ti]
+        p0, p1 = np.searchsorted(p_src, [blk.p_start, blk.p_start + blk.n_p])
+        n0, n1 = np.searchsorted(n_src, [blk.n_start, blk.n_start + blk.n_n])
+        if p0 == p1 or n0 == n1:
+            continue
+        x = v[blk.offset:blk.offset + blk.size].reshape(blk.n_p, blk.n_n, k)
+        gathered = x[np.ix_(p_src[p0:p1] - blk.p_start, n_src[n0:n1] - blk.n_start)]
+        signs = p_sign[p0:p1, None] * n_sign[None, n0:n1]
+        y = out[tb.offset:tb.offset + tb.size].reshape(tb.n_p, tb.n_n, k)
+        y[np.ix_(p_dst[p0:p1] - tb.p_start, n_dst[n0:n1] - tb.n_start)] += signs[:, :, None] * gathered
+    return out
 
 
 def apply_product(source, target, a, b, dtwom_p, vectors, out=None):

@@ -2,14 +2,14 @@
 
 Isospin uses the files' convention t_z = +1/2 for a neutron: T_z = (N - Z)/2 of the valence nucleons, T₊ = Σ_α c†_(nα)
 c_(pα) (a proton turned into the neutron of the same n l j m), T₋ = T₊†, and
-    T² = T₊T₋ + T_z² - T_z,   T₊T₋ = N̂ - Σ_(αβ) (c†_(pβ) c_(pα)) (c†_(nα) c_(nβ)),
-so <T²> needs no basis other than the state's own. It is defined when the proton and neutron orbits are the same
-n l j (in any order); otherwise it is reported as unavailable (None).
+    <T²> = |T₋ψ|² + T_z(T_z - 1)   (N >= Z)   or   |T₊ψ|² + T_z(T_z + 1)   (N < Z),
+T∓ψ living in the basis of (Z ± 1, N ∓ 1) valence nucleons with the same 2M. It is defined when the proton and
+neutron orbits are the same n l j (in any order); otherwise it is reported as unavailable (None).
 """
 import numpy as np
-import scipy.sparse as sp
 
-from .mscheme import apply_product
+from ..shellmodel.basis import MSchemeBasis, SpeciesDeterminants
+from .mscheme import apply_ladders, species_ladder
 
 
 def _normalised(problem, vectors):
@@ -83,21 +83,26 @@ def _partner_states(problem):
     return partner
 
 
-def _bilinears(dets, jumps):
-    """{(created, annihilated): sparse c†_a c_b} over the determinants of one species (a = b: the occupation)."""
-    n = len(dets)
-    out = {}
-    for s in range(dets.space.size):
-        out[(s, s)] = sp.diags(dets.occ[:, s]).tocsr()
-    order = np.lexsort((jumps.gamma, jumps.alpha))
-    a, g = jumps.alpha[order], jumps.gamma[order]
-    cuts = np.nonzero(np.diff(a * dets.space.size + g))[0] + 1
-    for piece in np.split(np.arange(len(order)), cuts):
-        if len(piece):
-            j = order[piece]
-            out[(int(a[piece[0]]), int(g[piece[0]]))] = sp.csr_matrix(
-                (jumps.sign[j].astype(np.float64), (jumps.target[j], jumps.source[j])), shape=(n, n))
-    return out
+class _Vacuum:
+    """The one determinant of a species with no particles (2M = 0), as a target of ``species_ladder`` and a
+    factor of ``MSchemeBasis``."""
+    group_start = {0: 0}
+
+    def __init__(self, space):
+        self.space = space
+
+    def group(self, twom):
+        return (0, 1) if int(twom) == 0 else (0, 0)
+
+    def lookup(self, states, twom):
+        return np.zeros(len(states), dtype=np.int64)
+
+    def __len__(self):
+        return 1
+
+
+def _determinants(space, count):
+    return SpeciesDeterminants(space, count) if count else _Vacuum(space)
 
 
 def isospin_squared(problem, vectors):
@@ -106,14 +111,19 @@ def isospin_squared(problem, vectors):
     if partner is None:
         return None
     v = _normalised(problem, vectors)
-    tz = (problem.n_neutrons - problem.n_protons) / 2.0
-    exchange = np.zeros_like(v)
-    if problem.n_protons and problem.n_neutrons:
-        pb = _bilinears(problem.pdets, problem.jumps_p)
-        nb = _bilinears(problem.ndets, problem.jumps_n)
-        twom = problem.pspace.twom
-        for (beta, alpha), p_op in pb.items():
-            n_op = nb.get((int(partner[alpha]), int(partner[beta])))
-            if n_op is not None:
-                apply_product(problem.basis, problem.basis, p_op, n_op, int(twom[beta] - twom[alpha]), v, exchange)
-    return problem.n_neutrons - np.sum(v * exchange, axis=0) + tz * tz - tz
+    z, n = problem.n_protons, problem.n_neutrons
+    tz = (n - z) / 2.0
+    lower = n >= z                   # T₋ (n -> p) when N >= Z, else T₊: the target stays inside the space
+    zt, nt = (z + 1, n - 1) if lower else (z - 1, n + 1)
+    base = tz * (tz - 1) if lower else tz * (tz + 1)
+    if not (0 <= zt <= problem.pspace.size and 0 <= nt <= problem.nspace.size):
+        return np.full(v.shape[1], base)
+    tp, tn = _determinants(problem.pspace, zt), _determinants(problem.nspace, nt)
+    target = MSchemeBasis(tp, tn, problem.basis.twice_m)
+    out = np.zeros((target.dim, v.shape[1]))
+    for alpha in range(problem.pspace.size):
+        a = species_ladder(problem.pdets, tp, alpha, create=lower)
+        b = species_ladder(problem.ndets, tn, int(partner[alpha]), create=not lower)
+        shift = int(problem.pspace.twom[alpha])
+        apply_ladders(problem.basis, target, a, b, shift if lower else -shift, v, out)
+    return np.sum(out * out, axis=0) + base
