@@ -9,10 +9,19 @@ import numpy as np
 from .states import isospin_squared, occupations, parity_expectation
 from .transitions import TransitionOptions, electromagnetic
 
-__all__ = ["compute_observables", "TransitionOptions", "orbit_label", "PARITY_TOLERANCE"]
+__all__ = ["compute_observables", "TransitionOptions", "orbit_label", "nucleus_name", "PARITY_TOLERANCE"]
 
 PARITY_TOLERANCE = 1e-6     # |<π>| below 1 - this: the state mixes parities (reported as 0)
 _L_LETTERS = "spdfghiklmnoqrtuv"
+_ELEMENTS = ("n H He Li Be B C N O F Ne Na Mg Al Si P S Cl Ar K Ca Sc Ti V Cr Mn Fe Co Ni Cu Zn Ga Ge As Se Br Kr "
+             "Rb Sr Y Zr Nb Mo Tc Ru Rh Pd Ag Cd In Sn Sb Te I Xe Cs Ba La Ce Pr Nd Pm Sm Eu Gd Tb Dy Ho Er Tm Yb "
+             "Lu Hf Ta W Re Os Ir Pt Au Hg Tl Pb Bi Po At Rn Fr Ra Ac Th Pa U Np Pu Am Cm Bk Cf Es Fm Md No Lr Rf Db "
+             "Sg Bh Hs Mt Ds Rg Cn Nh Fl Mc Lv Ts Og").split()
+
+
+def nucleus_name(z, a):
+    """'20Ne' for Z = 10, A = 20 ('300(Z=130)' beyond the named elements)."""
+    return f"{a}{_ELEMENTS[z]}" if 0 <= z < len(_ELEMENTS) else f"{a}(Z={z})"
 
 
 def orbit_label(orbit):
@@ -38,7 +47,10 @@ def compute_observables(problem, vectors, options=None):
     t2 = isospin_squared(problem, vectors)
     em = electromagnetic(problem, vectors, opts)
     parity = [int(np.sign(p)) if abs(p) >= 1.0 - PARITY_TOLERANCE else 0 for p in par]
+    inter = problem.interaction
+    z, n = inter.core_z + problem.n_protons, inter.core_n + problem.n_neutrons
     out = {
+        "nucleus": {"z": z, "n": n, "a": z + n, "name": nucleus_name(z, z + n)},
         "options": {"eff_charge": list(opts.eff_charge), "gl": list(opts.gl), "gs": list(opts.gs),
                     "b_fm": em["b"], "hbar_omega_mev": em["hbar_omega"],
                     "convention": "B(L; i->f) = |<f||T_L||i>|^2 / (2 J_i + 1) (Bohr-Mottelson); "
