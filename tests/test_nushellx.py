@@ -200,3 +200,12 @@ def test_missing_files(tmp_path):
         nushellx.read_interaction(tmp_path / "none.int")
     with pytest.raises(FileNotFoundError, match="model-space file not found"):
         nushellx.read_sp(tmp_path / "none.sp")
+
+
+@needs_data
+def test_compute_spectrum_reads_a_nushellx_file(tmp_path, rng):
+    from cisolver import compute_spectrum
+    path = _write(snt.read_snt(DATA / "usdb.snt"), tmp_path, rng, "t", stem="usdb")
+    out = compute_spectrum(str(path), 2, 2, nev=3, tol=1e-10, observables=False)
+    assert out["dimension"] == 640 and out["interaction"] == str(path)
+    np.testing.assert_allclose(out["energies"], REF["usdb.snt"][3], atol=2e-5, rtol=0)
