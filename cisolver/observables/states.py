@@ -22,33 +22,22 @@ def _normalised(problem, vectors):
     return v / norms
 
 
-def _block_weights(problem, v):
-    """[(block, |X|² summed over neutrons (n_p x k), over protons (n_n x k))] of each basis block."""
-    out = []
-    for blk in problem.basis.blocks:
-        x2 = (v[blk.offset:blk.offset + blk.size] ** 2).reshape(blk.n_p, blk.n_n, -1)
-        out.append((blk, x2.sum(axis=1), x2.sum(axis=0)))
-    return out
-
-
 def occupations(problem, vectors):
     """<n_k> of every proton orbit and every neutron orbit: two arrays (states x orbits), in the interaction's
     orbit order within each species. Each row sums to the valence proton (neutron) number."""
     v = _normalised(problem, vectors)
-    k = v.shape[1]
-    result = []
-    for dets, space, which in ((problem.pdets, problem.pspace, 0), (problem.ndets, problem.nspace, 1)):
+    per_det = []
+    for dets, space in ((problem.pdets, problem.pspace), (problem.ndets, problem.nspace)):
         orbit_of = np.zeros((space.size, len(space.orbits)))
         orbit_of[np.arange(space.size), space.orbit] = 1.0
-        per_det = dets.occ @ orbit_of
-        occ = np.zeros((k, len(space.orbits)))
-        for blk, wp, wn in _block_weights(problem, v):
-            if which == 0:
-                occ += wp.T @ per_det[blk.p_start:blk.p_start + blk.n_p]
-            else:
-                occ += wn.T @ per_det[blk.n_start:blk.n_start + blk.n_n]
-        result.append(occ)
-    return result[0], result[1]
+        per_det.append(dets.occ @ orbit_of)
+    occ_p = np.zeros((v.shape[1], per_det[0].shape[1]))
+    occ_n = np.zeros((v.shape[1], per_det[1].shape[1]))
+    for blk in problem.basis.blocks:
+        x2 = (v[blk.offset:blk.offset + blk.size] ** 2).reshape(blk.n_p, blk.n_n, -1)
+        occ_p += x2.sum(axis=1).T @ per_det[0][blk.p_start:blk.p_start + blk.n_p]
+        occ_n += x2.sum(axis=0).T @ per_det[1][blk.n_start:blk.n_start + blk.n_n]
+    return occ_p, occ_n
 
 
 def parity_expectation(problem, vectors):
@@ -59,7 +48,7 @@ def parity_expectation(problem, vectors):
         l_state = np.array([space.orbits[o].l for o in space.orbit], dtype=np.int64)
         signs.append(1.0 - 2.0 * ((dets.occ @ l_state).round().astype(np.int64) % 2))
     out = np.zeros(v.shape[1])
-    for blk, wp, wn in _block_weights(problem, v):
+    for blk in problem.basis.blocks:
         x2 = (v[blk.offset:blk.offset + blk.size] ** 2).reshape(blk.n_p, blk.n_n, -1)
         pi = np.outer(signs[0][blk.p_start:blk.p_start + blk.n_p], signs[1][blk.n_start:blk.n_start + blk.n_n])
         out += np.einsum("pn,pnk->k", pi, x2)
