@@ -3,6 +3,10 @@ import argparse
 import json
 import sys
 
+from hybridblas.console import CLIError
+
+from . import levelplot
+from .observables import report
 from .shellmodel.snt import InteractionFileError
 
 
@@ -14,7 +18,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="cisolver", description="Shell-model CI spectra with LOBPCG")
     sub = ap.add_subparsers(dest="command", required=True)
     s = sub.add_parser("spectrum", help="lowest eigenvalues of an M-scheme shell-model Hamiltonian")
-    s.add_argument("--interaction", required=True, help=".snt file, or a name in the shared data folder")
+    s.add_argument("--interaction", required=True,
+                   help=".snt file, a NuShellX .int (with the .sp of the same name), or a name in the shared data folder")
     s.add_argument("--protons", type=int, required=True, help="valence protons")
     s.add_argument("--neutrons", type=int, required=True, help="valence neutrons")
     s.add_argument("--twice-m", type=int, default=None, help="2M (default 0 for even A, 1 for odd A)")
@@ -31,7 +36,15 @@ def main(argv=None):
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--threads", type=int, default=None, help="threads for the Hamiltonian build")
     s.add_argument("--json", action="store_true", help="print one JSON object")
+    report.add_arguments(s)
+    levelplot.add_parser(sub)
     args = ap.parse_args(argv)
+    if args.command == "plot":
+        try:
+            return levelplot.run(args)
+        except (ValueError, OSError, CLIError) as exc:
+            print(f"cisolver: error: {exc}", file=sys.stderr)
+            return 2
 
     from .distributed import world
     from .spectrum import compute_spectrum
@@ -47,7 +60,8 @@ def main(argv=None):
                                twice_m=args.twice_m, tol=args.tol, maxiter=args.maxiter,
                                devices=args.devices, dtype=args.dtype, storage=args.storage,
                                precond=args.precond, block_size=args.block_size, seed=args.seed,
-                               n_threads=args.threads, progress=progress, comm=comm, layout=args.layout)
+                               n_threads=args.threads, progress=progress, comm=comm, layout=args.layout,
+                               **report.spectrum_keywords(args))
     except (ValueError, TypeError, FileNotFoundError, InteractionFileError) as exc:
         print(f"cisolver: error: {exc}", file=sys.stderr)
         return 2
@@ -63,6 +77,8 @@ def main(argv=None):
     print(f"{'#':>3} {'E (MeV)':>14} {'J':>5} {'<J^2>':>9} {'rel. residual':>14}")
     for i, (e, j, j2, r) in enumerate(zip(out["energies"], out["j"], out["j2"], out["residuals"]), 1):
         print(f"{i:>3} {e:>14.6f} {_j_label(j):>5} {j2:>9.4f} {r:>14.2e}")
+    if "observables" in out:
+        print("\n".join(report.report_lines(out)))
     sec = out["seconds"]
     queued = ("" if out.get("devices") == "cpu" or not out["iterations"]
               else "queued on the GPU" if out.get("queued") else "waiting at host trips")

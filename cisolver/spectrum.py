@@ -8,7 +8,8 @@ from .arrays import to_host
 from .data import resolve_interaction
 from .operators import SymmetricOperator
 from .preconditioner import TilePreconditioner, configuration_labels
-from .shellmodel import angmom, hamiltonian, snt
+from .observables import TransitionOptions, compute_observables
+from .shellmodel import angmom, hamiltonian, nushellx
 
 
 def parse_devices(devices):
@@ -32,19 +33,24 @@ def parse_devices(devices):
 
 def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8,
                      maxiter=300, devices="cpu", dtype="float64", storage="upper", precond="none",
-                     block_size=None, seed=0, n_threads=None, progress=None, comm=None, layout="rows"):
+                     block_size=None, seed=0, n_threads=None, progress=None, comm=None, layout="rows",
+                     observables=True, eff_charge=(1.5, 0.5), gl=(1.0, 0.0), gs=(5.586, -3.826), b=None,
+                     hbar_omega=None):
     """comm: an MPI communicator; each rank then builds and holds only its part of H and of the vectors,
     with Allreduce'd Gram matrices. layout: "rows" (1-D row blocks, Allgatherv SpMM; with ``devices``
     each rank holds its part on one GPU) or "triangular" (MFDn's: one block of the stored half of H per
-    rank, n_d (n_d + 1) / 2 ranks; CPU operands only)."""
+    rank, n_d (n_d + 1) / 2 ranks; CPU operands only). observables: add ``result["observables"]``
+    (cisolver.observables.compute_observables with effective charges, g-factors (proton, neutron) and the
+    oscillator length b (fm) or hbar_omega (MeV); default 45 A^(-1/3) - 25 A^(-2/3) MeV)."""
     if layout not in ("rows", "triangular"):
         raise ValueError(f"layout must be 'rows' or 'triangular', got {layout!r}")
+    opts = TransitionOptions(eff_charge, gl, gs, b, hbar_omega) if observables else None
     t0 = time.perf_counter()
-    inter = snt.read_snt(resolve_interaction(interaction))
+    inter = nushellx.read_interaction(resolve_interaction(interaction))
     problem = hamiltonian.ShellModelProblem(inter, n_protons, n_neutrons, twice_m)
     if comm is not None:
         return _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, seed,
-                                     n_threads, comm, t0, layout, parse_devices(devices))
+                                     n_threads, comm, t0, layout, parse_devices(devices), opts)
     h, info = problem.build(storage=storage, dtype=dtype, n_threads=n_threads, progress=progress)
     t1 = time.perf_counter()
     devs = parse_devices(devices)
@@ -67,7 +73,7 @@ def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None,
     vecs = res.eigenvectors.get() if hasattr(res.eigenvectors, "get") else res.eigenvectors
     j2 = angmom.expectation_j2(problem, vecs)
     t4 = time.perf_counter()
-    return {
+    out = {
         "interaction": str(inter.path), "protons": n_protons, "neutrons": n_neutrons,
         "mass": problem.mass, "twice_m": problem.basis.twice_m, "tbme_factor": problem.factor,
         "dimension": dim, "nnz_stored": info.nnz_stored, "storage": storage, "dtype": str(np.dtype(dtype)),
@@ -78,10 +84,20 @@ def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None,
         "seconds": {"read+build": t1 - t0, "setup": t2 - t1, "solve": t3 - t2, "j2": t4 - t3,
                     "build_detail": info.seconds, "solve_detail": res.seconds},
     }
+    return _with_observables(out, problem, vecs, opts)
+
+
+def _with_observables(out, problem, vectors, opts):
+    """``out`` with ``out["observables"]`` (and its time) when ``opts`` asks for them."""
+    if opts is not None:
+        t = time.perf_counter()
+        out["observables"] = compute_observables(problem, vectors, opts)
+        out["seconds"]["observables"] = time.perf_counter() - t
+    return out
 
 
 def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, seed, n_threads, comm, t0,
-                          layout, devices):
+                          layout, devices, opts=None):
     from hybridblas.distributed import allgather_rows, local_rank
     from .distributed import DistributedOperator, build_local
     from .triangular import TriangularLayout, TriangularOperator, build_block
@@ -114,7 +130,7 @@ def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, 
     j2 = angmom.expectation_j2(problem, vecs)
     t3 = time.perf_counter()
     nnz_local = comm.allgather(int(h_local.nnz))
-    return {
+    out = {
         "interaction": str(inter.path), "protons": problem.n_protons, "neutrons": problem.n_neutrons,
         "mass": problem.mass, "twice_m": problem.basis.twice_m, "tbme_factor": problem.factor,
         "dimension": problem.dimension, "nnz_stored": sum(nnz_local), "storage": storage,
@@ -127,3 +143,4 @@ def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, 
         "seconds": {"read+build": t1 - t0, "setup": t_setup - t1, "solve": t2 - t_setup, "j2": t3 - t2,
                     "solve_detail": dict(res.seconds, communication=op.comm_seconds)},
     }
+    return _with_observables(out, problem, vecs, opts)
