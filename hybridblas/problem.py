@@ -260,7 +260,7 @@ def _check_array(x, name):
 
 def _check_scalar(value, name, dtype, real_only):
     if not isinstance(value, Number) and not (hasattr(value, "shape") and value.shape == ()):
-        raise TypeError(f"{name} must be a scalar, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a scalar, got {value!r:.60} ({type(value).__name__})")
     value = complex(value) if np.iscomplexobj(value) else float(value)
     if isinstance(value, complex):
         if value.imag == 0:

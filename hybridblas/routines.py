@@ -49,7 +49,7 @@ def _context(context):
     if context is None:
         return default_context()
     if not isinstance(context, Context):
-        raise TypeError(f"context must be a hybridblas.Context or None, got {type(context).__name__}")
+        raise TypeError(f"context must be a hybridblas.Context or None, got {context!r} ({type(context).__name__})")
     return context
 
 
