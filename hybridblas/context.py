@@ -3,12 +3,16 @@ import math
 import os
 import threading
 from numbers import Integral, Real
+from typing import TYPE_CHECKING, Dict, Optional, Sequence, Union
 
 import numpy as np
 
 from . import blas_threads
 from .devices import CPUDevice, Device, registered
 from .devspec import device_words, gpu_count
+
+if TYPE_CHECKING:
+    from .profile import Profile
 
 STRATEGIES = ("static", "dynamic", "auto")
 
@@ -128,9 +132,12 @@ class Context:
                 None (default): $HYBRIDBLAS_PIN_HOST (auto, on, off), else "auto".
     """
 
-    def __init__(self, devices="all", strategy="auto", block_size=None, *, cpu_threads=None,
-                 rates=None, profile=None, sync=False, tail_fraction=0.15, memory_limit=None,
-                 cpu_min_share=None, min_call_seconds=0.005, pin_host=None):
+    def __init__(self, devices: Union[str, Sequence[Union[str, int, Device]]] = "all", strategy: str = "auto",
+                 block_size: Optional[int] = None, *, cpu_threads: Optional[int] = None,
+                 rates: Optional[Dict[str, float]] = None, profile: Union["Profile", None, bool] = None,
+                 sync: bool = False, tail_fraction: float = 0.15, memory_limit: Optional[int] = None,
+                 cpu_min_share: Optional[float] = None, min_call_seconds: float = 0.005,
+                 pin_host: Union[bool, str, None] = None) -> None:
         if not isinstance(strategy, str):
             raise TypeError(f"strategy must be one of {STRATEGIES}, got {strategy!r} ({type(strategy).__name__})")
         if strategy not in STRATEGIES:

@@ -20,7 +20,7 @@ N, T, R, C = 0, 1, 2, 3
 OP_CHAR = {N: "N", T: "T", C: "C"}
 _TRANS_LETTERS = {"N": N, "T": T, "C": C}
 _TRANS_CODES = {0: N, 1: T, 2: C}            # scipy.linalg.blas's trans integers
-_OP_CODE = {N: 0, T: 1, C: 2}
+_OP_CODE = {op: code for code, op in _TRANS_CODES.items()}
 _UPLO_WORDS = {"l": True, "lower": True, "u": False, "upper": False}
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64),
@@ -274,8 +274,10 @@ def _check_scalar(value, name, dtype, real_only):
 def _check_output(c, xp, dtype, kind, m, n, overwrite, operands):
     """The caller's C: an array of the operands' kind, dtype and shape; written in place (``overwrite``),
     so writable and sharing no memory with an operand."""
-    if not isinstance(c, np.ndarray) and type(c).__module__.split(".")[0] != "cupy":
-        raise TypeError(f"c must be a numpy.ndarray or cupy.ndarray (or None), got {type(c).__name__}")
+    try:
+        array_module(c)
+    except TypeError:
+        raise TypeError(f"c must be a numpy.ndarray or cupy.ndarray (or None), got {type(c).__name__}") from None
     c_arr, cmod = _check_array(c, "c")
     if cmod is not xp:
         raise TypeError(f"c lives on a different device kind ({cmod.__name__}) than a ({xp.__name__})")
