@@ -58,16 +58,14 @@ def _is_bool(value):
     return isinstance(value, (bool, np.bool_))
 
 
-def _integer(value, name, what="a positive integer", minimum=1, optional=True):
-    """An int >= minimum (None when ``optional``); a bool or float is refused (ValueError), a non-number
-    too (TypeError)."""
-    if value is None and optional:
+def _integer(value, name, what="a positive integer"):
+    """None or an int >= 1; a bool or float is refused (ValueError), a non-number too (TypeError)."""
+    if value is None:
         return None
-    tail = " or None" if optional else ""
     if not isinstance(value, Real) and not _is_bool(value):
-        raise TypeError(f"{name} must be {what}{tail}, got {value!r} ({type(value).__name__})")
-    if _is_bool(value) or not isinstance(value, Integral) or value < minimum:
-        raise ValueError(f"{name} must be {what}{tail}, got {value!r}")
+        raise TypeError(f"{name} must be {what} or None, got {value!r} ({type(value).__name__})")
+    if _is_bool(value) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(f"{name} must be {what} or None, got {value!r}")
     return int(value)
 
 
