@@ -4,7 +4,8 @@ is out of range into a compact buffer, and never hands BLAS a value that would w
 
 Most tests lower the limit (int_limits.INT_MAX) so that small random matrices cross it, and check every
 routine against a float64 reference with C poisoned, every integer BLAS received, and that the calls
-were really cut. Two tests cross the real limit on sparse arrays (the flops stay tiny)."""
+were really cut. Three tests cross the real limit on sparse arrays (the flops stay tiny): leading
+dimensions past 2**31 (0.5 s), and k past 2**31, which reads 16-32 GiB of zero pages (marked slow)."""
 import mmap
 
 import numpy as np
