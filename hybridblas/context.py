@@ -1,10 +1,18 @@
 """Context: which devices a call runs on, which strategy, which block size, which rates."""
+import math
 import os
 import threading
+from numbers import Integral, Real
+from typing import TYPE_CHECKING, Dict, Optional, Sequence, Union
+
+import numpy as np
 
 from . import blas_threads
 from .devices import CPUDevice, Device, registered
 from .devspec import device_words, gpu_count
+
+if TYPE_CHECKING:
+    from .profile import Profile
 
 STRATEGIES = ("static", "dynamic", "auto")
 
@@ -41,9 +49,61 @@ def _pin_policy(value):
         if word not in _PIN_WORDS:
             raise ValueError(f"${PIN_ENV} must be auto, on or off, got {os.environ[PIN_ENV]!r}")
         return _PIN_WORDS[word]
-    if value is True or value is False or value == "auto":
-        return value
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, str) and value == "auto"):
+        return value if isinstance(value, str) else bool(value)
     raise ValueError(f"pin_host must be True, False, 'auto' or None, got {value!r}")
+
+
+def _is_bool(value):
+    return isinstance(value, (bool, np.bool_))
+
+
+def _integer(value, name, what="a positive integer"):
+    """None or an int >= 1; a bool or float is refused (ValueError), a non-number too (TypeError)."""
+    if value is None:
+        return None
+    if not isinstance(value, Real) and not _is_bool(value):
+        raise TypeError(f"{name} must be {what} or None, got {value!r} ({type(value).__name__})")
+    if _is_bool(value) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(f"{name} must be {what} or None, got {value!r}")
+    return int(value)
+
+
+def _real(value, name, what, low, high=math.inf, optional=False):
+    """A finite float in [low, high) (None when ``optional``): a bool, NaN or infinity is refused
+    (ValueError), a non-number too (TypeError)."""
+    if value is None and optional:
+        return None
+    tail = " or None" if optional else ""
+    if not isinstance(value, Real) and not _is_bool(value):
+        raise TypeError(f"{name} must be {what}{tail}, got {value!r} ({type(value).__name__})")
+    if _is_bool(value) or not math.isfinite(value) or not low <= value < high:
+        raise ValueError(f"{name} must be {what}{tail}, got {value!r}")
+    return float(value)
+
+
+def _rates(rates):
+    """{device name: positive finite flop/s}, or {} for None."""
+    if rates is None:
+        return {}
+    if not isinstance(rates, dict):
+        raise TypeError(f"rates must be a dict of device name -> flop/s, got {rates!r} ({type(rates).__name__})")
+    out = {}
+    for name, value in rates.items():
+        if not isinstance(name, str):
+            raise TypeError(f"rates: device names must be strings like 'cpu' or 'cuda:0', got {name!r}")
+        out[name] = _real(value, f"rates[{name!r}]", "a positive number (finite)", 0.0)
+        if out[name] == 0:
+            raise ValueError(f"rates[{name!r}] must be a positive number (finite), got {value!r}")
+    return out
+
+
+def _profile_arg(profile):
+    from .profile import Profile
+    if profile is None or profile is False or isinstance(profile, Profile):
+        return profile
+    raise TypeError(f"profile must be a loaded profile (hybridblas.load_profile()), None or False, "
+                    f"got {profile!r} ({type(profile).__name__})")
 
 
 class Context:
@@ -70,42 +130,37 @@ class Context:
                 None (default): $HYBRIDBLAS_PIN_HOST (auto, on, off), else "auto".
     """
 
-    def __init__(self, devices="all", strategy="auto", block_size=None, *, cpu_threads=None,
-                 rates=None, profile=None, sync=False, tail_fraction=0.15, memory_limit=None,
-                 cpu_min_share=None, min_call_seconds=0.005, pin_host=None):
+    def __init__(self, devices: Union[str, Sequence[Union[str, int, Device]]] = "all", strategy: str = "auto",
+                 block_size: Optional[int] = None, *, cpu_threads: Optional[int] = None,
+                 rates: Optional[Dict[str, float]] = None, profile: Union["Profile", None, bool] = None,
+                 sync: bool = False, tail_fraction: float = 0.15, memory_limit: Optional[int] = None,
+                 cpu_min_share: Optional[float] = None, min_call_seconds: float = 0.005,
+                 pin_host: Union[bool, str, None] = None) -> None:
+        if not isinstance(strategy, str):
+            raise TypeError(f"strategy must be one of {STRATEGIES}, got {strategy!r} ({type(strategy).__name__})")
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
-        if block_size is not None and (not isinstance(block_size, int) or isinstance(block_size, bool)
-                                       or block_size < 1):
-            raise ValueError(f"block_size must be a positive integer or None, got {block_size!r}")
-        if cpu_threads is not None and (not isinstance(cpu_threads, int) or cpu_threads < 1):
-            raise ValueError(f"cpu_threads must be a positive integer or None, got {cpu_threads!r}")
-        if not 0.0 <= tail_fraction < 1.0:
-            raise ValueError(f"tail_fraction must be in [0, 1), got {tail_fraction!r}")
-        if rates is not None and not isinstance(rates, dict):
-            raise TypeError(f"rates must be a dict of device name -> flop/s, got {type(rates).__name__}")
+        block_size = _integer(block_size, "block_size")
+        cpu_threads = _integer(cpu_threads, "cpu_threads")
+        rates = _rates(rates)
+        tail_fraction = _real(tail_fraction, "tail_fraction", "a number in [0, 1)", 0.0, 1.0)
+        memory_limit = _integer(memory_limit, "memory_limit", "a positive number of bytes (an integer)")
+        cpu_min_share = _real(cpu_min_share, "cpu_min_share", "a number in [0, 1)", 0.0, 1.0, optional=True)
+        min_call_seconds = _real(min_call_seconds, "min_call_seconds", "a number >= 0 (finite)", 0.0)
+        if not _is_bool(sync):
+            raise TypeError(f"sync must be True or False, got {sync!r} ({type(sync).__name__})")
+        self._profile = _profile_arg(profile)
+        self.pin_host = _pin_policy(pin_host)
         self.devices = self._resolve_devices(devices)
         self.strategy = strategy
         self.block_size = block_size
         self.cpu_threads = cpu_threads
-        self.rates = dict(rates or {})
-        for name, value in self.rates.items():
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"rates[{name!r}] must be a positive number, got {value!r}")
-        self._profile = profile
+        self.rates = rates
         self.sync = bool(sync)
         self.tail_fraction = tail_fraction
-        if memory_limit is not None and (not isinstance(memory_limit, int) or isinstance(memory_limit, bool)
-                                         or memory_limit <= 0):
-            raise ValueError(f"memory_limit must be a positive number of bytes or None, got {memory_limit!r}")
         self.memory_limit = memory_limit
-        if not isinstance(min_call_seconds, (int, float)) or min_call_seconds < 0:
-            raise ValueError(f"min_call_seconds must be a number >= 0, got {min_call_seconds!r}")
-        self.min_call_seconds = float(min_call_seconds)
-        if cpu_min_share is not None and not 0.0 <= cpu_min_share < 1.0:
-            raise ValueError(f"cpu_min_share must be in [0, 1), got {cpu_min_share!r}")
+        self.min_call_seconds = min_call_seconds
         self.cpu_min_share = cpu_min_share
-        self.pin_host = _pin_policy(pin_host)
         self._failed = {}            # device name -> the exception that put it out
         self._faults = {}            # device name -> testing.FaultPlan (hybridblas.testing.inject_fault)
         self._fault_lock = threading.Lock()

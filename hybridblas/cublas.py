@@ -3,7 +3,9 @@
 CuPy wraps gemm and syrk but not herk/her2k/herkx, so every kernel goes through one small ctypes layer on
 CuPy's per-thread, per-device handle. Each call sets the handle's stream first, uses host pointer mode and
 restores the mode it found, and turns a non-zero cublasStatus_t into an error naming the routine.
-ctypes releases the GIL around each call, so feeder threads of other GPUs keep running.
+ctypes releases the GIL around each call, so feeder threads of other GPUs keep running. ``gemm``,
+``rank_k``, ``rank_kx`` and ``gemm_strided_batched`` cut calls whose sizes or leading dimensions exceed
+cuBLAS's 32-bit ints (hybridblas.int_limits), copying out-of-range blocks on the call's own stream.
 """
 import ctypes
 import os
@@ -11,7 +13,8 @@ import threading
 
 import numpy as np
 
-from .problem import C as _OPC, T as _OPT, leading_dim
+from . import int_limits
+from .problem import C as _OPC, N as _OPN, T as _OPT, Operand, leading_dim
 
 _PREFIX = {np.dtype(np.float32): "S", np.dtype(np.float64): "D",
            np.dtype(np.complex64): "C", np.dtype(np.complex128): "Z"}
@@ -120,11 +123,24 @@ def call(name, handle, stream_ptr, *args):
 
 
 def _i(v):
-    return ctypes.c_int(int(v))
+    return int_limits.c_int(v)
+
+
+def _scratch(stream_ptr):
+    """Compact copies made with CuPy on the stream the cuBLAS call runs on (CuPy's pool ties them to it)."""
+    def setup():
+        import cupy
+        return cupy, (cupy.cuda.ExternalStream(stream_ptr) if stream_ptr else cupy.cuda.Stream.null)
+    return int_limits.Scratch(setup)
 
 
 def gemm(handle, stream_ptr, c, alpha, x, y, beta):
     """c <- alpha op(x) op(y) + beta c with x, y Operands on cupy bases, c a column-major cupy view."""
+    int_limits.gemm(lambda *args: _gemm(handle, stream_ptr, *args), _scratch(stream_ptr), c, alpha, x, y, beta)
+
+
+def _gemm(handle, stream_ptr, c, alpha, x, y, beta):
+    """One cublas<t>gemm: every size and leading dimension fits in 32 bits."""
     m, n = c.shape
     if m == 0 or n == 0:
         return
@@ -142,6 +158,10 @@ def gemm_strided_batched(handle, stream_ptr, parts, alpha, x, stride_x, y, strid
     batch, n, m = parts.shape
     if batch == 0 or m == 0 or n == 0:
         return
+    if max(batch, m, n, x.cols, leading_dim(x.base), leading_dim(y.base)) > int_limits.INT_MAX:
+        for b in range(batch):    # out of 32-bit range: one gemm per entry, which int_limits cuts
+            gemm(handle, stream_ptr, parts[b].T, alpha, _shifted(x, b * stride_x), _shifted(y, b * stride_y), beta)
+        return
     dt = parts.dtype
     s = _Scalars()
     i64 = ctypes.c_longlong
@@ -152,8 +172,23 @@ def gemm_strided_batched(handle, stream_ptr, parts, alpha, x, stride_x, y, strid
          s(beta, dt), _ptr(parts), _i(m), i64(m * n), _i(batch))
 
 
+def _shifted(x, offset):
+    """Operand x with its base moved ``offset`` elements on (same shape and strides)."""
+    import cupy
+    base = x.base
+    moved = cupy.ndarray(base.shape, base.dtype, base.data + offset * base.dtype.itemsize, strides=base.strides)
+    return Operand(moved, x.op, x.scratch)
+
+
 def rank_k(handle, stream_ptr, kind, c, lower, alpha, factors, beta):
     """Native herk/syrk/her2k/syr2k on a diagonal block; the factors share one op (N, or C/T)."""
+    int_limits.rank_k(lambda *args: _rank_k(handle, stream_ptr, *args),
+                      lambda *args: _gemm(handle, stream_ptr, *args), _scratch(stream_ptr),
+                      kind, c, lower, alpha, factors, beta)
+
+
+def _rank_k(handle, stream_ptr, kind, c, lower, alpha, factors, beta):
+    """One cublas<t>herk/syrk/her2k/syr2k (or herkx/syrkx): every size and leading dimension fits."""
     n = c.shape[0]
     if n == 0:
         return
@@ -163,26 +198,20 @@ def rank_k(handle, stream_ptr, kind, c, lower, alpha, factors, beta):
     s = _Scalars()
     trans = 0 if not (first.op & _OPT) else (2 if kind.startswith("her") else 1)
     alpha_t = real if kind == "herk" else dt
-    beta_t = real if kind in ("herk", "her2k") else dt
+    beta_t = real if kind in ("herk", "her2k", "herkx") else dt
     args = [_i(FILL_LOWER if lower else FILL_UPPER), _i(trans), _i(n), _i(first.cols), s(alpha, alpha_t)]
     for f in factors:
         args += [_ptr(f.base), _i(leading_dim(f.base))]
     args += [s(beta, beta_t), _ptr(c), _i(leading_dim(c))]
-    call(f"cublas{_PREFIX[dt]}{kind}_v2", handle, stream_ptr, *args)
+    name = f"cublas{_PREFIX[dt]}{kind}" + ("" if kind.endswith("x") else "_v2")   # herkx, syrkx: no _v2
+    call(name, handle, stream_ptr, *args)
 
 
 def rank_kx(handle, stream_ptr, kind, c, lower, trans, alpha, a, b, beta):
-    """herkx/syrkx: C[tri] <- alpha op(a) op(b)^H (or ^T) + beta C[tri]; a, b cupy column-major arrays."""
-    n = c.shape[0]
-    if n == 0:
-        return
-    dt = c.dtype
-    s = _Scalars()
-    k = a.shape[0] if trans != 0 else a.shape[1]
-    beta_t = _REAL.get(dt, dt) if kind == "herkx" else dt
-    call(f"cublas{_PREFIX[dt]}{kind}", handle, stream_ptr,
-         _i(FILL_LOWER if lower else FILL_UPPER), _i(trans), _i(n), _i(k), s(alpha, dt),
-         _ptr(a), _i(leading_dim(a)), _ptr(b), _i(leading_dim(b)), s(beta, beta_t), _ptr(c), _i(leading_dim(c)))
+    """herkx/syrkx: C[tri] <- alpha op(a) op(b)^H (or ^T) + beta C[tri]; a, b cupy column-major arrays,
+    trans a cublasOperation_t (0 N, 1 T, 2 C)."""
+    op = {0: _OPN, 1: _OPT, 2: _OPC}[trans]
+    rank_k(handle, stream_ptr, kind, c, lower, alpha, [Operand(a, op), Operand(b, op)], beta)
 
 
 def conj_transpose_into(dst, src):

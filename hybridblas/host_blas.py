@@ -2,13 +2,15 @@
 
 scipy.linalg.blas (f2py) holds the GIL for the whole call, which would stall every other worker thread;
 ctypes releases it around a foreign call. The pointers are scipy's own BLAS (LP64 ints), so the library
-that numpy/scipy users already trust computes every tile.
+that numpy/scipy users already trust computes every tile; ``gemm`` and ``rank_k`` cut calls whose sizes or
+leading dimensions exceed 32-bit ints (hybridblas.int_limits).
 """
 import ctypes
 
 import numpy as np
 from scipy.linalg import cython_blas
 
+from . import int_limits
 from .problem import OP_CHAR, T, leading_dim
 
 _PREFIX = {np.dtype(np.float32): "s", np.dtype(np.float64): "d",
@@ -52,7 +54,7 @@ class Args:
         return ctypes.addressof(buf)
 
     def int(self, v):
-        buf = ctypes.c_int(int(v))
+        buf = int_limits.c_int(v)
         self.keep.append(buf)
         return ctypes.addressof(buf)
 
@@ -62,8 +64,21 @@ class Args:
         return buf.ctypes.data
 
 
+_SCRATCH = int_limits.Scratch(lambda: (np, None))
+
+
 def gemm(c, alpha, x, y, beta):
-    """c <- alpha op(x) op(y) + beta c, with x, y Operands and c a column-major view."""
+    """c <- alpha op(x) op(y) + beta c, with x, y Operands and c a column-major view, of any size."""
+    int_limits.gemm(_gemm, _SCRATCH, c, alpha, x, y, beta)
+
+
+def rank_k(kind, c, lower, alpha, factors, beta):
+    """Native herk/syrk/her2k/syr2k on a diagonal block of any size; factors share one op (N, or C/T)."""
+    int_limits.rank_k(_rank_k, _gemm, _SCRATCH, kind, c, lower, alpha, factors, beta)
+
+
+def _gemm(c, alpha, x, y, beta):
+    """One ?gemm call: every size and leading dimension fits in 32 bits."""
     m, n = c.shape
     k = x.cols
     if m == 0 or n == 0:
@@ -77,8 +92,8 @@ def gemm(c, alpha, x, y, beta):
         g.scalar(beta, dt), c.ctypes.data, g.int(leading_dim(c)))
 
 
-def rank_k(kind, c, lower, alpha, factors, beta):
-    """Native herk/syrk/her2k/syr2k on a diagonal block; factors share one op (N, or C/T)."""
+def _rank_k(kind, c, lower, alpha, factors, beta):
+    """One ?herk/?syrk/?her2k/?syr2k call: every size and leading dimension fits in 32 bits."""
     n = c.shape[0]
     if n == 0:
         return

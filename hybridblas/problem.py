@@ -12,16 +12,22 @@ whole equation (lower <-> upper), so no operand is copied unless its layout cann
 cannot express.
 """
 from dataclasses import dataclass, field
-from numbers import Number
+from numbers import Integral, Number
 
 import numpy as np
 
 N, T, R, C = 0, 1, 2, 3
 OP_CHAR = {N: "N", T: "T", C: "C"}
-_TRANS_NAMES = {"N": N, "n": N, 0: N, "T": T, "t": T, 1: T, "C": C, "c": C, 2: C}
+_TRANS_LETTERS = {"N": N, "T": T, "C": C}
+_TRANS_CODES = {0: N, 1: T, 2: C}            # scipy.linalg.blas's trans integers
+_OP_CODE = {op: code for code, op in _TRANS_CODES.items()}
+_UPLO_WORDS = {"l": True, "lower": True, "u": False, "upper": False}
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64),
                     np.dtype(np.complex64), np.dtype(np.complex128))
+
+_EXACT_OVERLAP_WORK = 1 << 20       # numpy's overlap solver effort; beyond it an overlap is assumed
+_CUPY_EXACT_OVERLAP = 1 << 22       # cupy decides exactly by sorting every element's address: small arrays only
 
 
 def array_module(x):
@@ -35,13 +41,61 @@ def array_module(x):
     raise TypeError(f"expected a numpy or cupy array, got {type(x).__name__}")
 
 
-def parse_trans(value, name, allowed):
-    """Map 'N'/'T'/'C' or 0/1/2 (scipy style) to an op code, checking it is legal for the routine."""
-    op = _TRANS_NAMES.get(value if not isinstance(value, bool) else None)
+def _is_integer(value):
+    return isinstance(value, Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _either(words):
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def parse_trans(value, name, allowed, routine=None):
+    """Map 'N'/'T'/'C' (either case) or scipy's 0/1/2 to an op code legal for the routine (``allowed``);
+    anything else is refused with what ``routine`` (e.g. "complex herk") accepts."""
+    op = None
+    if isinstance(value, str):
+        op = _TRANS_LETTERS.get(value.upper())
+    elif _is_integer(value):
+        op = _TRANS_CODES.get(int(value))
     if op is None or op not in allowed:
-        names = "/".join(OP_CHAR[o] for o in allowed)
-        raise ValueError(f"{name} must be one of {names} (or 0/1/2), got {value!r}")
+        letters = _either([repr(OP_CHAR[o]) for o in allowed])
+        codes = _either([str(_OP_CODE[o]) for o in allowed])
+        where = f" for {routine}" if routine else ""
+        raise ValueError(f"{name} must be {letters} ({codes}){where}, got {value!r}")
     return op
+
+
+def parse_lower(value):
+    """The triangle flag: a bool, 'L'/'U' or 'lower'/'upper' (any case), or scipy's 1/0."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in _UPLO_WORDS:
+        return _UPLO_WORDS[value.lower()]
+    if _is_integer(value) and int(value) in (0, 1):
+        return bool(value)
+    raise ValueError(f"lower must be True/False, 'L'/'U' ('lower'/'upper') or 1/0, got {value!r}")
+
+
+def parse_flag(value, name):
+    """A yes/no argument: a bool or scipy's 0/1."""
+    if isinstance(value, (bool, np.bool_)) or (_is_integer(value) and int(value) in (0, 1)):
+        return bool(value)
+    raise ValueError(f"{name} must be True/False (or 1/0), got {value!r}")
+
+
+def _overlap(xp, x, y):
+    """None when x and y share no memory, else how sure that is: "shares" or "may share" (an exact
+    answer would cost too much, so the overlap is assumed)."""
+    if not xp.may_share_memory(x, y):          # address bounds only: cheap
+        return None
+    if xp is np:
+        try:
+            return "shares" if np.shares_memory(x, y, max_work=_EXACT_OVERLAP_WORK) else None
+        except getattr(np, "exceptions", np).TooHardError:
+            return "may share"
+    if x.size + y.size <= _CUPY_EXACT_OVERLAP:
+        return "shares" if xp.shares_memory(x, y) else None
+    return "may share"
 
 
 @dataclass
@@ -115,6 +169,31 @@ def without_lone_conj(operand, xp, allowed):
     return Operand(xp.asfortranarray(xp.conj(operand.base)), operand.op ^ R, scratch=True)
 
 
+def product_terms(kind, alpha, factors):
+    """[(coef, X, Y)] with C += coef * op(X) op(Y) for one routine ``kind`` on Operands ``factors``.
+
+    herk/syrk: [L]; her2k/syr2k: [L1, L2]; gemmt/gemm: [left, right]; herkx/syrkx (cuBLAS): [A, B] with
+    C = alpha op(A) op(B)^H (^T).
+    """
+    if kind == "herk":
+        (l,) = factors
+        return [(alpha, l, l.with_op(l.op ^ C))]
+    if kind == "her2k":
+        l1, l2 = factors
+        return [(alpha, l1, l2.with_op(l2.op ^ C)), (np.conj(alpha), l2, l1.with_op(l1.op ^ C))]
+    if kind == "syrk":
+        (l,) = factors
+        return [(alpha, l, l.with_op(l.op ^ T))]
+    if kind == "syr2k":
+        l1, l2 = factors
+        return [(alpha, l1, l2.with_op(l2.op ^ T)), (alpha, l2, l1.with_op(l1.op ^ T))]
+    if kind in ("herkx", "syrkx"):
+        left, right = factors
+        return [(alpha, left, right.with_op(right.op ^ (C if kind == "herkx" else T)))]
+    left, right = factors
+    return [(alpha, left, right)]
+
+
 @dataclass
 class Problem:
     """One normalised level-3 call; the planner, schedulers and devices read only this."""
@@ -129,6 +208,7 @@ class Problem:
     k: int               # inner dimension
     xp: object = np      # numpy or cupy
     writeback: object = None   # caller's array when ``c`` is a working copy
+    out: object = None         # the array the routine returns (the caller's c, its copy, or a new C)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -152,22 +232,7 @@ class Problem:
 
         ``factors`` replaces the problem's own (a device's copies of them, same ops and index space).
         """
-        a = self.alpha
-        factors = self.factors if factors is None else factors
-        if self.kind == "herk":
-            (l,) = factors
-            return [(a, l, l.with_op(l.op ^ C))]
-        if self.kind == "her2k":
-            l1, l2 = factors
-            return [(a, l1, l2.with_op(l2.op ^ C)), (np.conj(a), l2, l1.with_op(l1.op ^ C))]
-        if self.kind == "syrk":
-            (l,) = factors
-            return [(a, l, l.with_op(l.op ^ T))]
-        if self.kind == "syr2k":
-            l1, l2 = factors
-            return [(a, l1, l2.with_op(l2.op ^ T)), (a, l2, l1.with_op(l1.op ^ T))]
-        left, right = factors
-        return [(a, left, right)]
+        return product_terms(self.kind, self.alpha, self.factors if factors is None else factors)
 
     def tile_flops(self, rows, cols, k, diag=False):
         """LAWN 41 flop count of one C block (a diagonal block counts its triangle only)."""
@@ -195,7 +260,7 @@ def _check_array(x, name):
 
 def _check_scalar(value, name, dtype, real_only):
     if not isinstance(value, Number) and not (hasattr(value, "shape") and value.shape == ()):
-        raise TypeError(f"{name} must be a scalar, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a scalar, got {value!r:.60} ({type(value).__name__})")
     value = complex(value) if np.iscomplexobj(value) else float(value)
     if isinstance(value, complex):
         if value.imag == 0:
@@ -206,8 +271,40 @@ def _check_scalar(value, name, dtype, real_only):
     return value
 
 
-def build_problem(kind, alpha, operands, beta, c, ops, lower, out_shape):
-    """Validate everything, then normalise. Nothing is written before every check has passed."""
+def _check_output(c, xp, dtype, kind, m, n, overwrite, operands):
+    """The caller's C: an array of the operands' kind, dtype and shape; written in place (``overwrite``),
+    so writable and sharing no memory with an operand."""
+    try:
+        array_module(c)
+    except TypeError:
+        raise TypeError(f"c must be a numpy.ndarray or cupy.ndarray (or None), got {type(c).__name__}") from None
+    c_arr, cmod = _check_array(c, "c")
+    if cmod is not xp:
+        raise TypeError(f"c lives on a different device kind ({cmod.__name__}) than a ({xp.__name__})")
+    if c_arr.dtype != dtype:
+        raise TypeError(f"c has dtype {c_arr.dtype} but a has {dtype}: they must match")
+    if kind != "gemm" and c_arr.shape[0] != c_arr.shape[1]:
+        raise ValueError(f"c must be square, got shape {c_arr.shape}")
+    if c_arr.shape != (m, n):
+        raise ValueError(f"c has shape {c_arr.shape}, expected {(m, n)} from the operands")
+    if not overwrite:
+        return c_arr
+    if getattr(getattr(c_arr, "flags", None), "writeable", True) is False:
+        raise ValueError("c is read-only: it is updated in place (pass overwrite_c=False for a new array)")
+    for name, x in operands:
+        how = _overlap(xp, c_arr, x)
+        if how:
+            raise ValueError(f"c {how} memory with {name}: c is written while {name} is read; pass a c of "
+                             f"its own (or overwrite_c=False)")
+    return c_arr
+
+
+def build_problem(kind, alpha, operands, beta, c, ops, lower, out_shape, overwrite_c=True):
+    """Validate everything, then normalise. Nothing is written before every check has passed.
+
+    ``ops``: one op code per operand, or a function of the data's dtype that returns them (the legal
+    trans values of herk and syrk depend on it). ``overwrite_c`` False computes on a copy of ``c``.
+    """
     names = ["a", "b"][: len(operands)]
     arrays, xp = [], None
     for name, x in zip(names, operands):
@@ -220,6 +317,8 @@ def build_problem(kind, alpha, operands, beta, c, ops, lower, out_shape):
     for name, x in zip(names[1:], arrays[1:]):
         if x.dtype != dtype:
             raise TypeError(f"{name} has dtype {x.dtype} but a has {dtype}: they must match")
+    if callable(ops):
+        ops = ops(dtype)
     real_alpha = kind == "herk"
     real_beta = kind in ("herk", "her2k")
     alpha = _check_scalar(alpha, "alpha", dtype, real_alpha and dtype.kind == "c")
@@ -247,17 +346,9 @@ def build_problem(kind, alpha, operands, beta, c, ops, lower, out_shape):
         c_arr = xp.zeros((m, n), dtype=dtype, order="F")
         beta = 0.0
     else:
-        c_arr, cmod = _check_array(c, "c")
-        if cmod is not xp:
-            raise TypeError(f"c lives on a different device kind ({cmod.__name__}) than a ({xp.__name__})")
-        if c_arr.dtype != dtype:
-            raise TypeError(f"c has dtype {c_arr.dtype} but a has {dtype}: they must match")
-        if kind != "gemm" and c_arr.shape[0] != c_arr.shape[1]:
-            raise ValueError(f"c must be square, got shape {c_arr.shape}")
-        if c_arr.shape != (m, n):
-            raise ValueError(f"c has shape {c_arr.shape}, expected {(m, n)} from the operands")
-        if getattr(getattr(c_arr, "flags", None), "writeable", True) is False:
-            raise ValueError("c is read-only: it is updated in place")
+        c_arr = _check_output(c, xp, dtype, kind, m, n, overwrite_c, list(zip(names, arrays)))
+        if not overwrite_c:
+            c_arr = xp.array(c_arr, copy=True, order="K")   # the caller's c is left as it is
 
     # Real data: Hermitian kinds are the symmetric ones and "C" means "T".
     if dtype.kind != "c":
@@ -301,4 +392,4 @@ def _normalise(kind, alpha, beta, arrays, ops, c_arr, lower, m, n, k, xp, writeb
         base = {N: value, T: value.T, C: xp.conj(value).T}[want]
         factors[1] = Operand(xp.asfortranarray(base), want, scratch=True)
     return Problem(kind=kind, c=work, lower=lower, alpha=alpha, beta=beta, factors=factors,
-                   m=m, n=n, k=k, xp=xp, writeback=writeback)
+                   m=m, n=n, k=k, xp=xp, writeback=writeback, out=c_arr)
