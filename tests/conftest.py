@@ -60,6 +60,8 @@ def profile_dir(tmp_path, monkeypatch):
     from hybridblas import profile as pm
     monkeypatch.setenv(pm.ENV_DIR, str(tmp_path))
     monkeypatch.delenv(pm.ENV_FILE, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))    # a profile of the machine stays out
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     pm.reset_notices()
     yield tmp_path
     pm.reset_notices()
