@@ -120,8 +120,9 @@ def _check_arguments(h, nev, block_size, x0=None, tol=1e-8, maxiter=300, precond
         shape = getattr(h, "shape", None)
         if not (isinstance(shape, tuple) and len(shape) == 2 and shape[0] == shape[1]):
             raise ValueError(f"h (an operator) must have a square shape (n, n), got {shape!r}")
-        if dtype is None and np.dtype(getattr(h, "dtype", np.float64)) not in (np.float32, np.float64):
-            raise TypeError(f"h (an operator) must have dtype float32 or float64 (or give dtype), got {h.dtype}")
+        own = getattr(h, "dtype", None)
+        if dtype is None and (own is None or np.dtype(own) not in (np.float32, np.float64)):
+            raise TypeError(f"h (an operator) must have dtype float32 or float64 (or give dtype), got {own}")
     else:
         _check_matrix(h, dtype)
     n = int(h.shape[0])
@@ -169,7 +170,9 @@ def _integer(value):
 
 def lobpcg(h, nev, *, block_size=None, **kwargs):
     """Lowest ``nev`` eigenpairs of symmetric ``h``; see ``_lobpcg`` for the arguments. Every argument is
-    checked first (a ValueError or TypeError naming it); ``h`` and ``x0`` are only read.
+    checked first (a ValueError or TypeError naming it); ``h`` and ``x0`` are only read. A matrix given as such
+    is checked for symmetry, which costs one transposed difference of it; an operator (SymmetricOperator, ...)
+    is taken as symmetric.
 
     On the CPU the dense steps split their rows over threads themselves (cisolver.host_blocks, and
     ``host_context`` for the Grams), so every BLAS library but MKL runs on one thread meanwhile: OpenBLAS's

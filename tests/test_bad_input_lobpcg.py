@@ -73,6 +73,10 @@ def test_operator_of_the_wrong_shape_or_dtype(h):
     _refused(ValueError, r"got \(61,\)", Op((61,), float), 2)
     _refused(TypeError, r"h \(an operator\) must have dtype float32 or float64 .* got complex128",
              Op((61, 61), complex), 2)
+    no_dtype = Op((61, 61), float)
+    del no_dtype.dtype
+    _refused(TypeError, r"h \(an operator\) must have dtype float32 or float64 \(or give dtype\), got None",
+             no_dtype, 2)
 
 
 # ---- the scalars ---------------------------------------------------------------------------------------

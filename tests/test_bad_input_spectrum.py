@@ -58,6 +58,7 @@ BAD = [
     ("devices", "tpu", ValueError, "devices: unknown device 'tpu' in 'tpu'"),
     ("devices", "0,0", ValueError, "devices: GPU 0 is named twice in '0,0'"),
     ("devices", 3.0, TypeError, "devices must be a string like 'cpu'"),
+    ("devices", "cuda:99", ValueError, "devices='cuda:99'(: GPU 99 does not exist| asks for CUDA GPUs, but)"),
     ("dtype", "float16", TypeError, "dtype must be 'float64' or 'float32', got 'float16'"),
     ("dtype", "nope", TypeError, "dtype must be 'float64' or 'float32', got 'nope'"),
     ("dtype", np.complex128, TypeError, "dtype must be 'float64' or 'float32'"),
@@ -150,6 +151,16 @@ def test_enough_memory_runs(monkeypatch):
     need = spectrum.prepare("usdb", 2, 2).memory.host
     monkeypatch.setattr(hb.memory, "host_available", lambda: int(need / 0.9) + 1)
     assert _call(nev=2)["converged"]
+
+
+@pytest.mark.gpu
+@needs_data
+@pytest.mark.parametrize("devices,ids", [("cuda:0", [0]), ("0", [0]), ([0], [0])])
+def test_gpu_words_run_on_the_gpu(devices, ids):
+    cpu = _call(nev=5, tol=1e-9)
+    gpu = _call(nev=5, tol=1e-9, devices=devices)
+    assert gpu["devices"] == ids
+    np.testing.assert_allclose(gpu["energies"], cpu["energies"], atol=1e-7, rtol=0)
 
 
 @pytest.mark.gpu
