@@ -9,6 +9,8 @@ Converged columns are soft-locked: they stay in the Rayleigh–Ritz basis but ge
 This module checks the arguments; cisolver.start makes the start and cisolver.iterations iterates (on GPUs
 without waiting for the host within an iteration, the start queued likewise).
 """
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,14 +69,117 @@ def host_context(threads):
     return _host_contexts[threads]
 
 
+def _name_value(value):
+    return f"{type(value).__name__} {value!r}" if not hasattr(value, "shape") else \
+        f"{type(value).__name__} of shape {value.shape} and dtype {getattr(value, 'dtype', None)}"
+
+
+def _finite(a):
+    """All of a (numpy or cupy) finite, read on the host."""
+    return bool(module_of(a).isfinite(a).all())
+
+
+def _check_matrix(h, dtype):
+    """Shape, element type, finiteness and symmetry of a matrix ``h`` (dense or scipy.sparse) before any work.
+    A non-symmetric matrix would give a wrong spectrum silently; the test costs one transposed difference."""
+    import scipy.sparse as sp
+    sparse = sp.issparse(h)
+    if not (sparse or hasattr(h, "shape") and hasattr(h, "dtype") and getattr(h, "ndim", 0) == 2):
+        raise TypeError(f"h must be a symmetric matrix (numpy, cupy or scipy.sparse, 2-D) or an operator with "
+                        f"shape, dtype and matmat, got {_name_value(h)}")
+    if h.shape[0] != h.shape[1]:
+        raise ValueError(f"h must be square, got shape {h.shape}")
+    kind = np.dtype(h.dtype)
+    if not (np.issubdtype(kind, np.floating) or np.issubdtype(kind, np.integer) and dtype is not None):
+        raise TypeError(f"h must hold real floating numbers (or give dtype), got dtype {kind}")
+    values = h.data if sparse else h
+    if not _finite(values):
+        raise ValueError("h holds NaN or infinite entries")
+    if h.shape[0] == 0:
+        return
+    diff = abs(h - h.T).max() if sparse else module_of(h).abs(h - h.T).max()
+    scale = abs(h).max() if sparse else module_of(h).abs(h).max()
+    rtol = 1e3 * np.finfo(kind if np.issubdtype(kind, np.floating) else np.float64).eps
+    if float(diff) > rtol * float(scale):
+        raise ValueError(f"h must be symmetric: max |h - h^T| = {float(diff):.3g} against max |h| = "
+                         f"{float(scale):.3g} (an upper triangle alone goes through "
+                         f"SymmetricOperator(h, storage='upper'))")
+
+
+def _check_arguments(h, nev, block_size, x0=None, tol=1e-8, maxiter=300, precond=None, seed=0, dtype=None,
+                     context=None, callback=None, comm=None):
+    """Every argument of ``lobpcg``, before any work: a ValueError or TypeError naming it and its value."""
+    if dtype is not None:
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
+        if dt not in (np.float32, np.float64):
+            raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    if hasattr(h, "matmat"):
+        shape = getattr(h, "shape", None)
+        if not (isinstance(shape, tuple) and len(shape) == 2 and shape[0] == shape[1]):
+            raise ValueError(f"h (an operator) must have a square shape (n, n), got {shape!r}")
+        own = getattr(h, "dtype", None)
+        if dtype is None and (own is None or np.dtype(own) not in (np.float32, np.float64)):
+            raise TypeError(f"h (an operator) must have dtype float32 or float64 (or give dtype), got {own}")
+    else:
+        _check_matrix(h, dtype)
+    n = int(h.shape[0])
+    if n == 0:
+        raise ValueError("h is empty (0 x 0)")
+    if comm is not None and getattr(h, "local", None) is None:
+        raise ValueError("comm needs h to be an operator whose rows are split over the ranks (cisolver's "
+                         "DistributedOperator or TriangularOperator); a whole matrix on every rank would be "
+                         "counted once per rank")
+    if not _integer(nev) or not 1 <= nev <= n:
+        raise ValueError(f"nev must be an integer in 1..{n}, got {_name_value(nev)}")
+    if block_size is not None and (not _integer(block_size) or not nev <= block_size <= n):
+        raise ValueError(f"block_size must be an integer in {nev}..{n} (>= nev), got {_name_value(block_size)}")
+    b = int(block_size or min(n, nev + 3))
+    if 3 * b > n:
+        raise ValueError(f"matrix too small for LOBPCG with block_size={b} (n={n}); use a dense solver")
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (math.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a finite number > 0, got {_name_value(tol)}")
+    if not _integer(maxiter) or maxiter < 0:
+        raise ValueError(f"maxiter must be an integer >= 0, got {_name_value(maxiter)}")
+    if x0 is not None:
+        if not (hasattr(x0, "shape") and hasattr(x0, "dtype")):
+            raise TypeError(f"x0 must be a numpy or cupy array of shape ({n}, {b}), got {_name_value(x0)}")
+        if tuple(x0.shape) != (n, b):
+            raise ValueError(f"x0 must have shape ({n}, {b}) (n, block_size), got {tuple(x0.shape)}")
+        if not np.issubdtype(np.dtype(x0.dtype), np.floating):
+            raise TypeError(f"x0 must hold real floating numbers, got dtype {x0.dtype}")
+        if not _finite(x0):
+            raise ValueError("x0 holds NaN or infinite entries")
+    if precond is not None and not callable(getattr(precond, "apply", None)):
+        raise TypeError(f"precond must have a method apply(R, theta), or be None, got {_name_value(precond)}")
+    if seed is not None and (not _integer(seed) or seed < 0):
+        raise ValueError(f"seed must be an integer >= 0 or None, got {_name_value(seed)}")
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be callable or None, got {_name_value(callback)}")
+    if context is not None:
+        import hybridblas as hb
+        if not isinstance(context, hb.Context):
+            raise TypeError(f"context must be a hybridblas.Context or None, got {_name_value(context)}")
+
+
+def _integer(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def lobpcg(h, nev, *, block_size=None, **kwargs):
-    """Lowest ``nev`` eigenpairs of symmetric ``h``; see ``_lobpcg`` for the arguments.
+    """Lowest ``nev`` eigenpairs of symmetric ``h``; see ``_lobpcg`` for the arguments. Every argument is
+    checked first (a ValueError or TypeError naming it); ``h`` and ``x0`` are only read. A matrix given as such
+    is checked for symmetry, which costs one transposed difference of it; an operator (SymmetricOperator, ...)
+    is taken as symmetric.
 
     On the CPU the dense steps split their rows over threads themselves (cisolver.host_blocks, and
     ``host_context`` for the Grams), so every BLAS library but MKL runs on one thread meanwhile: OpenBLAS's
     own threads spin after each call and took the cores from the row pieces and the sparse product's
     threads. An MKL sparse product (SymmetricOperator's ``mkl`` backend) keeps MKL's threads.
     """
+    _check_arguments(h, nev, block_size, **kwargs)
     op = _as_operator(h, kwargs.get("dtype"))
     if getattr(op, "xp", np) is not np:
         return _lobpcg(op, nev, block_size=block_size, **kwargs)
@@ -96,38 +201,26 @@ def lobpcg(h, nev, *, block_size=None, **kwargs):
 
 def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=None, seed=0,
             dtype=None, context=None, callback=None, comm=None):
-    """Lowest ``nev`` eigenpairs of symmetric ``h`` (scipy/cupyx sparse, a SymmetricOperator, or dense).
+    """Lowest ``nev`` eigenpairs of symmetric ``h`` (scipy/cupyx sparse, a SymmetricOperator, or dense),
+    arguments checked by ``lobpcg``.
 
     tol: relative residual ‖H x − θ x‖ / ‖H‖_est, ‖H‖_est the largest |Ritz value| met so far.
     block_size: default nev + 3. x0: start block (n x block_size), else seeded normal random.
     precond: object with ``apply(R, theta)`` (e.g. TilePreconditioner), or None.
-    comm: an MPI communicator when ``h`` is a DistributedOperator (rows over ranks); vectors, start
-    block and the returned eigenvectors are then this rank's rows, and the results equal the serial ones.
+    comm: an MPI communicator when ``h`` is a DistributedOperator (rows over ranks); x0 is then the whole start
+    block on every rank, the vectors and the returned eigenvectors this rank's rows, and the results equal
+    the serial ones.
     """
     op = _as_operator(h, dtype)
     n = op.shape[0]
     dtype = np.dtype(dtype or op.dtype)
-    if dtype not in (np.float32, np.float64):
-        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
-    if not isinstance(nev, (int, np.integer)) or not 1 <= nev <= n:
-        raise ValueError(f"nev must be an integer in 1..{n}, got {nev!r}")
     b = int(block_size or min(n, nev + 3))
-    if not nev <= b <= n:
-        raise ValueError(f"block_size must be in {nev}..{n} (>= nev), got {block_size!r}")
-    if 3 * b > n:
-        raise ValueError(f"matrix too small for LOBPCG with block_size={b} (n={n}); use a dense solver")
-    if not tol > 0:
-        raise ValueError(f"tol must be positive, got {tol!r}")
     xp = getattr(op, "xp", np)
     timer = Timer(xp)
-    if x0 is None:
-        x = np.random.default_rng(seed).standard_normal((n, b))
-    else:
-        x = to_host(x0)
-        if x.shape != (n, b):
-            raise ValueError(f"x0 must have shape ({n}, {b}), got {x.shape}")
+    x = np.random.default_rng(seed).standard_normal((n, b)) if x0 is None else to_host(x0)
     lo, hi = getattr(op, "local", (0, n))
-    x = xp.asarray(np.ascontiguousarray(x[lo:hi], dtype=dtype))
+    # a copy in any case: the start overwrites its block, and x0 is the caller's
+    x = xp.asarray(np.array(x[lo:hi], dtype=dtype, order="C", copy=True))
 
     def norms(block):
         if comm is None:

@@ -1,8 +1,20 @@
-"""One shell-model spectrum end to end: interaction -> basis -> H -> LOBPCG -> energies and J."""
+"""One shell-model spectrum end to end: interaction -> basis -> H -> LOBPCG -> energies and J.
+
+``prepare`` checks every argument, counts the M-scheme dimension and the nonzeros of H (cisolver.estimate)
+and refuses a run that would not fit in the chosen devices' memory, all within a second or so and before
+anything is built; ``run`` then does the work. ``compute_spectrum`` is the two in one call.
+"""
+import math
+import numbers
+import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
+import hybridblas as hb
+
+from . import estimate
 from . import solver as _lobpcg
 from .arrays import to_host
 from .data import resolve_interaction
@@ -11,80 +23,207 @@ from .preconditioner import TilePreconditioner, configuration_labels
 from .observables import TransitionOptions, compute_observables
 from .shellmodel import angmom, hamiltonian, nushellx
 
-
-def parse_devices(devices):
-    """'cpu' -> 'cpu'; 'all' -> every CUDA device (cpu if none); '0,1' -> [0, 1]."""
-    if devices in (None, "cpu"):
-        return "cpu"
-    if devices == "all":
-        try:
-            import cupy
-            n = cupy.cuda.runtime.getDeviceCount() if cupy.is_available() else 0
-        except Exception:
-            n = 0
-        return list(range(n)) if n else "cpu"
-    if isinstance(devices, str):
-        try:
-            return [int(x) for x in devices.split(",") if x.strip()]
-        except ValueError:
-            raise ValueError(f"devices must be 'cpu', 'all' or a list like '0,1', got {devices!r}") from None
-    return list(devices)
+BUILD_THREADS = min(8, os.cpu_count() or 1)     # threads of the H build when not told
 
 
-def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8,
-                     maxiter=300, devices="cpu", dtype="float64", storage="upper", precond="none",
-                     block_size=None, seed=0, n_threads=None, progress=None, comm=None, layout="rows",
-                     observables=True, eff_charge=(1.5, 0.5), gl=(1.0, 0.0), gs=(5.586, -3.826), b=None,
-                     hbar_omega=None):
-    """comm: an MPI communicator; each rank then builds and holds only its part of H and of the vectors,
-    with Allreduce'd Gram matrices. layout: "rows" (1-D row blocks, Allgatherv SpMM; with ``devices``
-    each rank holds its part on one GPU) or "triangular" (MFDn's: one block of the stored half of H per
-    rank, n_d (n_d + 1) / 2 ranks; CPU operands only). observables: add ``result["observables"]``
-    (cisolver.observables.compute_observables with effective charges, g-factors (proton, neutron) and the
-    oscillator length b (fm) or hbar_omega (MeV); default 45 A^(-1/3) - 25 A^(-2/3) MeV)."""
-    if layout not in ("rows", "triangular"):
-        raise ValueError(f"layout must be 'rows' or 'triangular', got {layout!r}")
+def parse_devices(devices, name="devices"):
+    """The GPU ids to run on (a list), or "cpu": ``devices`` in hybridblas' syntax (cpu, gpu, all, 0,1,
+    cuda:0,cuda:1, a list of ids) or None (cpu). 'all' is every GPU, the host's cores where there is none.
+    The host builds H in any case, so a 'cpu' next to GPUs adds nothing to the solve."""
+    spec = hb.parse_devices("cpu" if devices is None else devices, name=name)
+    return list(spec.gpus) if spec.gpus else "cpu"
+
+
+@dataclass
+class SpectrumRequest:
+    """A checked request (``prepare``'s result): every argument valid, the sizes counted, the memory checked."""
+    interaction: object          # snt.Interaction
+    n_protons: int
+    n_neutrons: int
+    twice_m: int
+    nev: int
+    tol: float
+    maxiter: int
+    devices: object              # "cpu" or GPU ids (under MPI: this rank's GPU)
+    dtype: np.dtype
+    storage: str
+    precond: str
+    block_size: object           # int or None (nev + 3)
+    seed: object
+    n_threads: int               # threads of the H build
+    layout: str
+    comm: object
+    return_vectors: bool
+    observables: object          # TransitionOptions, or None for no observables
+    counts: estimate.Counts
+    memory: estimate.MemoryEstimate
+    started: float
+
+
+def _integer(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+class _Checker:
+    """Raises ValueError / TypeError naming the argument as its caller knows it (``names``: parameter ->
+    display name, e.g. the CLI's options) and the value."""
+
+    def __init__(self, names):
+        self.names = dict(names or {})
+
+    def name(self, key):
+        return self.names.get(key, key)
+
+    def setting(self, key, value):
+        """How the caller writes ``key`` set to ``value``: --dtype float32, or dtype='float32'."""
+        name = self.name(key)
+        return f"{name} {value}" if name.startswith("-") else f"{name}={value!r}"
+
+    def integer(self, key, value, low=None, high=None, what=""):
+        if not _integer(value):
+            raise TypeError(f"{self.name(key)} must be an integer{what}, got {type(value).__name__} {value!r}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            bounds = (f"in {low}..{high}" if low is not None and high is not None
+                      else f">= {low}" if low is not None else f"<= {high}")
+            raise ValueError(f"{self.name(key)} must be an integer {bounds}{what}, got {value!r}")
+        return int(value)
+
+    def choice(self, key, value, options):
+        if value not in options:
+            raise ValueError(f"{self.name(key)} must be one of {', '.join(map(repr, options))}, got {value!r}")
+        return value
+
+
+def prepare(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8, maxiter=300, devices="cpu",
+            dtype="float64", storage="upper", precond="none", block_size=None, seed=0, n_threads=None,
+            comm=None, layout="rows", return_vectors=False, observables=True, eff_charge=(1.5, 0.5), gl=(1.0, 0.0),
+            gs=(5.586, -3.826), b=None, hbar_omega=None, names=None):
+    """Check the arguments of ``compute_spectrum`` (``names`` renames them in messages, e.g. to CLI options),
+    count the problem and check its memory: a SpectrumRequest for ``run``. Reads the interaction file; builds
+    nothing. Raises ValueError / TypeError / FileNotFoundError on bad input and hybridblas.InsufficientMemory
+    when the run cannot fit (under MPI on every rank alike)."""
+    started = time.perf_counter()
+    ck = _Checker(names)
+    if comm is not None and not all(hasattr(comm, a) for a in ("Get_rank", "Get_size", "allgather")):
+        raise TypeError(f"{ck.name('comm')} must be an MPI communicator (mpi4py) or None, got {type(comm).__name__}")
+    layout = ck.choice("layout", layout, ("rows", "triangular"))
+    storage = ck.choice("storage", storage, ("upper", "full"))
+    precond = ck.choice("precond", "none" if precond is None else precond, ("none", "tiles"))
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{ck.name('dtype')} must be 'float64' or 'float32', got {dtype!r}") from None
+    if dt not in (np.float32, np.float64):
+        raise TypeError(f"{ck.name('dtype')} must be 'float64' or 'float32', got {dtype!r}")
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (math.isfinite(tol) and tol > 0):
+        raise ValueError(f"{ck.name('tol')} must be a finite number > 0, got {tol!r}")
+    maxiter = ck.integer("maxiter", maxiter, low=0)
+    nev = ck.integer("nev", nev, low=1)
+    if block_size is not None:
+        block_size = ck.integer("block_size", block_size, low=nev, what=f" (at least {ck.name('nev')} = {nev})")
+    if seed is not None:
+        seed = ck.integer("seed", seed, low=0)
+    n_threads = BUILD_THREADS if n_threads is None else ck.integer("n_threads", n_threads, low=1)
+    if not isinstance(return_vectors, bool):
+        raise TypeError(f"{ck.name('return_vectors')} must be True or False, got {return_vectors!r}")
+    if not isinstance(observables, bool):
+        raise TypeError(f"{ck.name('observables')} must be True or False, got {observables!r}")
     opts = TransitionOptions(eff_charge, gl, gs, b, hbar_omega) if observables else None
-    t0 = time.perf_counter()
-    inter = nushellx.read_interaction(resolve_interaction(interaction))
-    problem = hamiltonian.ShellModelProblem(inter, n_protons, n_neutrons, twice_m)
+    gpus = parse_devices(devices, name=ck.name("devices"))
     if comm is not None:
-        return _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, seed,
-                                     n_threads, comm, t0, layout, parse_devices(devices), opts)
-    h, info = problem.build(storage=storage, dtype=dtype, n_threads=n_threads, progress=progress)
+        if precond != "none":
+            raise ValueError(f"{ck.setting('precond', precond)} is not available under MPI; leave it 'none'")
+        if layout == "triangular":
+            from .triangular import grid_size
+            grid_size(comm.Get_size())
+            if gpus != "cpu":
+                raise ValueError(f"{ck.setting('layout', layout)} runs on CPU operands only; use "
+                                 f"{ck.setting('layout', 'rows')} with {ck.name('devices')}")
+    if not isinstance(interaction, str) and not hasattr(interaction, "__fspath__"):
+        raise TypeError(f"{ck.name('interaction')} must be a file path or an interaction name like 'usdb', "
+                        f"got {type(interaction).__name__} {interaction!r}")
+    inter = nushellx.read_interaction(resolve_interaction(interaction))
+    where = f"the valence space of {inter.path}"
+    for key, value, orbits in (("n_protons", n_protons, inter.proton_orbits),
+                               ("n_neutrons", n_neutrons, inter.neutron_orbits)):
+        ck.integer(key, value, low=0, high=sum(o.twoj + 1 for o in orbits), what=f" (the m-states of {where})")
+    n_protons, n_neutrons = int(n_protons), int(n_neutrons)
+    parity = (n_protons + n_neutrons) % 2
+    largest = estimate.allowed_twice_m(inter, n_protons, n_neutrons)
+    if twice_m is None:
+        twice_m = parity
+    else:
+        twice_m = ck.integer("twice_m", twice_m, low=-largest, high=largest,
+                             what=f" (2M of Z={n_protons} N={n_neutrons} in {inter.path})")
+        if twice_m % 2 != parity:
+            raise ValueError(f"{ck.name('twice_m')} must be {'odd' if parity else 'even'} for "
+                             f"{n_protons + n_neutrons} valence nucleons (2M has the parity of A), got {twice_m}")
+    counts = estimate.count(inter, n_protons, n_neutrons, twice_m)
+    if nev > counts.dimension:
+        raise ValueError(f"{ck.name('nev')} must be at most the M-scheme dimension {counts.dimension} of Z={n_protons} "
+                         f"N={n_neutrons} 2M={twice_m} in {inter.path}, got {nev}")
+    ranks = comm.Get_size() if comm is not None else 1
+    local_ranks, asked = 1, gpus
+    if comm is not None:
+        from hybridblas.distributed import local_rank
+        rank_on_node, local_ranks = local_rank(comm)
+        if gpus != "cpu":              # one GPU per rank: local rank -> device
+            gpus = [gpus[rank_on_node % len(gpus)]]
+    mem = estimate.memory(counts, nev=nev, block_size=block_size or nev + 3, dtype=dt, storage=storage,
+                          gpus=() if gpus == "cpu" else tuple(gpus), ranks=ranks, layout=layout,
+                          n_particles=n_protons + n_neutrons, n_threads=n_threads)
+    estimate.check_memory(mem, advice=_advice(ck, dt, storage, asked, ranks, mem), local_ranks=local_ranks,
+                          comm=comm)
+    return SpectrumRequest(inter, n_protons, n_neutrons, twice_m, nev, float(tol), maxiter, gpus, dt, storage,
+                           precond, block_size, seed, n_threads, layout, comm, return_vectors, opts, counts, mem,
+                           started)
+
+
+def _advice(ck, dtype, storage, gpus, ranks, mem):
+    tips = []
+    if dtype == np.float64:
+        tips.append(ck.setting("dtype", "float32"))
+    if storage == "full" and ranks == 1:
+        tips.append(ck.setting("storage", "upper"))
+    tips.append("more MPI ranks on more nodes (each holds about 1/ranks of H and of the vectors)")
+    if gpus != "cpu":
+        tips.append(f"more GPUs in {ck.name('devices')}")
+    if mem.vectors >= mem.h_bytes:
+        tips.append(f"a smaller {ck.name('nev')} or {ck.name('block_size')}")
+    return "try " + ", ".join(tips)
+
+
+def run(request, progress=None):
+    """Do what ``request`` (from ``prepare``) asks: build H, solve, <J^2>. ``progress(done, total)`` is called
+    as row blocks of H are built (not under MPI)."""
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
+    rq = request
+    problem = hamiltonian.ShellModelProblem(rq.interaction, rq.n_protons, rq.n_neutrons, rq.twice_m)
+    if rq.comm is not None:
+        return _distributed_spectrum(rq, problem)
+    h, info = problem.build(storage=rq.storage, dtype=rq.dtype, n_threads=rq.n_threads, progress=progress)
     t1 = time.perf_counter()
-    devs = parse_devices(devices)
-    op = SymmetricOperator(h, storage=storage, devices=devs)
+    op = SymmetricOperator(h, storage=rq.storage, devices=rq.devices)
     pc = None
-    if precond == "tiles":
-        pc = TilePreconditioner(h, configuration_labels(problem), upper=storage == "upper", xp=op.xp)
-    elif precond not in ("none", None):
-        raise ValueError(f"precond must be 'none' or 'tiles', got {precond!r}")
+    if rq.precond == "tiles":
+        pc = TilePreconditioner(h, configuration_labels(problem), upper=rq.storage == "upper", xp=op.xp)
     t2 = time.perf_counter()
     dim = problem.dimension
-    if dim < 3 * (block_size or nev + 3):      # tiny spaces: dense diagonalisation is the right tool
-        w, v = np.linalg.eigh((h + h.T - __import__("scipy.sparse").sparse.diags(h.diagonal())).toarray()
-                              if storage == "upper" else h.toarray())
-        res = _lobpcg.LobpcgResult(w[:nev], v[:, :nev], np.zeros(min(nev, dim)), 0, True, {})
+    if dim < 3 * (rq.block_size or rq.nev + 3):      # tiny spaces: dense diagonalisation is the right tool
+        res = _dense(h, rq.storage, rq.nev)
     else:
-        res = _lobpcg.lobpcg(op, nev, block_size=block_size, tol=tol, maxiter=maxiter, precond=pc,
-                             seed=seed, dtype=dtype)
+        res = _lobpcg.lobpcg(op, rq.nev, block_size=rq.block_size, tol=rq.tol, maxiter=rq.maxiter, precond=pc,
+                             seed=rq.seed, dtype=rq.dtype)
     t3 = time.perf_counter()
-    vecs = res.eigenvectors.get() if hasattr(res.eigenvectors, "get") else res.eigenvectors
+    vecs = to_host(res.eigenvectors)
     j2 = angmom.expectation_j2(problem, vecs)
     t4 = time.perf_counter()
-    out = {
-        "interaction": str(inter.path), "protons": n_protons, "neutrons": n_neutrons,
-        "mass": problem.mass, "twice_m": problem.basis.twice_m, "tbme_factor": problem.factor,
-        "dimension": dim, "nnz_stored": info.nnz_stored, "storage": storage, "dtype": str(np.dtype(dtype)),
-        "devices": devs, "energies": [float(e) for e in res.eigenvalues],
-        "j2": [float(x) for x in j2], "j": [float(x) for x in angmom.j_from_j2(j2)],
-        "residuals": [float(x) for x in res.residual_norms], "iterations": res.iterations,
-        "converged": res.converged, "queued": res.queued,
-        "seconds": {"read+build": t1 - t0, "setup": t2 - t1, "solve": t3 - t2, "j2": t4 - t3,
-                    "build_detail": info.seconds, "solve_detail": res.seconds},
-    }
-    return _with_observables(out, problem, vecs, opts)
+    out = _result(rq, problem, res, j2, vecs, dim=dim, nnz=info.nnz_stored, storage=rq.storage, devices=rq.devices)
+    out.update(queued=res.queued,
+               seconds={"read+build": t1 - rq.started, "setup": t2 - t1, "solve": t3 - t2, "j2": t4 - t3,
+                        "build_detail": info.seconds, "solve_detail": res.seconds})
+    return _with_observables(out, problem, vecs, rq.observables)
 
 
 def _with_observables(out, problem, vectors, opts):
@@ -96,51 +235,100 @@ def _with_observables(out, problem, vectors, opts):
     return out
 
 
-def _distributed_spectrum(problem, inter, nev, tol, maxiter, dtype, block_size, seed, n_threads, comm, t0,
-                          layout, devices, opts=None):
-    from hybridblas.distributed import allgather_rows, local_rank
+def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8,
+                     maxiter=300, devices="cpu", dtype="float64", storage="upper", precond="none",
+                     block_size=None, seed=0, n_threads=None, progress=None, comm=None, layout="rows",
+                     return_vectors=False, observables=True, eff_charge=(1.5, 0.5), gl=(1.0, 0.0),
+                     gs=(5.586, -3.826), b=None, hbar_omega=None):
+    """The lowest ``nev`` eigenpairs of the M-scheme shell-model H of ``n_protons`` and ``n_neutrons`` valence
+    nucleons in ``interaction`` (a .snt path or a name in the shared data folder): a dict with the dimension,
+    energies (MeV), J and <J^2>, relative residuals, iterations, ``converged`` and timings.
+
+    devices: hybridblas' syntax ("cpu", "gpu", "all", "0,1", "cuda:0", a list of ids). dtype: float64 or float32.
+    storage: "upper" (the upper triangle, H = U + U^T - D) or "full". precond: "none" or "tiles".
+    return_vectors: also give "eigenvectors", a numpy (dimension x nev) array (under MPI gathered, on every rank).
+    observables: add ``result["observables"]`` (cisolver.observables.compute_observables: occupations, T and
+    parity, B(E2), B(M1), Q and mu) with effective charges, g-factors (proton, neutron) and the oscillator
+    length b (fm) or hbar_omega (MeV; default 45 A^(-1/3) - 25 A^(-2/3) MeV).
+    comm: an MPI communicator; each rank then builds and holds only its part of H and of the vectors,
+    with Allreduce'd Gram matrices; ``storage`` and ``n_threads`` do not apply there. layout: "rows" (1-D row
+    blocks, Allgatherv SpMM; with ``devices`` each rank holds its part on one GPU, local rank -> device) or
+    "triangular" (MFDn's: one block of the stored half of H per rank, n_d (n_d + 1) / 2 ranks; CPU operands
+    only); it applies under MPI only.
+    Every argument is checked, and the memory the run needs estimated against the host's (and the GPUs'),
+    before anything is built (``prepare``).
+    """
+    return run(prepare(interaction, n_protons, n_neutrons, nev, twice_m=twice_m, tol=tol, maxiter=maxiter,
+                       devices=devices, dtype=dtype, storage=storage, precond=precond, block_size=block_size,
+                       seed=seed, n_threads=n_threads, comm=comm, layout=layout, return_vectors=return_vectors,
+                       observables=observables, eff_charge=eff_charge, gl=gl, gs=gs, b=b, hbar_omega=hbar_omega),
+               progress=progress)
+
+
+def _dense(h, storage, nev):
+    """A LobpcgResult from a dense eigendecomposition, with the residuals measured as LOBPCG's are."""
+    full = (h + h.T - _diag(h)) if storage == "upper" else h
+    a = full.toarray()
+    w, v = np.linalg.eigh(a)
+    w, v = w[:nev], v[:, :nev]
+    scale = max(float(np.abs(w).max()), np.finfo(np.float64).tiny)
+    residuals = np.linalg.norm(a @ v - v * w[None, :], axis=0) / scale
+    return _lobpcg.LobpcgResult(w, v, residuals, 0, True, {})
+
+
+def _diag(h):
+    import scipy.sparse as sp
+    return sp.diags(h.diagonal())
+
+
+def _result(rq, problem, res, j2, vecs, *, dim, nnz, storage, devices):
+    out = {
+        "interaction": str(rq.interaction.path), "protons": rq.n_protons, "neutrons": rq.n_neutrons,
+        "mass": problem.mass, "twice_m": problem.basis.twice_m, "tbme_factor": problem.factor,
+        "dimension": dim, "nnz_stored": nnz, "storage": storage, "dtype": str(rq.dtype), "devices": devices,
+        "energies": [float(e) for e in res.eigenvalues],
+        "j2": [float(x) for x in j2], "j": [float(x) for x in angmom.j_from_j2(j2)],
+        "residuals": [float(x) for x in res.residual_norms], "iterations": res.iterations,
+        "converged": res.converged,
+    }
+    if rq.return_vectors:
+        out["eigenvectors"] = np.asarray(vecs)
+    return out
+
+
+def _distributed_spectrum(rq, problem):
+    from hybridblas.distributed import allgather_rows
     from .distributed import DistributedOperator, build_local
     from .triangular import TriangularLayout, TriangularOperator, build_block
+    comm, dtype = rq.comm, rq.dtype
     gpu = None
-    if devices != "cpu":            # one GPU per rank: local rank -> device
-        if layout != "rows":
-            raise ValueError(f"layout={layout!r} runs on CPU operands only; use layout='rows' with GPUs")
-        if not devices:
-            raise ValueError("devices names no GPU")
-        gpu = devices[local_rank(comm)[0] % len(devices)]
+    if rq.devices != "cpu":            # this rank's GPU (prepare)
+        gpu, = rq.devices
         import cupy
         cupy.cuda.Device(gpu).use()
-    if layout == "rows":
-        h_local, lo, hi = build_local(problem, comm, dtype=dtype, n_threads=n_threads)
+    if rq.layout == "rows":
+        h_local, lo, hi = build_local(problem, comm, dtype=dtype, n_threads=rq.n_threads)
         t1 = time.perf_counter()
         op = DistributedOperator(h_local, lo, hi, problem.dimension, comm, dtype=dtype, device=gpu)
         comm.Barrier()                  # every rank's rows uploaded: "solve" starts together
         storage = "full (row blocks)"
     else:
         grid = TriangularLayout([b.size for b in problem.basis.blocks], comm.Get_size())
-        h_local = build_block(problem, grid, comm.Get_rank(), dtype=dtype, n_threads=n_threads)
+        h_local = build_block(problem, grid, comm.Get_rank(), dtype=dtype, n_threads=rq.n_threads)
         t1 = time.perf_counter()
         op = TriangularOperator(h_local, grid, problem.dimension, comm, dtype=dtype)
         storage = f"triangular blocks (n_d = {grid.n_d}; diagonal blocks in full)"
     t_setup = time.perf_counter()
-    res = _lobpcg.lobpcg(op, nev, block_size=block_size, tol=tol, maxiter=maxiter, seed=seed,
+    res = _lobpcg.lobpcg(op, rq.nev, block_size=rq.block_size, tol=rq.tol, maxiter=rq.maxiter, seed=rq.seed,
                          dtype=dtype, comm=comm)
     t2 = time.perf_counter()
     vecs = to_host(allgather_rows(res.eigenvectors, comm))
     j2 = angmom.expectation_j2(problem, vecs)
     t3 = time.perf_counter()
     nnz_local = comm.allgather(int(h_local.nnz))
-    out = {
-        "interaction": str(inter.path), "protons": problem.n_protons, "neutrons": problem.n_neutrons,
-        "mass": problem.mass, "twice_m": problem.basis.twice_m, "tbme_factor": problem.factor,
-        "dimension": problem.dimension, "nnz_stored": sum(nnz_local), "storage": storage,
-        "dtype": str(np.dtype(dtype)), "devices": "cpu" if gpu is None else [gpu], "ranks": comm.Get_size(),
-        "energies": [float(e) for e in res.eigenvalues],
-        "j2": [float(x) for x in j2], "j": [float(x) for x in angmom.j_from_j2(j2)],
-        "residuals": [float(x) for x in res.residual_norms], "iterations": res.iterations,
-        "converged": res.converged,
-        "queued": res.queued, "declined": res.declined, "nnz_local": nnz_local,
-        "seconds": {"read+build": t1 - t0, "setup": t_setup - t1, "solve": t2 - t_setup, "j2": t3 - t2,
-                    "solve_detail": dict(res.seconds, communication=op.comm_seconds)},
-    }
-    return _with_observables(out, problem, vecs, opts)
+    out = _result(rq, problem, res, j2, vecs, dim=problem.dimension, nnz=sum(nnz_local), storage=storage,
+                  devices="cpu" if gpu is None else [gpu])
+    out.update(ranks=comm.Get_size(), queued=res.queued, declined=res.declined, nnz_local=nnz_local,
+               seconds={"read+build": t1 - rq.started, "setup": t_setup - t1, "solve": t2 - t_setup,
+                        "j2": t3 - t2, "solve_detail": dict(res.seconds, communication=op.comm_seconds)})
+    return _with_observables(out, problem, vecs, rq.observables)

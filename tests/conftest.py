@@ -65,3 +65,19 @@ def profile_dir(tmp_path, monkeypatch):
     pm.reset_notices()
     yield tmp_path
     pm.reset_notices()
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored():
+    """A CLI's main(argv) run in-process points its loggers at the stderr of that moment (pytest's capture, closed
+    after the test) and stops their propagation; put them back after every test, so later tests' log capture
+    (caplog) sees the records."""
+    import logging
+    loggers = [logging.getLogger(name) for name in ("hybridblas", "cisolver", "flapw", "py.warnings")]
+    saved = [(lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, (handlers, level, propagate) in zip(loggers, saved):
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate = propagate
+    logging.captureWarnings(False)
