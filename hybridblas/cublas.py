@@ -126,11 +126,31 @@ def _i(v):
     return int_limits.c_int(v)
 
 
+class _StreamRef:
+    """A raw stream pointer under the CUDA stream protocol (what CuPy's Stream.from_external takes)."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+def stream_of(cupy, stream_ptr):
+    """A CuPy Stream for a raw stream pointer (0: the null stream); CuPy 14's from_external, else the
+    ExternalStream of older CuPy."""
+    if not stream_ptr:
+        return cupy.cuda.Stream.null
+    if hasattr(cupy.cuda.Stream, "from_external"):
+        return cupy.cuda.Stream.from_external(_StreamRef(stream_ptr))
+    return cupy.cuda.ExternalStream(stream_ptr)
+
+
 def _scratch(stream_ptr):
     """Compact copies made with CuPy on the stream the cuBLAS call runs on (CuPy's pool ties them to it)."""
     def setup():
         import cupy
-        return cupy, (cupy.cuda.ExternalStream(stream_ptr) if stream_ptr else cupy.cuda.Stream.null)
+        return cupy, stream_of(cupy, stream_ptr)
     return int_limits.Scratch(setup)
 
 
