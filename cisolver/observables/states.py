@@ -12,7 +12,8 @@ from ..shellmodel.basis import MSchemeBasis, SpeciesDeterminants
 from .mscheme import apply_ladders, species_ladder
 
 
-def _normalised(problem, vectors):
+def normalised(problem, vectors):
+    """The states as float64 columns of unit norm (checked: one row per basis state, finite, nonzero)."""
     v = np.asarray(vectors, dtype=np.float64)
     if v.ndim != 2 or v.shape[0] != problem.basis.dim:
         raise ValueError(f"vectors must have {problem.basis.dim} rows (one column per state), got shape {v.shape}")
@@ -25,7 +26,7 @@ def _normalised(problem, vectors):
 def occupations(problem, vectors):
     """<n_k> of every proton orbit and every neutron orbit: two arrays (states x orbits), in the interaction's
     orbit order within each species. Each row sums to the valence proton (neutron) number."""
-    v = _normalised(problem, vectors)
+    v = normalised(problem, vectors)
     per_det = []
     for dets, space in ((problem.pdets, problem.pspace), (problem.ndets, problem.nspace)):
         orbit_of = np.zeros((space.size, len(space.orbits)))
@@ -42,7 +43,7 @@ def occupations(problem, vectors):
 
 def parity_expectation(problem, vectors):
     """<π> of each state, π = Π (-1)^l over the occupied orbits: ±1 for a state of one parity."""
-    v = _normalised(problem, vectors)
+    v = normalised(problem, vectors)
     signs = []
     for dets, space in ((problem.pdets, problem.pspace), (problem.ndets, problem.nspace)):
         l_state = np.array([space.orbits[o].l for o in space.orbit], dtype=np.int64)
@@ -99,7 +100,7 @@ def isospin_squared(problem, vectors):
     partner = _partner_states(problem)
     if partner is None:
         return None
-    v = _normalised(problem, vectors)
+    v = normalised(problem, vectors)
     z, n = problem.n_protons, problem.n_neutrons
     tz = (n - z) / 2.0
     lower = n >= z                   # T₋ (n -> p) when N >= Z, else T₊: the target stays inside the space

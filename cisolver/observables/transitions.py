@@ -21,6 +21,7 @@ import numpy as np
 from ..shellmodel.clebsch import clebsch_gordan
 from . import single_particle
 from .mscheme import OneBodyOperator
+from .states import normalised
 from .oscillator import hbar_omega, hbar_omega_of_length, oscillator_length
 
 J_LABEL_TOLERANCE = 1e-3        # |<J²> - J(J+1)| above this: the state has no usable J label
@@ -70,14 +71,8 @@ class RaisedStates:
     """Normalised states |i, M> and |i, M+1> = J₊|i, M>/norm, with <J²> = |J₊ψ|² + M² + M and the J labels."""
 
     def __init__(self, problem, vectors):
-        v = np.asarray(vectors, dtype=np.float64)
-        if v.ndim != 2 or v.shape[0] != problem.basis.dim:
-            raise ValueError(f"vectors must have {problem.basis.dim} rows (one column per state), got shape {v.shape}")
-        norms = np.linalg.norm(v, axis=0)
-        if not np.all(np.isfinite(norms)) or np.any(norms == 0):
-            raise ValueError("vectors must be finite and nonzero")
         self.problem = problem
-        self.v = v / norms
+        self.v = normalised(problem, vectors)
         self.twice_m = problem.basis.twice_m
         m = self.twice_m / 2.0
         jp = OneBodyOperator(problem, -sqrt(2.0) * single_particle.total(problem.pspace, 1),

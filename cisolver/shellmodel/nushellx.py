@@ -24,7 +24,7 @@ import logging
 from math import sqrt
 from pathlib import Path
 
-from .snt import Interaction, InteractionFileError, Orbit, read_snt
+from .snt import Interaction, InteractionFileError, Orbit, data_lines, read_snt
 
 log = logging.getLogger(__name__)
 _AGREE = 1e-5           # duplicated lines (also Hermitian partners) must agree to this (MeV)
@@ -36,17 +36,6 @@ def read_interaction(path):
     if path.suffix.lower() in (".int", ".sp"):
         return read_nushellx(path)
     return read_snt(path)
-
-
-def _data_lines(path):
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for number, raw in enumerate(fh, start=1):
-            text = raw
-            for mark in ("!", "#"):
-                text = text.split(mark, 1)[0]
-            fields = text.replace(",", " ").split()
-            if fields:
-                yield number, fields
 
 
 def _integer(path, number, text, what):
@@ -65,7 +54,7 @@ def read_sp(path):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"model-space file not found: {str(path)!r}")
-    lines = _data_lines(path)
+    lines = data_lines(path, ",")
 
     def take(what):
         try:
@@ -192,7 +181,7 @@ def read_nushellx(path, sp_path=None):
             raise FileNotFoundError(f"NuShellX {what} file not found: {str(p)!r} (a .int is read with the .sp of "
                                     f"the same name next to it)")
     formalism, a_core, z_core, sp_orbits, n_proton = read_sp(sp)
-    lines = _data_lines(int_path)
+    lines = data_lines(int_path, ",")
     count, spe, trailing, number = _header(int_path, lines, len(sp_orbits))
     if formalism == "t":
         orbits = [Orbit(k, n, l, tj, -1) for k, (n, l, tj) in enumerate(sp_orbits)]

@@ -46,14 +46,19 @@ class Interaction:
         return [o for o in self.orbits if not o.is_proton]
 
 
-def _data_lines(path):
+def data_lines(path, separators=""):
+    """(line number, fields) of each line that holds data: comments after '!' or '#' cut off, fields split
+    on white space and on any of ``separators`` (NuShellX files use commas too)."""
     with open(path, encoding="utf-8", errors="replace") as fh:
         for number, raw in enumerate(fh, start=1):
             text = raw
             for mark in ("!", "#"):
                 text = text.split(mark, 1)[0]
-            if text.strip():
-                yield number, text.split()
+            for sep in separators:
+                text = text.replace(sep, " ")
+            fields = text.split()
+            if fields:
+                yield number, fields
 
 
 def _numbers(path, number, fields, kinds, what):
@@ -71,7 +76,7 @@ def read_snt(path):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"interaction file not found: {str(path)!r}")
-    lines = _data_lines(path)
+    lines = data_lines(path)
 
     def take(kinds, what):
         try:
