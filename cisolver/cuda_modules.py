@@ -4,7 +4,7 @@ How it works
 - ``source(dtype)`` is the whole translation unit: T (and VT, its 16-byte vector) typedef'd to ``dtype``, the
   device functions several families share (PRELUDE, SMALL_FACTOR), then every family's section in a fixed
   order (FAMILIES: the row kernels, the Gram kernels, the orthonormalisation and Rayleigh-Ritz kernels, the
-  residual, the assembly of the GPU operator's rows). A family module gives its
+  residual, the assembly of the GPU operator's rows, the angular-momentum sums). A family module gives its
   section as ``cuda_section(dtype)`` -> (code, constants, kernel names): its constants become macros defined
   before its code and undefined after it (with every macro the code defines itself), its code sits in a
   namespace of its own, and its kernels are ``extern "C"``: one entry point per template instantiation a
@@ -46,7 +46,8 @@ FAMILIES = (("row_kernels", ("MIN_BLOCKS", "STAGE_ROWS", "QMAX_CHOICES")),
             ("gpu_ortho", ("BMAX", "QMAX", "CANCELS", "NOT_DEFINITE", "SECOND_PASS")),
             ("gpu_rayleigh_ritz", ("KMAX", "EIG_RESIDUAL")),
             ("blocks", ()),
-            ("gpu_spmm", ("UNSORTED", "LOWER")))
+            ("gpu_spmm", ("UNSORTED", "LOWER")),
+            ("gpu_angmom", ("BLOCK_FIELDS",)))
 
 PRELUDE = r"""
 #define VEC ((int) (16 / sizeof(T)))      // elements of T in a 16-byte vector

@@ -64,8 +64,11 @@ def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None,
         res = _lobpcg.lobpcg(op, nev, block_size=block_size, tol=tol, maxiter=maxiter, precond=pc,
                              seed=seed, dtype=dtype)
     t3 = time.perf_counter()
-    vecs = res.eigenvectors.get() if hasattr(res.eigenvectors, "get") else res.eigenvectors
-    j2 = angmom.expectation_j2(problem, vecs)
+    if hasattr(res.eigenvectors, "get"):         # on a GPU: <J²> there (cisolver.gpu_angmom)
+        from .gpu_angmom import expectation_j2
+        j2 = expectation_j2(problem, res.eigenvectors)
+    else:
+        j2 = angmom.expectation_j2(problem, res.eigenvectors)
     t4 = time.perf_counter()
     return {
         "interaction": str(inter.path), "protons": n_protons, "neutrons": n_neutrons,

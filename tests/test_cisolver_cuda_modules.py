@@ -21,7 +21,7 @@ def test_module_source_is_deterministic_and_lists_every_kernel(dtype):
         macro = expanded and re.search(rf"^(ROW|STAGED)_KERNELS\({expanded.group(2)}\)$", code, re.M)
         assert direct or macro, name
     for kernel in ("ortho_factor", "rr_prepare", "rr_finish", "gram_partials", "gram_total", "residual_sumsq",
-                   "full_rows", "row_flags", "full_row_counts"):
+                   "full_rows", "row_flags", "full_row_counts", "raised_squares", "column_squares"):
         assert kernel in names
     for q in row_kernels.QMAX_CHOICES:
         assert f"rows_times_small_{q}" in names and f"update_residual_{q}" in names

@@ -1,10 +1,19 @@
 """Host-side pieces of cisolver's GPU code, on the CPU: row blocks of a CSR matrix without a submatrix copy,
-equal-nonzero cuts, the choice of full or upper storage on GPUs by memory."""
+equal-nonzero cuts, the choice of full or upper storage on GPUs by memory, and the index arithmetic of the
+GPU's <J²> against angmom's J₊."""
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from cisolver import gpu_spmm
+from cisolver import gpu_angmom, gpu_spmm
+from cisolver.shellmodel import angmom, hamiltonian, snt
+from cisolver.shellmodel.basis import MSchemeBasis
+
+DATA = Path(os.environ.get("CISOLVER_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA} (set CISOLVER_DATA)")
 
 
 def _csr(n, m, density, seed, empty_rows=()):
@@ -91,3 +100,57 @@ def test_choose_storage_at_its_limits():
     need = max(peak / gpu_spmm.PEAK_FRACTION, part / (1 - gpu_spmm.RESERVE_FRACTION))
     assert gpu_spmm.choose_storage(True, n, nnz, item, [int(np.ceil(need))]) == "full"
     assert gpu_spmm.choose_storage(True, n, nnz, item, [int(need) - 1]) == "upper"
+
+
+# ---- <J²> on the GPU: the kernel's sums, evaluated here with numpy ----
+
+def _raised_squares(problem, v):
+    """What gpu_angmom's raised_squares kernel sums, in numpy: the column sums of (J₊ v)² from the species'
+    raising elements and the block table."""
+    target = MSchemeBasis(problem.pdets, problem.ndets, problem.basis.twice_m + 2)
+    p_ptr, p_src, p_coef = gpu_angmom.raising_by_target(problem.pdets, problem.jumps_p)
+    n_ptr, n_src, n_coef = gpu_angmom.raising_by_target(problem.ndets, problem.jumps_n)
+    total = np.zeros(v.shape[1])
+    for n_p, n_n, p_start, n_start, from_p, from_p_start, from_n, from_n_nn, from_n_start in \
+            gpu_angmom.block_table(problem.basis, target):
+        w = np.zeros((n_p, n_n, v.shape[1]))
+        for d in range(n_p):
+            for e in range(n_n):
+                if from_p >= 0:
+                    for x in range(p_ptr[p_start + d], p_ptr[p_start + d + 1]):
+                        w[d, e] += p_coef[x] * v[from_p + (p_src[x] - from_p_start) * n_n + e]
+                if from_n >= 0:
+                    for x in range(n_ptr[n_start + e], n_ptr[n_start + e + 1]):
+                        w[d, e] += n_coef[x] * v[from_n + d * from_n_nn + (n_src[x] - from_n_start)]
+        total += (w ** 2).sum(axis=(0, 1))
+    return total
+
+
+@needs_data
+@pytest.mark.parametrize("name,z,n,m", [("usdb.snt", 2, 2, 0), ("usdb.snt", 1, 2, 1), ("usdb.snt", 2, 2, 6),
+                                        ("usdb.snt", 2, 2, 16), ("ckpot.snt", 4, 4, 2)])
+def test_raised_squares_are_the_squares_of_j_plus(name, z, n, m):
+    """20Ne at 2M = 0, 6 and 16 (the highest: no 2M + 2 states, J₊ψ = 0), 19F (odd), 12C at 2M = 2."""
+    problem = hamiltonian.ShellModelProblem(snt.read_snt(DATA / name), z, n, m)
+    v = np.random.default_rng(m).standard_normal((problem.dimension, 3))
+    expected = ((angmom.j_plus(problem) @ v) ** 2).sum(axis=0)
+    np.testing.assert_allclose(_raised_squares(problem, v), expected, rtol=1e-12, atol=1e-12)
+    table = gpu_angmom.block_table(problem.basis, MSchemeBasis(problem.pdets, problem.ndets, m + 2))
+    assert table.dtype == np.int64 and table.shape[1] == gpu_angmom.BLOCK_FIELDS
+    assert (len(table) == 0) == (m == 16)
+
+
+@needs_data
+def test_raising_by_target_rows():
+    problem = hamiltonian.ShellModelProblem(snt.read_snt(DATA / "usdb.snt"), 2, 2, 0)
+    ptr, src, coef = gpu_angmom.raising_by_target(problem.pdets, problem.jumps_p)
+    s, d, c = angmom._raise_entries(problem.jumps_p, problem.pdets)
+    assert ptr[0] == 0 and ptr[-1] == len(s) and len(ptr) == len(problem.pdets) + 1
+    assert src.dtype == np.int32 and coef.dtype == np.float64
+    dense = np.zeros((len(problem.pdets),) * 2)
+    dense[d, s] = c
+    for row in range(len(problem.pdets)):
+        cols = src[ptr[row]:ptr[row + 1]]
+        assert (np.diff(cols) > 0).all()
+        np.testing.assert_array_equal(coef[ptr[row]:ptr[row + 1]], dense[row, cols])
+        assert np.count_nonzero(dense[row]) == len(cols)
