@@ -149,11 +149,11 @@ def choose_storage(upper, n, nnz, itemsize, free):
     transposes). A full host matrix (``upper`` False) is held as it is. Of the upper triangle U (``nnz``
     entries) the GPUs make full rows when they fit (assembly_bytes): the first GPU's peak at most PEAK_FRACTION
     of its free memory, each GPU's part at most 1 - RESERVE_FRACTION of its free memory after, and fewer than
-    2^31 entries a part (int32 indices)."""
+    2^31 entries in U and in a part (int32 indices)."""
     if not upper:
         return "full"
     peak, part, part_nnz = assembly_bytes(n, nnz, itemsize, len(free))
-    fits = (part_nnz <= INT32_MAX and peak <= PEAK_FRACTION * free[0]
+    fits = (max(nnz, part_nnz) <= INT32_MAX and peak <= PEAK_FRACTION * free[0]
             and all(part <= (1 - RESERVE_FRACTION) * f for f in free))
     return "full" if fits else "upper"
 

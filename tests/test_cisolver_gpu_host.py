@@ -90,6 +90,7 @@ def test_choose_storage_keeps_a_full_matrix_and_respects_int32_indices():
     n, nnz = 1000, 1_500_000_000                                           # 3e9 entries of H on one GPU
     assert gpu_spmm.choose_storage(True, n, nnz, 4, [1 << 50]) == "upper"
     assert gpu_spmm.choose_storage(True, n, nnz, 4, [1 << 50, 1 << 50]) == "full"
+    assert gpu_spmm.choose_storage(True, n, 2 ** 31, 4, [1 << 50] * 8) == "upper"     # U itself beyond int32
 
 
 def test_choose_storage_at_its_limits():
