@@ -13,7 +13,7 @@ import cupy as cp
 import numpy as np
 
 import hybridblas as hb
-from cisolver import blocks, dense, row_kernels
+from cisolver import blocks, cuda_modules, dense, row_kernels
 
 
 def per_call(fn, calls):
@@ -48,13 +48,12 @@ def main():
     c, u = rng.standard_normal((b, 2 * b)), np.triu(rng.standard_normal((2 * b, 2 * b))) + 4 * np.eye(2 * b)
     theta = rng.standard_normal(b)
     ctx = hb.Context(devices=["cuda:0"])
-    module = row_kernels._module(cp, dtype)
-    kernel = module.get_function("rows_times_small<16>")
+    kernel = cuda_modules.function(cp, dtype, "rows_times_small_16")
     both = cp.zeros((3 * b, 3 * b, 2), dtype=dtype, order="F")
     steps = {
         "cupy.asarray(24x16 host)": lambda: cp.asarray(small),
         "cupy Event() + record": lambda: cp.cuda.Event().record(),
-        "RawModule.get_function": lambda: module.get_function("rows_times_small<16>"),
+        "cuda_modules.function": lambda: cuda_modules.function(cp, dtype, "rows_times_small_16"),
         "raw kernel launch": lambda: kernel((64,), (128,), (s, np.int64(3 * b), s2, np.int64(3 * b), m_dev,
                                                              np.int32(3 * b), np.int32(2 * b), np.int64(n),
                                                              np.int32(0), np.int32(0)),

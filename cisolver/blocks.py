@@ -254,6 +254,11 @@ extern "C" __global__ void residual_sumsq(const T* hx, long long ldh, const T* x
 """
 
 
+def cuda_section(dtype):
+    """This module's part of cisolver's CUDA module (cisolver.cuda_modules)."""
+    return _RESIDUAL_SOURCE, {}, ["residual_sumsq"]
+
+
 def _residual_gpu(r, hx, x, theta, later=False):
     import cupy
     from hybridblas.devices.cuda_skinny import multiprocessors
@@ -264,7 +269,7 @@ def _residual_gpu(r, hx, x, theta, later=False):
             and b <= 256):
         cupy.subtract(hx, x * cupy.asarray(theta, dtype=x.dtype)[None, :], out=r)
         return Ready(column_sumsq(r)) if later else column_sumsq(r)
-    kernel = cuda_modules.module(cupy, r.dtype, _RESIDUAL_SOURCE).get_function("residual_sumsq")
+    kernel = cuda_modules.function(cupy, r.dtype, "residual_sumsq")
     threads = 256 // b * b
     blocks = max(1, min(8 * multiprocessors(cupy), -(-n // (threads // b))))
     partials = cupy.empty((blocks, b), dtype=np.float64)

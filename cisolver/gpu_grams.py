@@ -49,8 +49,6 @@ __device__ __forceinline__ void task_tile(int task, int nt4, int tasks0, int* gr
     *gram = 1; *ti = i; *tj = u;
 }
 
-#define VEC ((int) (16 / sizeof(T)))
-
 // x <- the 4 elements at p (16-byte aligned in shared memory), in double
 __device__ __forceinline__ void load4(const T* p, double (&x)[4])
 {
@@ -191,12 +189,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM) gram_partia
 // gram_partials with the tiles copied by cp.async (16-byte copies, STAGES buffers: STAGES - 1 tiles in flight
 // while one is multiplied, no registers held for them). Rows of S and H S must be whole 16-byte vectors
 // (k a multiple of VEC, rows aligned); columns k..kp-1 of every buffer are zeroed once and never copied into.
-__device__ __forceinline__ unsigned shared_address(const void* p)
-{
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
 
 // Before Ampere (no cp.async) a plain copy, and the group commits and waits below are no-ops: correct, not
 // overlapped
@@ -348,10 +340,16 @@ def preferred(s, hs=None):
     return s.shape[0] <= limit
 
 
+def cuda_section(dtype):
+    """This module's part of cisolver's CUDA module (cisolver.cuda_modules)."""
+    return _SOURCE, {"TILE": TILE, "THREADS": THREADS, "TOTAL_THREADS": TOTAL_THREADS, "FETCH": FETCH,
+                     "BLOCKS_PER_SM": BLOCKS_PER_SM, "STAGES": STAGES}, ["gram_partials", "gram_partials_staged",
+                                                                         "gram_total"]
+
+
 def _kernels(cupy, dtype):
-    mod = cuda_modules.module(cupy, dtype, _SOURCE, {"TILE": TILE, "THREADS": THREADS, "TOTAL_THREADS": TOTAL_THREADS,
-                                                     "FETCH": FETCH, "BLOCKS_PER_SM": BLOCKS_PER_SM, "STAGES": STAGES})
-    return mod.get_function("gram_partials"), mod.get_function("gram_total"), mod.get_function("gram_partials_staged")
+    return tuple(cuda_modules.function(cupy, dtype, name) for name in ("gram_partials", "gram_total",
+                                                                       "gram_partials_staged"))
 
 
 def _vector_rows(x, k):

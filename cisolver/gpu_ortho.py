@@ -129,9 +129,14 @@ def fits(s, b):
             and 0 < s.shape[1] - b <= QMAX)
 
 
+def cuda_section(dtype):
+    """This module's part of cisolver's CUDA module (cisolver.cuda_modules; SMALL_FACTOR comes before it)."""
+    return _SOURCE, {"BMAX": BMAX, "QMAX": QMAX, "CANCELS": CANCELS, "NOT_DEFINITE": NOT_DEFINITE,
+                     "SECOND_PASS": SECOND_PASS}, ["ortho_factor"]
+
+
 def _kernel(cupy, dtype):
-    defines = {"BMAX": BMAX, "QMAX": QMAX, "CANCELS": CANCELS, "NOT_DEFINITE": NOT_DEFINITE, "SECOND_PASS": SECOND_PASS}
-    return cuda_modules.module(cupy, dtype, cuda_modules.SMALL_FACTOR + _SOURCE, defines).get_function("ortho_factor")
+    return cuda_modules.function(cupy, dtype, "ortho_factor")
 
 
 def _cross_products(s, b, context):

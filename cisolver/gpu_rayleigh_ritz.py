@@ -209,10 +209,11 @@ def fits(s, b):
     return is_device(s) and s.dtype in (np.float32, np.float64) and 0 < b and s.shape[1] <= KMAX
 
 
-def _module(cupy, dtype):
-    defines = {"KMAX": KMAX, "EPS64": repr(float(np.finfo(np.float64).eps)),
-               "TINY64": repr(float(np.finfo(np.float64).tiny)), "EIG_RESIDUAL": repr(EIG_RESIDUAL)}
-    return cuda_modules.module(cupy, dtype, cuda_modules.SMALL_FACTOR + _SOURCE, defines)
+def cuda_section(dtype):
+    """This module's part of cisolver's CUDA module (cisolver.cuda_modules; SMALL_FACTOR comes before it)."""
+    return _SOURCE, {"KMAX": KMAX, "EPS64": repr(float(np.finfo(np.float64).eps)),
+                     "TINY64": repr(float(np.finfo(np.float64).tiny)), "EIG_RESIDUAL": repr(EIG_RESIDUAL)}, \
+        ["rr_prepare", "rr_finish"]
 
 
 _syevj_params = {}       # device -> (cuSOLVER syevj parameters, {k: workspace elements})
@@ -262,18 +263,17 @@ def queue(both, b, dtype):
         raise ValueError(f"gpu_rayleigh_ritz.queue: Grams {both.shape} {both.dtype} with b={b}, {np.dtype(dtype)} "
                          f"not covered")
     both = both.astype(np.float64, copy=False)
-    mod = _module(cupy, dtype)
     a, a0, rinv, o = (cupy.empty((k, k), dtype=np.float64) for _ in range(4))
     d, w = cupy.empty(k, dtype=np.float64), cupy.empty(k, dtype=np.float64)
     flag, eig_info = cupy.empty(1, dtype=np.int32), cupy.empty(1, dtype=np.int32)
     item = both.itemsize
-    mod.get_function("rr_prepare")((1,), (cuda_modules.small_factor_threads(THREADS),), (
+    cuda_modules.function(cupy, dtype, "rr_prepare")((1,), (cuda_modules.small_factor_threads(THREADS),), (
         both, np.int64(both.strides[0] // item), np.int64(both.strides[1] // item), np.int64(both.strides[2] // item),
         np.int32(k), np.float64(SINGULAR_RATIO), a, a0, rinv, o, d, flag))
     _eigh_in_place(cupy, a, w, eig_info)
     m = cupy.empty((k, 2 * b), dtype=dtype)
     theta = cupy.empty(b, dtype=np.float64)
     info = cupy.empty(2 * b + 2, dtype=np.float64)
-    mod.get_function("rr_finish")((1,), (THREADS,), (
+    cuda_modules.function(cupy, dtype, "rr_finish")((1,), (THREADS,), (
         w, a, np.int64(1), np.int64(k), a0, rinv, o, d, flag, eig_info, np.int32(k), np.int32(b), m, theta, info))
     return Queued(m, theta, Later(info), b)

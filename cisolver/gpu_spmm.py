@@ -1,5 +1,5 @@
 """Sparse-times-block products on GPUs through cuSPARSE's generic SpMM, on one or several GPUs at once,
-without host waits.
+without host waits, and the set-up that puts H's rows there without a transpose or a submatrix on the host.
 
 ``DeviceCsr`` is one CSR matrix on one GPU, multiplied into row-major blocks (column ranges of the solver's
 S and H S, strided rows allowed). ``MultiDeviceCsr`` splits H by rows of equal nonzeros over GPUs: every
@@ -7,7 +7,21 @@ device but the first runs on its own non-blocking stream, the block goes out by 
 run at the same time, the rows come back by peer copies, and the caller's stream waits on events; the host
 never waits. (cupyx's ``csr @ block``, which cisolver used before, drove the devices one after the other:
 48Cr took 47.8 ms per product on two H200s, 47.6 on one; see docs/performance.md.)
+
+Set-up. A row block of a host CSR matrix is a range of its indptr (rebased to 0) and the matching ranges of
+its indices and values (views, no copy): ``row_block``. ``choose_storage`` decides by the GPUs' free memory
+how they hold H when the host holds its upper triangle U (H = U + U^T - D):
+- "full": the first GPU uploads U, transposes it with cuSPARSE (csr2csc), counts the rows of H, cuts them into
+  parts of equal nonzeros and merges each part's rows (row i of H: column i of U above the diagonal, then row
+  i of U) with one kernel; each part goes to its GPU. One product per GPU, nothing to add up after.
+- "upper": each GPU uploads its rows of U and transposes them there; the product is U_p x + U_p^T x_p per
+  part, the U_p^T x_p partial sums added on the first GPU, less D x (as before, when U_p^T was built on
+  the host: 25 s of scipy's single-threaded csr_tocsc and 16.5 s of row and column slicing at 48Cr).
+A full host matrix goes to the GPUs as it is, in row blocks. The products of "full" and "upper" differ by
+the order of their sums only.
 """
+import sys
+
 import numpy as np
 
 from .arrays import row_major, row_stride
@@ -17,7 +31,134 @@ SPMM_DEFAULT, SPMM_CSR_ALG1, SPMM_CSR_ALG2 = 0, 4, 6     # cusparseSpMMAlg_t
 LAYOUT = "row"
 OP_N = 0                        # cusparseOperation_t NON_TRANSPOSE
 _CUDA_TYPE = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}    # cudaDataType CUDA_R_32F, CUDA_R_64F
+MERGE_THREADS = 256
+UNSORTED, LOWER = 1, 2      # row_flags' bits
+PEAK_FRACTION = 0.9       # of a GPU's free memory the set-up may take at its peak
+RESERVE_FRACTION = 0.25   # of a GPU's free memory left after the set-up for LOBPCG's blocks and cuSPARSE
+INT32_MAX = np.iinfo(np.int32).max
 
+_SOURCE = r"""
+// Rows of the symmetric H = U + U^T - D from its upper triangle U: (indptr, indices, val) U's rows 0..n-1 in
+// CSR, (colptr, rowind, cval) the same U in CSC. Row r of H is column r of U above the diagonal (rows < r, in
+// the column's order) followed by row r of U (its diagonal, if stored, and the entries right of it).
+
+// counts[i] = the entries of row r0 + i of H (i < rows)
+extern "C" __global__ void full_row_counts(const int* indptr, const int* colptr, const int* rowind, long long r0,
+        long long rows, int* counts)
+{
+    const long long step = (long long) gridDim.x * blockDim.x;
+    for (long long i = (long long) blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += step) {
+        const long long r = r0 + i;
+        int above = 0;
+        for (int e = colptr[r]; e < colptr[r + 1]; ++e) above += rowind[e] < r;
+        counts[i] = above + (indptr[r + 1] - indptr[r]);
+    }
+}
+
+// rows r0 .. r0 + rows - 1 of H into (out_ptr, out_idx, out_val), out_ptr[i] the start of row r0 + i (from 0).
+// A warp a row: its lanes take consecutive entries, those of the column above the diagonal placed by a ballot.
+extern "C" __global__ void full_rows(const int* indptr, const int* indices, const T* val, const int* colptr,
+        const int* rowind, const T* cval, long long r0, long long rows, const int* out_ptr, int* out_idx,
+        T* out_val)
+{
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long) gridDim.x * blockDim.x / 32;
+    for (long long i = ((long long) blockIdx.x * blockDim.x + threadIdx.x) / 32; i < rows; i += warps) {
+        const long long r = r0 + i;
+        int o = out_ptr[i];
+        const int c1 = colptr[r + 1];
+        for (int base = colptr[r]; base < c1; base += 32) {
+            const int e = base + lane;
+            const bool keep = e < c1 && rowind[e] < r;
+            const unsigned mask = __ballot_sync(0xffffffffu, keep);
+            if (keep) {
+                const int at = o + __popc(mask & ((1u << lane) - 1u));
+                out_idx[at] = rowind[e];
+                out_val[at] = cval[e];
+            }
+            o += __popc(mask);
+        }
+        const int u0 = indptr[r], u1 = indptr[r + 1];
+        for (int e = lane; e < u1 - u0; e += 32) {
+            out_idx[o + e] = indices[u0 + e];
+            out_val[o + e] = val[u0 + e];
+        }
+    }
+}
+
+// Rows 0..rows-1 of a CSR matrix: *flags |= UNSORTED where a row's column indices are not ascending, and
+// with diagonal >= 0, |= LOWER where row r holds a column left of diagonal + r
+extern "C" __global__ void row_flags(const int* indptr, const int* indices, long long rows, long long diagonal,
+        int* flags)
+{
+    const long long step = (long long) gridDim.x * blockDim.x;
+    for (long long r = (long long) blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += step) {
+        int bad = 0;
+        for (int e = indptr[r]; e < indptr[r + 1]; ++e) {
+            if (e > indptr[r] && indices[e] < indices[e - 1]) bad |= UNSORTED;
+            if (diagonal >= 0 && indices[e] < diagonal + r) bad |= LOWER;
+        }
+        if (bad) atomicOr(flags, bad);
+    }
+}
+"""
+
+
+def cuda_section(dtype):
+    """This module's part of cisolver's CUDA module (cisolver.cuda_modules)."""
+    return _SOURCE, {"UNSORTED": UNSORTED, "LOWER": LOWER}, ["full_row_counts", "full_rows", "row_flags"]
+
+
+# ---- host side: no CuPy needed ----
+
+def row_block(h, r0, r1):
+    """Rows r0:r1 of the scipy CSR matrix ``h`` as (indptr from 0, indices, data): the indptr range rebased
+    (a new array of r1 - r0 + 1 entries), the indices and values as views of h's (no copy, no scan)."""
+    n = h.shape[0]
+    if not 0 <= r0 <= r1 <= n:
+        raise ValueError(f"rows {r0}:{r1} of a matrix with {n} rows")
+    a, b = int(h.indptr[r0]), int(h.indptr[r1])
+    return h.indptr[r0:r1 + 1] - h.indptr[r0], h.indices[a:b], h.data[a:b]
+
+
+def balanced_bounds(starts, parts):
+    """Row bounds [0, ..., n] of ``parts`` ranges of equal nonzeros for rows starting at ``starts`` (an
+    indptr: n + 1 nondecreasing entries from 0)."""
+    starts = np.asarray(starts)
+    cuts = np.searchsorted(starts, np.linspace(0, starts[-1], parts + 1)[1:-1])
+    return [0, *map(int, cuts), len(starts) - 1]
+
+
+def csr_bytes(rows, nnz, itemsize):
+    """Bytes of a CSR matrix with int32 indices."""
+    return 4 * (rows + 1) + nnz * (4 + itemsize)
+
+
+def assembly_bytes(n, nnz, itemsize, parts):
+    """Full rows of H (n x n) made on ``parts`` GPUs from its upper triangle U (``nnz`` entries): (bytes the
+    first GPU holds at the peak: U, its transpose and one part of H's rows, or cuSPARSE's transpose workspace
+    taken as large as U; bytes of one part; entries of one part), a part bounded by 2 nnz / parts + n entries."""
+    part_nnz = -(-2 * nnz // parts) + n
+    part = csr_bytes(n, part_nnz, itemsize)
+    u = csr_bytes(n, nnz, itemsize)
+    return 2 * u + max(u, part), part, part_nnz
+
+
+def choose_storage(upper, n, nnz, itemsize, free):
+    """How GPUs with ``free`` bytes each hold H (n x n): "full" rows or "upper" (U's rows and their
+    transposes). A full host matrix (``upper`` False) is held as it is. Of the upper triangle U (``nnz``
+    entries) the GPUs make full rows when they fit (assembly_bytes): the first GPU's peak at most PEAK_FRACTION
+    of its free memory, each GPU's part at most 1 - RESERVE_FRACTION of its free memory after, and fewer than
+    2^31 entries in U and in a part (int32 indices)."""
+    if not upper:
+        return "full"
+    peak, part, part_nnz = assembly_bytes(n, nnz, itemsize, len(free))
+    fits = (max(nnz, part_nnz) <= INT32_MAX and peak <= PEAK_FRACTION * free[0]
+            and all(part <= (1 - RESERVE_FRACTION) * f for f in free))
+    return "full" if fits else "upper"
+
+
+# ---- GPU side ----
 
 def _scratch(cache, device, key, shape, dtype, order="C"):
     """A block kept between calls in ``cache`` (made on ``device`` the first time)."""
@@ -29,9 +170,79 @@ def _scratch(cache, device, key, shape, dtype, order="C"):
     return cache[key]
 
 
+def _upload(block, dtype):
+    """(indptr, indices, data) host arrays to the current device: int32 indices, values in ``dtype``."""
+    import cupy
+    indptr, indices, data = block
+    if len(indices) > INT32_MAX:
+        raise ValueError(f"{len(indices)} nonzeros in one GPU's rows: more than int32 indices hold; use more GPUs")
+    return (cupy.asarray(indptr.astype(np.int32, copy=False)), cupy.asarray(indices.astype(np.int32, copy=False)),
+            cupy.asarray(data.astype(dtype, copy=False)))
+
+
+def _launch(name, dtype, n, args):
+    """One of this module's kernels over n rows (a thread a row, or a warp a row for full_rows), on the
+    current device and stream."""
+    import cupy
+
+    from . import cuda_modules
+    per_block = MERGE_THREADS // 32 if name == "full_rows" else MERGE_THREADS
+    cuda_modules.function(cupy, dtype, name)((max(1, -(-n // per_block)),), (MERGE_THREADS,), args)
+
+
+def _transpose(csr, shape, dtype):
+    """The CSC arrays (colptr, rowind, values) of the CSR arrays ``csr`` on the current device (cuSPARSE's
+    csr2csc: rows ascending within each column)."""
+    import cupy
+    from cupy_backends.cuda.libs import cusparse as cs
+    indptr, indices, data = csr
+    rows, cols = shape
+    nnz = int(data.size)
+    colptr = cupy.zeros(cols + 1, dtype=np.int32)
+    rowind = cupy.empty(nnz, dtype=np.int32)
+    values = cupy.empty(nnz, dtype=dtype)
+    if nnz:
+        handle = cupy.cuda.device.get_cusparse_handle()
+        cs.setStream(handle, cupy.cuda.get_current_stream().ptr)
+        args = (handle, rows, cols, nnz, data.data.ptr, indptr.data.ptr, indices.data.ptr, values.data.ptr,
+                colptr.data.ptr, rowind.data.ptr, _CUDA_TYPE[np.dtype(dtype)], cs.CUSPARSE_ACTION_NUMERIC,
+                cs.CUSPARSE_INDEX_BASE_ZERO, cs.CUSPARSE_CSR2CSC_ALG1)
+        work = cupy.empty(max(cs.csr2cscEx2_bufferSize(*args), 1), dtype=np.int8)
+        cs.csr2cscEx2(*args, work.data.ptr)
+    return colptr, rowind, values
+
+
+def _row_flags(csr, rows, dtype, diagonal=-1):
+    """row_flags of the CSR arrays' first ``rows`` rows (diagonal >= 0: entries left of diagonal + row too)."""
+    import cupy
+    flags = cupy.zeros(1, dtype=np.int32)
+    if rows:
+        _launch("row_flags", dtype, rows, (csr[0], csr[1], np.int64(rows), np.int64(diagonal), flags))
+    return int(flags.get()[0])
+
+
+def _check_upper(csr, rows, dtype, first_row):
+    """ValueError where these rows of U (the first row ``first_row`` of H) hold an entry left of the diagonal."""
+    if _row_flags(csr, rows, dtype, first_row) & LOWER:
+        raise ValueError("storage='upper' needs the upper triangle of H: h has entries below the diagonal")
+
+
+def _sorted(csr, shape, dtype):
+    """The CSR arrays with every row's column indices ascending (sorted by cupyx where they were not)."""
+    if not _row_flags(csr, shape[0], dtype) & UNSORTED:
+        return csr
+    import cupyx.scipy.sparse as csp
+    indptr, indices, data = csr
+    m = csp.csr_matrix((data, indices, indptr), shape=shape)
+    m.sort_indices()
+    return m.indptr, m.indices, m.data
+
+
 class DeviceCsr:
-    """One CSR matrix (scipy CSR, uploaded) on one GPU; ``multiply_into(y, x, beta)``: y = A x + beta y
-    on the current stream, x and y row-major (strided rows allowed).
+    """One CSR matrix on one GPU; ``multiply_into(y, x, beta)``: y = A x + beta y on the current stream, x and
+    y row-major (strided rows allowed). ``h``: a scipy CSR matrix (uploaded), or a tuple (indptr, indices,
+    data) of CuPy arrays on ``device`` (int32 indices, values in ``dtype``) with ``shape``. Rows whose column
+    indices are not ascending are sorted on the GPU.
 
     layout "row" (default): cuSPARSE reads and writes the row-major blocks in place with ``alg`` (default
     CSR_ALG1); "col": x goes through a column-major scratch block and the product comes back through
@@ -40,25 +251,38 @@ class DeviceCsr:
     62.5 row/ALG2 or row/default; 47V float64 9.8 against 10.2 and 13.3.
     """
 
-    def __init__(self, h, device, dtype, layout=None, alg=None):
+    def __init__(self, h, device, dtype, layout=None, alg=None, shape=None):
         import cupy
-        import cupyx.scipy.sparse as csp
-        from cupyx import cusparse
+        from cupy_backends.cuda.libs import cusparse as cs
         self.device = device
         self.dtype = np.dtype(dtype)
-        self.shape = h.shape
-        self.nnz = int(h.nnz)
         self.layout = layout or LAYOUT
         if self.layout not in ("col", "row"):
             raise ValueError(f"layout must be 'col' or 'row', got {self.layout!r}")
         self.alg = (SPMM_CSR_ALG1 if self.layout == "row" else SPMM_DEFAULT) if alg is None else alg
+        self.desc = None
         with cupy.cuda.Device(device):
-            self.m = csp.csr_matrix((cupy.asarray(h.data.astype(self.dtype, copy=False)), cupy.asarray(h.indices),
-                                     cupy.asarray(h.indptr)), shape=h.shape)
-            self.m.sort_indices()
-            self.desc = cusparse.SpMatDescriptor.create(self.m) if self.nnz else None
+            if isinstance(h, tuple):
+                self.shape = tuple(shape)
+                csr = h
+            else:
+                self.shape = h.shape
+                csr = _upload(row_block(h.tocsr(), 0, h.shape[0]), self.dtype)
+            self.indptr, self.indices, self.data = _sorted(csr, self.shape, self.dtype)
+            self.nnz = int(self.data.size)
+            if self.nnz:
+                i32 = cs.CUSPARSE_INDEX_32I
+                self.desc = cs.createCsr(self.shape[0], self.shape[1], self.nnz, self.indptr.data.ptr,
+                                         self.indices.data.ptr, self.data.data.ptr, i32, i32,
+                                         cs.CUSPARSE_INDEX_BASE_ZERO, _CUDA_TYPE[self.dtype])
         self._workspace = {}
         self._scratch = {}
+
+    def __del__(self):
+        if getattr(self, "desc", None) is not None and not sys.is_finalizing():
+            from cupy_backends.cuda.libs import cusparse as cs
+            cs.destroySpMat(self.desc)
+            self.desc = None
 
     def multiply_into(self, y, x, beta=0.0):
         import cupy
@@ -113,7 +337,7 @@ class DeviceCsr:
             handle = cupy.cuda.device.get_cusparse_handle()
             cs.setStream(handle, cupy.cuda.get_current_stream().ptr)
             alpha, beta = np.array(1, self.dtype), np.array(beta, self.dtype)     # host scalars, read at the call
-            args = (handle, OP_N, OP_N, alpha.ctypes.data, self.desc.desc, dx, beta.ctypes.data, dy, ctype)
+            args = (handle, OP_N, OP_N, alpha.ctypes.data, self.desc, dx, beta.ctypes.data, dy, ctype)
             try:
                 self._spmm(cs, args, self.alg)
             except cs.CuSparseError:
@@ -136,15 +360,12 @@ class DeviceCsr:
 
 
 class _Part:
-    """Rows r0:r1 of H on one device, with U_p^T (rows r0.. of H) beside it for upper storage."""
+    """Rows r0:r1 of H on one device: ``rows`` (full rows, or U's rows with ``rows_t`` = U_p^T beside them)."""
 
-    def __init__(self, h, r0, r1, device, dtype, upper):
+    def __init__(self, device, r0, r1, rows, rows_t=None):
         import cupy
         self.device, self.r0, self.r1 = device, r0, r1
-        sub = h[r0:r1]
-        self.rows = DeviceCsr(sub, device, dtype)
-        # U's rows r0..r1 hold no column left of r0, so U_p^T x_p only reaches rows r0.. of the result
-        self.rows_t = DeviceCsr(h[r0:r1, r0:].T.tocsr(), device, dtype) if upper else None
+        self.rows, self.rows_t = rows, rows_t
         with cupy.cuda.Device(device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
         self.scratch = {}
@@ -166,23 +387,119 @@ def _enable_peer_access(devices):
                         pass      # already enabled
 
 
+def _require(nbytes, device, what):
+    from hybridblas import memory
+    memory.require(nbytes, where=device, what=what, fraction=PEAK_FRACTION,
+                   advice="use more GPUs, or float32 values (--dtype float32)")
+
+
+def _full_parts(h, devices, dtype):
+    """A full host matrix: its rows split by equal nonzeros, each part uploaded to its device."""
+    import cupy
+    n, itemsize = h.shape[0], np.dtype(dtype).itemsize
+    bounds = balanced_bounds(h.indptr, len(devices))
+    parts = []
+    for dev, r0, r1 in zip(devices, bounds[:-1], bounds[1:]):
+        block = row_block(h, r0, r1)
+        _require(csr_bytes(r1 - r0, len(block[1]), itemsize), dev, f"rows {r0}:{r1} of H")
+        with cupy.cuda.Device(dev):
+            parts.append(_Part(dev, r0, r1, DeviceCsr(_upload(block, dtype), dev, dtype, shape=(r1 - r0, n))))
+    return parts
+
+
+def _upper_parts(h, devices, dtype):
+    """The upper triangle U kept: each device uploads its rows of U (equal nonzeros) and transposes them."""
+    import cupy
+    n, itemsize = h.shape[0], np.dtype(dtype).itemsize
+    bounds = balanced_bounds(h.indptr, len(devices))
+    parts = []
+    for dev, r0, r1 in zip(devices, bounds[:-1], bounds[1:]):
+        block = row_block(h, r0, r1)
+        _require(3 * csr_bytes(n, len(block[1]), itemsize), dev, f"rows {r0}:{r1} of U and their transpose")
+        with cupy.cuda.Device(dev):
+            u = _upload(block, dtype)
+            _check_upper(u, r1 - r0, dtype, r0)
+            colptr, rowind, values = _transpose(u, (r1 - r0, n), dtype)
+            # U_p^T: the rows r0.. of the transpose (those before are empty: no column of U_p is left of r0)
+            rows_t = DeviceCsr((colptr[r0:], rowind, values), dev, dtype, shape=(n - r0, r1 - r0))
+            parts.append(_Part(dev, r0, r1, DeviceCsr(u, dev, dtype, shape=(r1 - r0, n)), rows_t))
+    return parts
+
+
+def _assembled_parts(h, devices, dtype):
+    """Full rows of H = U + U^T - D made from the upper triangle U on the first device (U uploaded, transposed
+    there), split by equal nonzeros of H and sent to their devices, the first device's own part last."""
+    import cupy
+    rt = cupy.cuda.runtime
+    n, first, itemsize = h.shape[0], devices[0], np.dtype(dtype).itemsize
+    _require(assembly_bytes(n, int(h.nnz), itemsize, len(devices))[0], first,
+             "H's upper triangle, its transpose and one GPU's part of H's rows")
+    with cupy.cuda.Device(first):
+        u = _upload(row_block(h, 0, n), dtype)
+        _check_upper(u, n, dtype, 0)
+        t = _transpose(u, (n, n), dtype)
+        counts = cupy.empty(n, dtype=np.int32)
+        if n:
+            _launch("full_row_counts", dtype, n, (u[0], t[0], t[1], np.int64(0), np.int64(n), counts))
+        starts = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts.get(), out=starts[1:])
+        bounds = balanced_bounds(starts, len(devices))
+        parts = {}
+        for i in [*range(1, len(devices)), 0]:
+            r0, r1, dev = bounds[i], bounds[i + 1], devices[i]
+            ptr = starts[r0:r1 + 1] - starts[r0]
+            nnz = int(ptr[-1])
+            if nnz > INT32_MAX:
+                raise ValueError(f"{nnz} nonzeros in one GPU's rows of H: more than int32 indices hold; "
+                                 "use more GPUs")
+            ptr_d = cupy.asarray(ptr.astype(np.int32))
+            idx, val = cupy.empty(nnz, dtype=np.int32), cupy.empty(nnz, dtype=dtype)
+            if r1 > r0:
+                _launch("full_rows", dtype, r1 - r0, (u[0], u[1], u[2], t[0], t[1], t[2], np.int64(r0),
+                                                      np.int64(r1 - r0), ptr_d, idx, val))
+            if dev != first:                   # to its device; this device's copy is freed after
+                cupy.cuda.get_current_stream().synchronize()
+                with cupy.cuda.Device(dev):
+                    there = [cupy.empty_like(a) for a in (ptr_d, idx, val)]
+                    for a, b in zip(there, (ptr_d, idx, val)):
+                        if b.nbytes:
+                            rt.memcpyPeer(a.data.ptr, dev, b.data.ptr, first, b.nbytes)
+                    rt.deviceSynchronize()
+                ptr_d, idx, val = there
+            parts[i] = _Part(dev, r0, r1, DeviceCsr((ptr_d, idx, val), dev, dtype, shape=(r1 - r0, n)))
+    return [parts[i] for i in range(len(devices))]
+
+
 class MultiDeviceCsr:
     """H (scipy CSR: full, or its upper triangle with ``upper``) split by rows of equal nonzeros over
-    ``devices``; ``matmat(x, out=None)`` gives H x on the first device, for x there (n x k, row-major)."""
+    ``devices``; ``matmat(x, out=None)`` gives H x on the first device, for x there (n x k, row-major).
+    ``storage``: how the GPUs hold an upper triangle, "full" or "upper" (default: choose_storage by their free
+    memory); ``self.storage`` says which they do."""
 
-    def __init__(self, h, devices, dtype, upper, diag):
+    def __init__(self, h, devices, dtype, upper, storage=None):
         import cupy
+        from hybridblas import memory
         self.devices = list(devices)
         self.dtype = np.dtype(dtype)
-        self.upper = upper
         self.n = h.shape[0]
-        cuts = np.searchsorted(h.indptr, np.linspace(0, h.nnz, len(self.devices) + 1)[1:-1])
-        bounds = [0, *map(int, cuts), self.n]
-        self.parts = [_Part(h, r0, r1, dev, dtype, upper)
-                      for dev, r0, r1 in zip(self.devices, bounds[:-1], bounds[1:])]
+        if storage not in (None, "full", "upper"):
+            raise ValueError(f"storage must be 'full' or 'upper', got {storage!r}")
+        if storage == "upper" and not upper:
+            raise ValueError("storage='upper' on the GPUs needs the upper triangle of H on the host")
+        if storage is None:
+            free = [memory.gpu_free(d) for d in self.devices]
+            storage = choose_storage(upper, self.n, int(h.nnz), self.dtype.itemsize, free)
+        self.storage = storage
+        self.upper = storage == "upper"
+        if not upper:
+            self.parts = _full_parts(h, self.devices, self.dtype)
+        elif storage == "full":
+            self.parts = _assembled_parts(h, self.devices, self.dtype)
+        else:
+            self.parts = _upper_parts(h, self.devices, self.dtype)
         _enable_peer_access(self.devices)
         with cupy.cuda.Device(self.devices[0]):
-            self.diag = cupy.asarray(diag.astype(self.dtype, copy=False))
+            self.diag = cupy.asarray(h.diagonal().astype(self.dtype, copy=False)) if self.upper else None
             self.x_ready = cupy.cuda.Event(disable_timing=True)
         self.home = {}
 

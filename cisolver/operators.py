@@ -1,5 +1,5 @@
 """SpMM with the symmetric Hamiltonian: full CSR or the upper triangle only (H = U + U^T - D, like
-MFDn's half storage), on the CPU (scipy.sparse) or on one or more GPUs (cupyx.scipy.sparse).
+MFDn's half storage), on the CPU (scipy.sparse) or on one or more GPUs (cuSPARSE: cisolver.gpu_spmm).
 
 On the CPU the rows are cut into pieces of equal nonzeros, one per thread (scipy's sparse products run
 single-threaded but release the GIL). With upper storage each piece's transposed product U_p^T x_p adds
@@ -32,15 +32,22 @@ class SymmetricOperator:
 
     devices: "cpu", or a list of CUDA device ids (rows split evenly by nonzeros, each device on its own
     stream; the block goes to every device and the results come back to the first: cisolver.gpu_spmm).
+    gpu_storage: how GPUs hold an upper triangle: "full" rows (made on the GPUs), "upper" (U's rows and
+    their transposes), or "auto" (full where they fit: gpu_spmm.choose_storage); ``self.gpu.storage`` says.
     backend (CPU): "mkl" (Intel MKL, error if not installed), "scipy" (row pieces on ``threads``
     threads), or "auto": MKL when installed and ``threads`` is not given (``threads`` sizes the scipy
     path only; MKL's threads follow MKL_NUM_THREADS / threadpoolctl).
     """
 
-    def __init__(self, h, storage="full", devices="cpu", dtype=None, threads=None, backend="auto"):
+    def __init__(self, h, storage="full", devices="cpu", dtype=None, threads=None, backend="auto",
+                 gpu_storage="auto"):
         _check_square(h)
         if storage not in ("full", "upper"):
             raise ValueError(f"storage must be 'full' or 'upper', got {storage!r}")
+        if gpu_storage not in ("auto", "full", "upper"):
+            raise ValueError(f"gpu_storage must be 'auto', 'full' or 'upper', got {gpu_storage!r}")
+        if gpu_storage == "upper" and storage != "upper":
+            raise ValueError("gpu_storage='upper' needs storage='upper' (the upper triangle of H on the host)")
         if backend not in ("auto", "scipy", "mkl"):
             raise ValueError(f"backend must be 'auto', 'scipy' or 'mkl', got {backend!r}")
         self.storage = storage
@@ -49,7 +56,6 @@ class SymmetricOperator:
         if self.dtype not in (np.float32, np.float64):
             raise TypeError(f"dtype must be float32 or float64, got {self.dtype}")
         h = h.tocsr().astype(self.dtype, copy=False)
-        self.diag = h.diagonal()
         self.nnz = int(h.nnz)
         self.mkl = None
         if devices == "cpu" or devices is None:
@@ -61,6 +67,7 @@ class SymmetricOperator:
             if backend == "mkl" and not mkl_sparse.available():
                 raise RuntimeError("backend='mkl' needs Intel MKL (libmkl_rt), not found; "
                                    "install the 'mkl' extra: pip install mkl")
+            self.diag = h.diagonal()
             if backend == "mkl" or (backend == "auto" and threads is None and mkl_sparse.available()):
                 self.mkl = mkl_sparse.MklCsr(h, symmetric_upper=storage == "upper")
                 threads = 1      # the scipy path then only serves other x dtypes: one piece, no copies
@@ -68,7 +75,7 @@ class SymmetricOperator:
         else:
             if backend == "mkl":
                 raise ValueError("backend='mkl' is for devices='cpu'")
-            self._to_devices(h, list(devices))
+            self._to_devices(h, list(devices), None if gpu_storage == "auto" else gpu_storage)
         self.backend = "mkl" if self.mkl is not None else ("scipy" if self.devices is None else "cupy")
 
     def _cpu_pieces(self, h, threads):
@@ -121,12 +128,14 @@ class SymmetricOperator:
             list(self.pool.map(add, range(len(self.pieces))))
         return y
 
-    def _to_devices(self, h, devices):
+    def _to_devices(self, h, devices, gpu_storage):
         import cupy
+        from . import cuda_modules
         from .gpu_spmm import MultiDeviceCsr
         self.xp = cupy
         self.devices = devices
-        self.gpu = MultiDeviceCsr(h, devices, self.dtype, self.storage == "upper", self.diag)
+        cuda_modules.prepare(cupy, self.dtype, devices)       # compiles meanwhile (the set-up's kernels wait)
+        self.gpu = MultiDeviceCsr(h, devices, self.dtype, self.storage == "upper", storage=gpu_storage)
 
     def matmat(self, x, out=None):
         """H x; ``out``: where to write it (e.g. a column range of a row-major block), else a new array."""

@@ -55,8 +55,6 @@ STAGED_SHARED = 200 << 10          # bytes of shared memory a multiprocessor giv
 DOUBLE_ROWS_LIMIT = 1 << 18
 
 _SOURCE = r"""
-// T (float or double) and VT (float4 or double2) are typedef'd first; VEC elements per 16-byte vector.
-#define VEC ((int) (16 / sizeof(T)))
 union Vec { VT v; T e[VEC]; };
 
 template <int QMAX>
@@ -132,7 +130,7 @@ __device__ __forceinline__ void row_store(T* out, int q, bool vec, const T (&acc
 
 // out <- a m for row-major a (n x p) and out (n x q); out may be a column range of a over the same rows
 template <int QMAX>
-__global__ void __launch_bounds__(256, MIN_BLOCKS) rows_times_small(const T* a, long long lda, T* out, long long ldo,
+__device__ __forceinline__ void rows_times_small(const T* a, long long lda, T* out, long long ldo,
         const T* m, int p, int q, long long n, int vec_a, int vec_out)
 {
     extern __shared__ __align__(16) unsigned char staged[];
@@ -150,7 +148,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rows_times_small(const T* a, 
 // xn <- s m, hn <- hs m (q = 2b columns: new X and P, H X and H P), r <- hn[:, :b] - xn[:, :b] theta,
 // and per thread block the column sums of r^2 in double (partials, gridDim.x x b)
 template <int QMAX>
-__global__ void __launch_bounds__(256, MIN_BLOCKS) update_residual(
+__device__ __forceinline__ void update_residual(
         const T* s, long long lds, const T* hs, long long ldh, T* xn, long long ldx, T* hn, long long ldhn,
         const T* m, int p, int q, const double* theta, int b, T* r, long long ldr, long long n, int vec,
         double* partials)
@@ -195,12 +193,6 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) update_residual(
 }
 
 // ---- staged kernels: tiles of STAGE_ROWS rows through shared memory, two threads per row ----
-__device__ __forceinline__ unsigned shared_address(const void* p)
-{
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
 
 // rows [r0, r0 + rows) of src (p columns, a multiple of VEC, rows 16-byte aligned) into dst (row stride kp),
 // as 16-byte asynchronous copies spread over the block's threads: consecutive threads, consecutive vectors.
@@ -246,7 +238,7 @@ __device__ __forceinline__ void shared_row_product(const T* row, int p, const T*
 // Thread t takes row t / 2 of each tile and output columns [h QH, h QH + QH), h = t % 2 (so the residual's
 // b <= QH columns are h = 0's).
 template <int QMAX, bool UPDATE>
-__global__ void __launch_bounds__(2 * STAGE_ROWS) staged_rows(
+__device__ __forceinline__ void staged_rows(
         const T* s, long long lds, const T* hs, long long ldh, T* xn, long long ldx, T* hn, long long ldhn,
         const T* m, int p, int q, const double* theta, int b, T* r, long long ldr, T* w, long long ldw, long long n,
         int vec_out, double* partials)
@@ -327,12 +319,41 @@ __global__ void __launch_bounds__(2 * STAGE_ROWS) staged_rows(
         }
     }
 }
+
+// The kernels: one entry point per output width Q of QMAX_CHOICES, e.g. rows_times_small_16 = rows_times_small<16>
+#define ROW_KERNELS(Q) \
+extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) rows_times_small_##Q(const T* a, long long lda, T* out, \
+        long long ldo, const T* m, int p, int q, long long n, int vec_a, int vec_out) \
+{ rows_times_small<Q>(a, lda, out, ldo, m, p, q, n, vec_a, vec_out); } \
+extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) update_residual_##Q(const T* s, long long lds, \
+        const T* hs, long long ldh, T* xn, long long ldx, T* hn, long long ldhn, const T* m, int p, int q, \
+        const double* theta, int b, T* r, long long ldr, long long n, int vec, double* partials) \
+{ update_residual<Q>(s, lds, hs, ldh, xn, ldx, hn, ldhn, m, p, q, theta, b, r, ldr, n, vec, partials); }
+
+// staged_product_Q = staged_rows<Q, false>, staged_update_Q = staged_rows<Q, true>
+#define STAGED_KERNELS(Q) \
+extern "C" __global__ void __launch_bounds__(2 * STAGE_ROWS) staged_product_##Q(const T* s, long long lds, \
+        const T* hs, long long ldh, T* xn, long long ldx, T* hn, long long ldhn, const T* m, int p, int q, \
+        const double* theta, int b, T* r, long long ldr, T* w, long long ldw, long long n, int vec_out, \
+        double* partials) \
+{ staged_rows<Q, false>(s, lds, hs, ldh, xn, ldx, hn, ldhn, m, p, q, theta, b, r, ldr, w, ldw, n, vec_out, partials); } \
+extern "C" __global__ void __launch_bounds__(2 * STAGE_ROWS) staged_update_##Q(const T* s, long long lds, \
+        const T* hs, long long ldh, T* xn, long long ldx, T* hn, long long ldhn, const T* m, int p, int q, \
+        const double* theta, int b, T* r, long long ldr, T* w, long long ldw, long long n, int vec_out, \
+        double* partials) \
+{ staged_rows<Q, true>(s, lds, hs, ldh, xn, ldx, hn, ldhn, m, p, q, theta, b, r, ldr, w, ldw, n, vec_out, partials); }
 """
-def _module(cupy, dtype):
-    names = [f"{kernel}<{q}>" for kernel in ("rows_times_small", "update_residual") for q in QMAX_CHOICES]
-    names += [f"staged_rows<{q}, {flag}>" for q in QMAX_CHOICES for flag in ("false", "true")]
-    return cuda_modules.module(cupy, dtype, _SOURCE, {"MIN_BLOCKS": MIN_BLOCKS, "STAGE_ROWS": STAGE_ROWS},
-                               name_expressions=names)
+
+
+def cuda_section(dtype):
+    """This module's part of cisolver's CUDA module (cisolver.cuda_modules): the thread-per-row kernels for
+    every width of QMAX_CHOICES, and for float64 the staged ones (_staged_fits takes no float32 block)."""
+    code = _SOURCE + "".join(f"ROW_KERNELS({q})\n" for q in QMAX_CHOICES)
+    names = [f"{kernel}_{q}" for q in QMAX_CHOICES for kernel in ("rows_times_small", "update_residual")]
+    if np.dtype(dtype) == np.float64:
+        code += "".join(f"STAGED_KERNELS({q})\n" for q in QMAX_CHOICES)
+        names += [f"{kernel}_{q}" for q in QMAX_CHOICES for kernel in ("staged_product", "staged_update")]
+    return code, {"MIN_BLOCKS": MIN_BLOCKS, "STAGE_ROWS": STAGE_ROWS}, names
 
 
 def _staged_fits(inputs, p, q):
@@ -407,7 +428,7 @@ def product(out, a, m, long_double=True):
     qmax = _qmax(q)
     m_dev = small_on_device(m, out.dtype)
     if use_staged:
-        kernel = _module(cupy, out.dtype).get_function(f"staged_rows<{qmax}, false>")
+        kernel = cuda_modules.function(cupy, out.dtype, f"staged_product_{qmax}")
         none = np.uint64(0)
         shared = _staged_shared(p, qmax, out.dtype.itemsize, 1)
         kernel((_staged_grid(cupy, n, shared),), (2 * STAGE_ROWS,),
@@ -416,7 +437,7 @@ def product(out, a, m, long_double=True):
                 np.int32(aligned_rows(out)), none),
                shared_mem=shared)
         return True
-    kernel = _module(cupy, out.dtype).get_function(f"rows_times_small<{qmax}>")
+    kernel = cuda_modules.function(cupy, out.dtype, f"rows_times_small_{qmax}")
     kernel((_grid(cupy, n),), (THREADS,),
            (a, np.int64(row_stride(a)), out, np.int64(row_stride(out)), m_dev, np.int32(p), np.int32(q), np.int64(n),
             np.int32(aligned_rows(a)), np.int32(aligned_rows(out))),
@@ -454,7 +475,7 @@ def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False, r_cop
         copy = _copy_target(r_copy, r)
         outs = (x_next, hx_next, r) + ((copy,) if copy is not None else ())
         vec = sum(bit << i for i, bit in enumerate(aligned_rows(x) for x in outs))
-        kernel = _module(cupy, r.dtype).get_function(f"staged_rows<{qmax}, true>")
+        kernel = cuda_modules.function(cupy, r.dtype, f"staged_update_{qmax}")
         kernel((grid,), (2 * STAGE_ROWS,),
                (s, np.int64(row_stride(s)), hs, np.int64(row_stride(hs)), x_next, np.int64(row_stride(x_next)),
                 hx_next, np.int64(row_stride(hx_next)), m_dev, np.int32(p), np.int32(q), theta_dev, np.int32(b),
@@ -467,7 +488,7 @@ def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False, r_cop
     grid = _grid(cupy, n)
     partials = cupy.empty((grid, b), dtype=np.float64)
     vec = sum(bit << i for i, bit in enumerate(aligned_rows(x) for x in (s, hs, x_next, hx_next, r)))
-    kernel = _module(cupy, r.dtype).get_function(f"update_residual<{qmax}>")
+    kernel = cuda_modules.function(cupy, r.dtype, f"update_residual_{qmax}")
     kernel((grid,), (THREADS,),
            (s, np.int64(row_stride(s)), hs, np.int64(row_stride(hs)), x_next, np.int64(row_stride(x_next)),
             hx_next, np.int64(row_stride(hx_next)), m_dev, np.int32(p), np.int32(q), theta_dev, np.int32(b),

@@ -199,6 +199,10 @@ def run(request, progress=None):
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
     rq = request
+    if rq.devices != "cpu":             # the CUDA module compiles (or loads) while the host builds H
+        import cupy
+        from . import cuda_modules
+        cuda_modules.prepare(cupy, rq.dtype, rq.devices)
     problem = hamiltonian.ShellModelProblem(rq.interaction, rq.n_protons, rq.n_neutrons, rq.twice_m)
     if rq.comm is not None:
         return _distributed_spectrum(rq, problem)
@@ -216,9 +220,13 @@ def run(request, progress=None):
         res = _lobpcg.lobpcg(op, rq.nev, block_size=rq.block_size, tol=rq.tol, maxiter=rq.maxiter, precond=pc,
                              seed=rq.seed, dtype=rq.dtype)
     t3 = time.perf_counter()
-    vecs = to_host(res.eigenvectors)
-    j2 = angmom.expectation_j2(problem, vecs)
+    if hasattr(res.eigenvectors, "get"):         # on a GPU: <J^2> there (cisolver.gpu_angmom)
+        from .gpu_angmom import expectation_j2
+        j2 = expectation_j2(problem, res.eigenvectors)
+    else:
+        j2 = angmom.expectation_j2(problem, res.eigenvectors)
     t4 = time.perf_counter()
+    vecs = to_host(res.eigenvectors) if rq.return_vectors or rq.observables is not None else None
     out = _result(rq, problem, res, j2, vecs, dim=dim, nnz=info.nnz_stored, storage=rq.storage, devices=rq.devices)
     out.update(queued=res.queued,
                seconds={"read+build": t1 - rq.started, "setup": t2 - t1, "solve": t3 - t2, "j2": t4 - t3,
