@@ -58,8 +58,9 @@ def like_particle_matrix(dets, spe_state, pair_alpha, pair_beta, pair_mat, chunk
 class JumpList:
     """All one-body jumps c†_α c_γ (α != γ) between determinants of one species, with signs.
 
-    Sorted by (source 2M group, Δ2M, source determinant) so that the jumps between two 2M groups
-    are one contiguous slice.
+    Sorted by (source 2M group, target 2M group, target determinant, source determinant): the jumps between
+    two 2M groups are one contiguous slice, in the row order of the jump matrix (target) and, within a
+    target, in column order (source).
     """
 
     def __init__(self, dets, same_orbit_step=None):
@@ -77,13 +78,13 @@ class JumpList:
         state = state | bits.bit(alp)
         twom_to = dets.twom[det] + dets.space.twom[alp] - dets.space.twom[gam]
         target = dets.lookup(state, twom_to)
-        order = np.lexsort((det, twom_to, dets.twom[det]))
+        order = np.lexsort((det, target, twom_to, dets.twom[det]))
         self.source, self.target = det[order], target[order]
         self.alpha, self.gamma, self.sign = alp[order], gam[order], sign[order]
         src_m, dst_m = dets.twom[self.source], twom_to[order]
-        key = np.stack([src_m, dst_m], axis=1)
-        uniq, starts, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
-        self._slices = {(int(a), int(b)): (int(s), int(s + c)) for (a, b), s, c in zip(uniq, starts, counts)}
+        edges = np.flatnonzero((np.diff(src_m) != 0) | (np.diff(dst_m) != 0)) + 1
+        starts, stops = np.r_[0, edges], np.r_[edges, len(src_m)]
+        self._slices = {(int(src_m[s]), int(dst_m[s])): (int(s), int(e)) for s, e in zip(starts, stops) if e > s}
 
     def between(self, twom_from, twom_to):
         """Slice of the jumps from group 2M = twom_from to group twom_to."""
