@@ -129,6 +129,11 @@ class ShellModelProblem:
     def dimension(self):
         return self.basis.dim
 
+    @property
+    def _column_dtype(self):
+        """Column indices are computed in int32 where the dimension allows (the CSR's indices dtype then)."""
+        return np.int32 if self.dimension <= np.iinfo(np.int32).max else np.int64
+
     def row_block_weights(self):
         """About how many nonzeros each row block of the full H has (an upper bound: the element pairs the
         build visits, before exact zeros are dropped), from the jump lists alone, without building: a
@@ -179,6 +184,7 @@ class ShellModelProblem:
         bas = self.basis
         B = bas.blocks[bi]
         tn = bas.twice_m - B.twom_p
+        cols = self._column_dtype
         pieces = []
         for cj, C in enumerate(bas.blocks):
             if cj == bi:
@@ -193,12 +199,11 @@ class ShellModelProblem:
             sel = slice(jp.start + int(np.searchsorted(target, p0)), jp.start + int(np.searchsorted(target, p1)))
             if sel.start == sel.stop or jn.start == jn.stop:
                 continue
-            sources = (self.jumps_p.target[sel] - B.p_start - p0,
-                       C.offset + (self.jumps_p.source[sel] - C.p_start) * C.n_n,
-                       self.jumps_p.sign[sel].astype(np.float64), p1 - p0)
             pieces.append(rowblocks.JumpGrid(
-                self.v2, self.pair_p[sel], sources, self.jumps_n.target[jn] - B.n_start,
-                self.jumps_n.source[jn] - C.n_start, self.pair_n[jn], self.jumps_n.sign[jn], B.n_n))
+                self.v2, self.jumps_p.target[sel] - B.p_start - p0,
+                (C.offset + (self.jumps_p.source[sel] - C.p_start) * C.n_n).astype(cols), self.pair_p[sel],
+                self.jumps_p.sign[sel].astype(np.float64), p1 - p0, self.jumps_n.target[jn] - B.n_start,
+                (self.jumps_n.source[jn] - C.n_start).astype(cols), self.pair_n[jn], self.jumps_n.sign[jn], B.n_n))
         return rowblocks.RowBlock(pieces, p1 - p0, B.n_n)
 
     def _moves(self, h_s, jumps, pair, start, n, twom, diagonal=False):
@@ -234,13 +239,17 @@ class ShellModelProblem:
         qpos = np.where(pair_of >= 0, np.searchsorted(used, pair_of), 0)
         r_u, c_u = keys // n_p, keys % n_p
         jn = self.jumps_n.between(tn, tn)
-        nr, nc = self.jumps_n.target[jn] - B.n_start, self.jumps_n.source[jn] - B.n_start
+        cols = self._column_dtype
+        nr, nc = self.jumps_n.target[jn] - B.n_start, (self.jumps_n.source[jn] - B.n_start).astype(cols)
 
         def side(sel):
             sel &= (r_u >= p0) & (r_u < p1)
-            sources = (r_u[sel] - p0, B.offset + c_u[sel] * n_n, sign[sel], p1 - p0)
-            return rowblocks.JumpGrid(self.v2, pair_of[sel], sources, nr, nc, self.pair_n[jn],
-                                      self.jumps_n.sign[jn], n_n, own_column=(base[sel], sign[sel], qpos[sel], y_p))
+            own = rowblocks.OwnColumn(r_u[sel] - p0, (B.offset + c_u[sel] * n_n).astype(cols), base[sel], sign[sel],
+                                      qpos[sel], pair_of[sel] >= 0, y_p, p1 - p0)
+            jump = sel & (pair_of >= 0)
+            return rowblocks.JumpGrid(self.v2, r_u[jump] - p0, (B.offset + c_u[jump] * n_n).astype(cols),
+                                      pair_of[jump], sign[jump], p1 - p0, nr, nc, self.pair_n[jn],
+                                      self.jumps_n.sign[jn], n_n, own=own)
 
         lo, hi = side(c_u < r_u), side(c_u > r_u)
         # neutron moves (protons spectators) and the diagonal
@@ -255,8 +264,8 @@ class ShellModelProblem:
         qpos = np.where(pair_of >= 0, np.searchsorted(used, pair_of), 0)
         diag = (self.h_p_diagonal[gp][:, None] + self.h_n_diagonal[gn][None, :]
                 + (occ_p @ self.d_pn) @ occ_n.T)[p0:p1].T.copy()
-        own = rowblocks.OwnPiece(r_u, c_u, base, sign, qpos, r_u == c_u, diag, y_n,
-                                 B.offset + np.arange(p0, p1, dtype=np.int64) * n_n, n_n)
+        own = rowblocks.OwnPiece(r_u, c_u.astype(cols), base, sign, qpos, r_u == c_u, diag, y_n,
+                                 (B.offset + np.arange(p0, p1, dtype=np.int64) * n_n).astype(cols), n_n)
         return lo, own, hi
 
     def _plans(self, upper, blocks, rows, pool):

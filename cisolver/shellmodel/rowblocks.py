@@ -37,11 +37,10 @@ def _per_source(by_target, target):
 
 class _Sources:
     """Proton sources of a piece, sorted by (target row p' of the block range, source): for each the column
-    base (column block offset + p n_n of that block), the rank inside its target row, and a row of the
-    piece's v̄ table (the appended zero row for sources with no proton jump) with the jump's sign."""
+    base (column block offset + p n_n of that block) and the rank inside its target row."""
 
-    def __init__(self, target, col_base, ia, sign, n_targets):
-        self.target, self.col_base, self.ia, self.sign = target, col_base, ia, sign
+    def __init__(self, target, col_base, n_targets):
+        self.target, self.col_base = target, col_base
         self.a, self.ptr, self.rank = _ranked(target, n_targets)
 
     def span(self, g0, g1):
@@ -49,96 +48,104 @@ class _Sources:
 
 
 class _Columns:
-    """Neutron columns of a piece, sorted by (target neutron row n', source n): for each the source, its
-    place inside the row's list, and the signed column of the piece's v̄ table."""
+    """Neutron columns of a piece, sorted by (target neutron row n', source n): for each the source and its
+    place inside the row's grid row."""
 
-    def __init__(self, target, source, ib2, n_rows, place=None, width=None):
-        self.target, self.source, self.ib2 = target, source, ib2
-        b, self.ptr, rank = _ranked(target, n_rows)
-        self.b = b if width is None else width                       # grid width of every neutron row
+    def __init__(self, target, source, n_rows, place=None):
+        self.target, self.source = target, source
+        self.b, self.ptr, rank = _ranked(target, n_rows)
         self.place = rank if place is None else place
-        self.width = self.b[target]                                  # the grid width at each entry
+        self.width = self.b[target]                                  # the row's jump count at each entry
 
     def span(self, q0, q1):
         return slice(int(self.ptr[q0]), int(self.ptr[q1]))
 
 
-def _table(v2, qa, qb):
-    """v̄ restricted to the pair indices used, as [V, -V] with a zero row appended (for sources without a
-    proton jump), and each entry's row (qa < 0: the zero row) and signed column."""
-    ua = np.unique(qa[qa >= 0])
-    ub = np.unique(qb)
-    tab = np.zeros((len(ua) + 1, len(ub)))
-    tab[:-1] = v2[np.ix_(ua, ub)]
-    ia = np.where(qa >= 0, np.searchsorted(ua, qa), len(ua))
-    ib = np.searchsorted(ub, qb)
-    return tab, ia, ib
+class OwnColumn:
+    """Column n' itself for the proton sources p of lo / hi (H_p's pattern and the proton jumps inside the
+    block, sorted by (target, source)): the proton-move element H_p(p',p) + s_p Σ_β v̄(αβ,γβ), kept even
+    where it is 0. base: H_p's value (0 where absent); sign: the jump's (0: no jump); column: the jump's
+    column of y = occ_n · w_p, the spectator sums of every neutron row."""
+
+    def __init__(self, target, col_base, base, sign, column, is_jump, y, n_targets):
+        self.src = _Sources(target, col_base, n_targets)
+        self.base, self.sign, self.column, self.is_jump, self.y = base, sign, column, is_jump, y
+        jumps = np.concatenate([[0], np.cumsum(is_jump)])
+        self.jumps_before = jumps[:-1] - jumps[self.src.ptr[target]]   # jump sources ahead in the row
 
 
 class JumpGrid:
-    """One piece whose grid entries are s_p s_n v̄ (exact zeros dropped), and for lo / hi the column n' itself
-    with the proton-move element (``own_column``: H_p value, sign, column of y and y = occ_n · w_p, the
-    spectator sums Σ_β v̄(αβ,γβ) of every neutron row and proton jump)."""
+    """One piece whose grid entries are s_p s_n v̄ (exact zeros dropped) over proton jumps (sources) x
+    neutron jumps (columns); for lo / hi also the column n' itself (``own``, an OwnColumn, over every
+    source: a jump source's grid row then holds its neutron jumps and n' in column order, another source
+    only n')."""
 
-    def __init__(self, v2, sources_q, sources, col_target, col_source, col_q, col_sign, n_rows,
-                 own_column=None):
-        tab, ia, ib = _table(v2, sources_q, col_q)
+    def __init__(self, v2, target, col_base, pair, sign, n_targets, col_target, col_source, col_pair, col_sign,
+                 n_rows, own=None):
+        ua, ia = np.unique(pair, return_inverse=True)
+        ub, ib = np.unique(col_pair, return_inverse=True)
+        tab = v2[np.ix_(ua, ub)]
         self.nonzero = (tab != 0).astype(np.float64)
         self.tab2 = np.concatenate([tab, -tab], axis=1)     # a negative neutron sign picks the negated column
-        self.src = _Sources(*sources[:2], ia, sources[2], sources[3])
-        ib2 = ib + tab.shape[1] * (col_sign < 0)
-        self.ib = ib
-        self.own = own_column
-        if own_column is None:
-            self.cols = _Columns(col_target, col_source, ib2, n_rows)
+        self.src = _Sources(target, col_base, n_targets)
+        self.ia, self.ib, self.sign = ia.ravel(), ib.ravel(), sign
+        self.ib2 = self.ib + tab.shape[1] * (col_sign < 0)
+        self.own = own
+        if own is None:
+            self.cols = _Columns(col_target, col_source, n_rows)
+            self.lead = np.zeros(len(target), dtype=np.int64)
         else:       # n' sits among the row's jump columns, after those with a smaller source
-            bj, ptr, rank = _ranked(col_target, n_rows)
+            self.cols = _Columns(col_target, col_source, n_rows)
+            self.cols.place = self.cols.place + (col_source > col_target)
             before = np.searchsorted(col_target * n_rows + col_source, np.arange(n_rows) * (n_rows + 1))
-            self.own_place = before - ptr[:-1]
-            self.cols = _Columns(col_target, col_source, ib2, n_rows, place=rank + (col_source > col_target),
-                                 width=bj + 1)
+            self.own_place = before - self.cols.ptr[:-1]
+            self.lead = own.src.rank[own.is_jump]           # sources (jumps or not) ahead of each jump source
 
-    @property
-    def a(self):
-        return self.src.a
-
-    @property
-    def b(self):
-        return self.cols.b
+    def sizes(self, g0, g1, q0, q1):
+        """Grid entries (dropped ones included) of each (neutron row, target row)."""
+        size = np.multiply.outer(self.cols.b[q0:q1], self.src.a[g0:g1])
+        if self.own is not None:
+            size += self.own.src.a[g0:g1]
+        return size
 
     def kept(self):
         """Stored entries of every (target row, neutron row): P · [v̄ != 0] · Nᵀ (+ the column n')."""
         n_t, n_r = len(self.src.a), len(self.cols.b)
         nrow, ncol = self.nonzero.shape
-        p = np.bincount(self.src.target * nrow + self.src.ia, minlength=n_t * nrow).reshape(n_t, nrow)
+        p = np.bincount(self.src.target * nrow + self.ia, minlength=n_t * nrow).reshape(n_t, nrow)
         n = np.bincount(self.cols.target * ncol + self.ib, minlength=n_r * ncol).reshape(n_r, ncol)
         k = np.rint((p.astype(np.float64) @ self.nonzero) @ n.T.astype(np.float64)).astype(np.int64)
         if self.own is not None:
-            k += self.src.a[:, None]
+            k += self.own.src.a[:, None]
         return k
 
     def scatter(self, offsets, g0, g1, q0, q1, val, col, keep):
         """Entries of target rows g0..g1-1 and neutron rows q0..q1-1; ``offsets`` (neutron row, target row):
-        where the piece starts in each row. Arrays run (neutron column, source): a row's entries are written
-        together."""
+        where the piece starts in each row. A source's grid row starts after the grid rows of the sources
+        ahead of it; arrays run (neutron column, source), so a row's entries are written together."""
         s = self.src.span(g0, g1)
-        if s.start == s.stop:
-            return
-        tgt, rank = self.src.target[s] - g0, self.src.rank[s]
         e = self.cols.span(q0, q1)
-        if e.start < e.stop:
-            at = _per_source(offsets[self.cols.target[e] - q0] + self.cols.place[e, None], tgt)
-            at = at + self.cols.width[e, None] * rank
-            v = (self.tab2[self.src.ia[s]] * self.src.sign[s, None]).T.take(self.cols.ib2[e], axis=0)
+        if s.start < s.stop and e.start < e.stop:
+            at = np.multiply.outer(self.cols.width[e], self.src.rank[s])
+            at += _per_source(offsets[self.cols.target[e] - q0] + self.cols.place[e, None], self.src.target[s] - g0)
+            if self.own is not None:
+                at += self.lead[s]
+            v = (self.tab2[self.ia[s]] * self.sign[s, None]).T.take(self.ib2[e], axis=0)
             val[at] = v
             col[at] = self.cols.source[e, None] + self.src.col_base[s]
             if keep is not None:
                 keep[at[v == 0]] = False
         if self.own is not None:
-            base, sign, qpos, y = self.own
-            at = _per_source(offsets + self.own_place[q0:q1, None], tgt) + self.cols.b[q0:q1, None] * rank
-            val[at] = base[s] + sign[s] * y[q0:q1].take(qpos[s], axis=1)
-            col[at] = np.arange(q0, q1)[:, None] + self.src.col_base[s]
+            own = self.own
+            s = own.src.span(g0, g1)
+            if s.start == s.stop:
+                return
+            at = np.multiply.outer(self.cols.b[q0:q1], own.jumps_before[s])
+            at += _per_source(offsets, own.src.target[s] - g0)
+            at += own.src.rank[s]
+            at += np.multiply.outer(self.own_place[q0:q1], own.is_jump[s])
+            val[at] = own.base[s] + own.sign[s] * own.y[q0:q1].take(own.column[s], axis=1)
+            col[at] = np.arange(q0, q1, dtype=own.src.col_base.dtype)[:, None] + own.src.col_base[s]
 
 
 class OwnPiece:
@@ -146,15 +153,14 @@ class OwnPiece:
     diag: (neutron row, proton row); y_n: (pair used, proton row) spectator sums."""
 
     def __init__(self, target, source, base, sign, qpos, is_own, diag, y_n, col_base, n_rows):
-        self.cols = _Columns(target, source, None, n_rows)
+        self.cols = _Columns(target, source, n_rows)
         self.base, self.sign, self.qpos = base, sign, qpos
         self.own_entry = np.flatnonzero(is_own)          # one per neutron row, in row order
         self.diag, self.y_n, self.col_base = diag, y_n, col_base
         self.a = np.ones(diag.shape[1], dtype=np.int64)
 
-    @property
-    def b(self):
-        return self.cols.b
+    def sizes(self, g0, g1, q0, q1):
+        return np.repeat(self.cols.b[q0:q1, None], g1 - g0, axis=1)
 
     def kept(self):
         return np.broadcast_to(self.cols.b, (len(self.a), len(self.cols.b)))
@@ -184,7 +190,7 @@ class RowBlock:
         """Rows of protons g0..g1-1 and neutrons q0..q1-1 (one proton, or every neutron, so that the rows are
         contiguous) into ``data`` / ``indices``, which hold exactly their stored entries. ``scratch``: a
         threading.local whose buffers this thread reuses from group to group."""
-        sizes = [p.b[q0:q1, None] * p.a[None, g0:g1] for p in self.pieces]     # (neutron row, proton row)
+        sizes = [p.sizes(g0, g1, q0, q1) for p in self.pieces]                 # (neutron row, proton row)
         total = np.sum(sizes, axis=0).T.ravel()                               # rows in CSR order
         offsets = (np.cumsum(total) - total).reshape(g1 - g0, q1 - q0).T
         n_all = int(total.sum())
