@@ -67,10 +67,11 @@ def identical(a, b):
 
 
 def timed(fn):
+    """fn's result, wall seconds and process CPU seconds (all threads)."""
     gc.collect()
-    t = time.perf_counter()
+    c, t = time.process_time(), time.perf_counter()
     out = fn()
-    return out, time.perf_counter() - t
+    return out, time.perf_counter() - t, time.process_time() - c
 
 
 def row_ranges(problem):
@@ -81,28 +82,30 @@ def row_ranges(problem):
             (blocks[0].offset, mid.offset + mid.n_n), (mid.offset, mid.offset + mid.size)]
 
 
-def compare_case(name, versions, storages, repeats, threads, check_ranges):
+def compare_case(name, versions, storages, repeats, threads, check_ranges, blocks=None):
     inter_name, z, n = CASES[name]
     path = resolve_interaction(inter_name)
     rec = {"case": name, "interaction": inter_name, "protons": z, "neutrons": n, "threads": threads}
+    print(f"{name}: {inter_name} {z}p {n}n" + (f", row blocks {blocks}" if blocks else ""), flush=True)
     problems, t_problem = {}, {k: [] for k in versions}
     for _ in range(repeats):
         for label, (ham, rd) in versions.items():
             inter = rd.read_snt(path)
-            problems[label], dt = timed(lambda: ham.ShellModelProblem(inter, z, n))
+            problems[label], dt, _ = timed(lambda: ham.ShellModelProblem(inter, z, n))
             t_problem[label].append(dt)
     rec["dimension"] = problems["new"].dimension
     rec["problem_seconds"] = {k: statistics.median(v) for k, v in t_problem.items()}
-    print(f"{name}: dimension {rec['dimension']}, problem set-up median "
+    print(f"  dimension {rec['dimension']}, problem set-up median "
           + ", ".join(f"{k} {v:.3f}s" for k, v in rec["problem_seconds"].items()), flush=True)
     for storage in storages:
-        times = {k: [] for k in versions}
+        times, cpu = {k: [] for k in versions}, {k: [] for k in versions}
         same = True
         for rep in range(repeats):
             built = {}
             for label in versions:
-                (h, _), dt = timed(lambda: problems[label].build(storage, n_threads=threads))
+                (h, _), dt, dc = timed(lambda: problems[label].build(storage, n_threads=threads, blocks=blocks))
                 times[label].append(dt)
+                cpu[label].append(dc)
                 if rep == 0 and len(versions) > 1:
                     built[label] = h
                 del h
@@ -111,9 +114,12 @@ def compare_case(name, versions, storages, repeats, threads, check_ranges):
                 rec[f"nnz_{storage}"] = int(built["new"].nnz)
             built.clear()
         med = {k: statistics.median(v) for k, v in times.items()}
-        rec[storage] = {"build_seconds": med, "runs": times, "identical": same if len(versions) > 1 else None}
+        med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+        rec[storage] = {"build_seconds": med, "build_cpu_seconds": med_cpu, "runs": times, "cpu_runs": cpu,
+                        "identical": same if len(versions) > 1 else None}
         ratio = f", new/reference {med['new'] / med['reference']:.2f}" if "reference" in med else ""
         print(f"  {storage}: build median " + ", ".join(f"{k} {v:.3f}s" for k, v in med.items()) + ratio
+              + " (CPU " + ", ".join(f"{k} {v:.3f}s" for k, v in med_cpu.items()) + ")"
               + (f", identical: {same}" if len(versions) > 1 else ""), flush=True)
     if check_ranges and len(versions) > 1:
         ok = True
@@ -136,14 +142,15 @@ def compare_spectrum(name, versions, repeats, nev, threads):
         for label, (ham, _) in versions.items():
             spectrum.hamiltonian = ham
             try:
-                out, dt = timed(lambda: spectrum.compute_spectrum(inter_name, z, n, nev, n_threads=threads))
+                out, dt, _ = timed(lambda: spectrum.compute_spectrum(inter_name, z, n, nev, n_threads=threads))
             finally:
                 spectrum.hamiltonian = hamiltonian
             times[label].append((dt, out["seconds"]["read+build"]))
             energies[label] = out["energies"]
     med = {k: {"total": statistics.median(t for t, _ in v), "read+build": statistics.median(b for _, b in v)}
            for k, v in times.items()}
-    print(f"  spectrum ({nev} states): median " + ", ".join(
+    same = len({tuple(e) for e in energies.values()}) == 1
+    print(f"  spectrum ({nev} states, same energies: {same}): median " + ", ".join(
         f"{k} total {v['total']:.2f}s (read+build {v['read+build']:.2f}s)" for k, v in med.items()), flush=True)
     return {"spectrum_seconds": med, "spectrum_runs": times, "energies": energies}
 
@@ -156,6 +163,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="n_threads of both builds (default: each one's own)")
     ap.add_argument("--check-ranges", action="store_true", help="also compare float32 and row-range builds")
+    ap.add_argument("--blocks", help="comma list of row blocks: build only those (a matrix too big for the reference)")
     ap.add_argument("--spectrum", action="store_true", help="also time compute_spectrum with either package")
     ap.add_argument("--nev", type=int, default=5)
     ap.add_argument("--json", help="write the records to this file")
@@ -167,7 +175,10 @@ def main(argv=None):
     print(f"cores available: {len(os.sched_getaffinity(0))}, load average {os.getloadavg()[0]:.1f}", flush=True)
     records = []
     for name in args.cases.split(","):
-        rec = compare_case(name, versions, args.storage.split(","), args.repeats, args.threads, args.check_ranges)
+        blocks = [int(b) for b in args.blocks.split(",")] if args.blocks else None
+        rec = compare_case(name, versions, args.storage.split(","), args.repeats, args.threads, args.check_ranges,
+                           blocks)
+        rec["blocks"] = blocks
         if args.spectrum:
             rec.update(compare_spectrum(name, versions, args.repeats, args.nev, args.threads))
         records.append(rec)

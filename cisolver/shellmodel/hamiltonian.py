@@ -179,7 +179,25 @@ class ShellModelProblem:
             return [(b, *protons[b]) for b in chosen if b in protons]
         return [(b, 0, self.basis.blocks[b].n_p) for b in chosen]
 
-    def _row_block(self, bi, p0, p1, upper):
+    def _products(self, bi):
+        """The BLAS products of row block ``bi``, over the whole block: the spectator sums y_p = occ_n · w_p
+        (neutron row, proton jump inside the block) and y_n = occ_p · w_n (proton row, neutron jump), and the
+        diagonal (proton row, neutron row). BLAS may round a product differently for another thread count or
+        shape, so they are taken with the caller's BLAS threads, and for the whole block even where only some
+        of its rows are built."""
+        B = self.basis.blocks[bi]
+        gp = slice(B.p_start, B.p_start + B.n_p)
+        gn = slice(B.n_start, B.n_start + B.n_n)
+        occ_p, occ_n = self.pdets.occ[gp], self.ndets.occ[gn]
+        used_p = np.unique(self.pair_p[self.jumps_p.between(B.twom_p, B.twom_p)])
+        tn = self.basis.twice_m - B.twom_p
+        used_n = np.unique(self.pair_n[self.jumps_n.between(tn, tn)])
+        y_p = occ_n @ self.w_p[:, used_p] if len(used_p) else np.zeros((B.n_n, 1))
+        y_n = occ_p @ self.w_n[:, used_n] if len(used_n) else np.zeros((B.n_p, 1))
+        diag = (self.h_p_diagonal[gp][:, None] + self.h_n_diagonal[gn][None, :] + (occ_p @ self.d_pn) @ occ_n.T)
+        return y_p, y_n, diag
+
+    def _row_block(self, bi, p0, p1, upper, products):
         """The pieces of row block ``bi``'s rows of proton determinants p0..p1-1, in column order."""
         bas = self.basis
         B = bas.blocks[bi]
@@ -188,7 +206,7 @@ class ShellModelProblem:
         pieces = []
         for cj, C in enumerate(bas.blocks):
             if cj == bi:
-                lo, own, hi = self._inside(B, p0, p1, upper)
+                lo, own, hi = self._inside(B, p0, p1, upper, *products)
                 pieces += [own, hi] if upper else [lo, own, hi]
                 continue
             if upper and cj < bi:
@@ -225,17 +243,13 @@ class ShellModelProblem:
         sign[inv[len(key_h):len(key_h) + len(key_j)]] = jumps.sign[js]
         return keys, base, pair_of, sign, np.unique(pair[js])
 
-    def _inside(self, B, p0, p1, upper):
+    def _inside(self, B, p0, p1, upper, y_p, y_n, diag):
         """The pieces lo, own, hi of block B (proton sources below, at and above p')."""
         n_p, n_n = B.n_p, B.n_n
         tn = self.basis.twice_m - B.twom_p
-        gp = slice(B.p_start, B.p_start + n_p)
-        gn = slice(B.n_start, B.n_start + n_n)
-        occ_p, occ_n = self.pdets.occ[gp], self.ndets.occ[gn]
         # proton moves (neutrons spectators) and the neutron jumps of the both-move elements inside B
         keys, base, pair_of, sign, used = self._moves(self.h_p, self.jumps_p, self.pair_p, B.p_start, n_p,
                                                       B.twom_p)
-        y_p = occ_n @ self.w_p[:, used] if len(used) else np.zeros((n_n, 1))
         qpos = np.where(pair_of >= 0, np.searchsorted(used, pair_of), 0)
         r_u, c_u = keys // n_p, keys % n_p
         jn = self.jumps_n.between(tn, tn)
@@ -259,26 +273,25 @@ class ShellModelProblem:
         if upper:
             sel = c_u >= r_u
             keys, base, pair_of, sign, r_u, c_u = keys[sel], base[sel], pair_of[sel], sign[sel], r_u[sel], c_u[sel]
-        # the products over the whole block, then the rows p0..p1-1 (a sub-block may round differently)
-        y_n = (occ_p @ self.w_n[:, used])[p0:p1].T.copy() if len(used) else np.zeros((1, p1 - p0))
         qpos = np.where(pair_of >= 0, np.searchsorted(used, pair_of), 0)
-        diag = (self.h_p_diagonal[gp][:, None] + self.h_n_diagonal[gn][None, :]
-                + (occ_p @ self.d_pn) @ occ_n.T)[p0:p1].T.copy()
-        own = rowblocks.OwnPiece(r_u, c_u.astype(cols), base, sign, qpos, r_u == c_u, diag, y_n,
+        own = rowblocks.OwnPiece(r_u, c_u.astype(cols), base, sign, qpos, r_u == c_u, diag[p0:p1].T.copy(),
+                                 y_n[p0:p1].T.copy(),
                                  (B.offset + np.arange(p0, p1, dtype=np.int64) * n_n).astype(cols), n_n)
         return lo, own, hi
 
-    def _plans(self, upper, blocks, rows, pool):
+    def _plans(self, upper, blocks, rows, n_threads):
+        """The RowBlock of every part of the rows asked for: the BLAS products first (see _products), then
+        the rest on ``n_threads`` threads with BLAS on one."""
         parts = self._parts(blocks, rows)
-        return parts, list(pool.map(lambda part: self._row_block(*part, upper), parts))
+        products = {bi: self._products(bi) for bi in dict.fromkeys(bi for bi, _, _ in parts)}
+        with _one_blas_thread(), ThreadPoolExecutor(max_workers=n_threads) as pool:
+            return list(pool.map(lambda part: self._row_block(*part, upper, products[part[0]]), parts))
 
     def stored_nonzeros(self, storage="upper", n_threads=None, blocks=None, rows=None):
         """Exact stored nonzeros of every row block (int64, one per row block built, in build order) that
         ``build`` with the same arguments stores, counted from the jump lists and v̄'s nonzero pattern
         without computing H; ``.sum()`` sizes H before it is built."""
-        upper = _check_storage(storage)
-        with _one_blas_thread(), ThreadPoolExecutor(max_workers=_threads(n_threads)) as pool:
-            _, plans = self._plans(upper, blocks, rows, pool)
+        plans = self._plans(_check_storage(storage), blocks, rows, _threads(n_threads))
         return np.array([int(pl.counts.sum()) for pl in plans], dtype=np.int64)
 
     def csr_nbytes(self, storage="upper", dtype=np.float64, n_threads=None, blocks=None, rows=None):
@@ -306,8 +319,8 @@ class ShellModelProblem:
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
         n_threads = _threads(n_threads)
         t0 = time.perf_counter()
+        plans = self._plans(upper, blocks, rows, n_threads)
         with _one_blas_thread(), ThreadPoolExecutor(max_workers=n_threads) as pool:
-            parts, plans = self._plans(upper, blocks, rows, pool)
             counts = np.concatenate([pl.counts for pl in plans]) if plans else np.zeros(0, dtype=np.int64)
             indptr = np.zeros(len(counts) + 1, dtype=np.int64)
             np.cumsum(counts, out=indptr[1:])
@@ -337,9 +350,8 @@ _blas = None
 
 
 def _one_blas_thread():
-    """BLAS on one thread while the build's own threads run: its products are small, and OpenBLAS's threads
-    would spin on the cores the build uses (the same per-element products: BLAS splits rows and columns of
-    a product over its threads, never the sums)."""
+    """BLAS on one thread while the build's own threads run: their products (row counts) are small integer
+    ones, exact in any order, and OpenBLAS's threads would spin on the cores the build uses."""
     global _blas
     if _blas is None:
         from threadpoolctl import ThreadpoolController
