@@ -115,11 +115,14 @@ class ShellModelProblem:
         self.w_n = np.einsum("aabd->abd", v4).reshape(nsp_p, nsp_n * nsp_n)      # neutron jump, proton spectator
         self.d_pn = np.einsum("aabb->ab", v4)                                    # both spectators
         t2 = time.perf_counter()
-        self.h_p = species.like_particle_matrix(self.pdets, spe_p, pa, pb, pmat)
-        self.h_n = species.like_particle_matrix(self.ndets, spe_n, na, nb, nmat)
+        # each species' 2M groups that the basis uses: their rows only (one 2M of 184756 for 50Ca's neutrons)
+        groups_p = {b.twom_p for b in self.basis.blocks}
+        groups_n = {self.basis.twice_m - b.twom_p for b in self.basis.blocks}
+        self.h_p = species.like_particle_matrix(self.pdets, spe_p, pa, pb, pmat, groups=groups_p)
+        self.h_n = species.like_particle_matrix(self.ndets, spe_n, na, nb, nmat, groups=groups_n)
         self.h_p_diagonal, self.h_n_diagonal = self.h_p.diagonal(), self.h_n.diagonal()
-        self.jumps_p = species.JumpList(self.pdets)
-        self.jumps_n = species.JumpList(self.ndets)
+        self.jumps_p = species.JumpList(self.pdets, groups_p)
+        self.jumps_n = species.JumpList(self.ndets, groups_n)
         self.pair_p = self.jumps_p.alpha * nsp_p + self.jumps_p.gamma
         self.pair_n = self.jumps_n.alpha * nsp_n + self.jumps_n.gamma
         t3 = time.perf_counter()
@@ -339,7 +342,7 @@ class ShellModelProblem:
                     progress(done, len(futures))
         h = sp.csr_matrix((data, indices, indptr.astype(index_dtype, copy=False)), shape=(len(counts), self.dimension),
                           copy=False)
-        h.has_sorted_indices = True
+        h.has_canonical_format = True          # sorted, each (row, column) once: by construction
         t2 = time.perf_counter()
         info = BuildInfo(self.dimension, nnz, storage, dict(self.setup_seconds, count=t1 - t0, fill=t2 - t1),
                          self.factor, self.mass)
