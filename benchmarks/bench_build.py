@@ -8,7 +8,7 @@ side by side in one process (alternating runs), with a bit-for-bit check of the 
 cisolver/shellmodel is extracted to a temporary folder). Times are wall seconds, median of --repeats runs:
 ``problem`` = ShellModelProblem(...) (basis, elements, species matrices), ``build`` = problem.build(...).
 --spectrum also times cisolver.spectrum.compute_spectrum (what ``python3 -m cisolver spectrum`` runs) with
-either package. Identity: indptr, indices and data (dtype and bytes) for both storages, float32 too, and for
+either package; --cli-tree DIR times the whole CLI as a process in another checkout and in this one. Identity: indptr, indices and data (dtype and bytes) for both storages, float32 too, and for
 row ranges cut inside blocks.
 """
 import argparse
@@ -155,6 +155,25 @@ def compare_spectrum(name, versions, repeats, nev, threads):
     return {"spectrum_seconds": med, "spectrum_runs": times, "energies": energies}
 
 
+def compare_cli(name, tree, repeats, nev):
+    """Wall seconds of the whole ``python3 -m cisolver spectrum`` run in another tree and in this one,
+    alternating, and the 'read+build' seconds each run prints."""
+    inter_name, z, n = CASES[name]
+    cmd = [sys.executable, "-m", "cisolver", "spectrum", "--interaction", inter_name, "--protons", str(z),
+           "--neutrons", str(n), "--nev", str(nev), "--json"]
+    runs = {"reference tree": [], "this tree": []}
+    for _ in range(repeats):
+        for label, cwd in (("reference tree", tree), ("this tree", ROOT)):
+            t = time.perf_counter()
+            out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=True)
+            runs[label].append((time.perf_counter() - t, json.loads(out.stdout)["seconds"]["read+build"]))
+    med = {k: {"total": statistics.median(t for t, _ in v), "read+build": statistics.median(b for _, b in v)}
+           for k, v in runs.items()}
+    print(f"  CLI spectrum ({nev} states), median of {repeats}: " + ", ".join(
+        f"{k} {v['total']:.2f}s (read+build {v['read+build']:.2f}s)" for k, v in med.items()), flush=True)
+    return {"cli_seconds": med, "cli_runs": runs}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reference", help="folder of a shellmodel package, or a git revision (omit: this tree only)")
@@ -166,6 +185,7 @@ def main(argv=None):
     ap.add_argument("--blocks", help="comma list of row blocks: build only those (a matrix too big for the reference)")
     ap.add_argument("--spectrum", action="store_true", help="also time compute_spectrum with either package")
     ap.add_argument("--nev", type=int, default=5)
+    ap.add_argument("--cli-tree", help="also time the whole CLI run in this other repository tree vs this one")
     ap.add_argument("--json", help="write the records to this file")
     args = ap.parse_args(argv)
     versions = {}
@@ -181,6 +201,8 @@ def main(argv=None):
         rec["blocks"] = blocks
         if args.spectrum:
             rec.update(compare_spectrum(name, versions, args.repeats, args.nev, args.threads))
+        if args.cli_tree:
+            rec.update(compare_cli(name, args.cli_tree, args.repeats, args.nev))
         records.append(rec)
     if args.json:
         Path(args.json).write_text(json.dumps(records, indent=1))

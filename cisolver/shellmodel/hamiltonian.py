@@ -282,19 +282,21 @@ class ShellModelProblem:
                                  (B.offset + np.arange(p0, p1, dtype=np.int64) * n_n).astype(cols), n_n)
         return lo, own, hi
 
-    def _plans(self, upper, blocks, rows, n_threads):
+    def _plans(self, upper, blocks, rows, pool):
         """The RowBlock of every part of the rows asked for: the BLAS products first (see _products), then
-        the rest on ``n_threads`` threads with BLAS on one."""
+        the rest on the pool's threads with BLAS on one."""
         parts = self._parts(blocks, rows)
         products = {bi: self._products(bi) for bi in dict.fromkeys(bi for bi, _, _ in parts)}
-        with _one_blas_thread(), ThreadPoolExecutor(max_workers=n_threads) as pool:
+        with _one_blas_thread():
             return list(pool.map(lambda part: self._row_block(*part, upper, products[part[0]]), parts))
 
     def stored_nonzeros(self, storage="upper", n_threads=None, blocks=None, rows=None):
         """Exact stored nonzeros of every row block (int64, one per row block built, in build order) that
         ``build`` with the same arguments stores, counted from the jump lists and v̄'s nonzero pattern
         without computing H; ``.sum()`` sizes H before it is built."""
-        plans = self._plans(_check_storage(storage), blocks, rows, _threads(n_threads))
+        upper = _check_storage(storage)
+        with ThreadPoolExecutor(max_workers=_threads(n_threads)) as pool:
+            plans = self._plans(upper, blocks, rows, pool)
         return np.array([int(pl.counts.sum()) for pl in plans], dtype=np.int64)
 
     def csr_nbytes(self, storage="upper", dtype=np.float64, n_threads=None, blocks=None, rows=None):
@@ -322,8 +324,8 @@ class ShellModelProblem:
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
         n_threads = _threads(n_threads)
         t0 = time.perf_counter()
-        plans = self._plans(upper, blocks, rows, n_threads)
-        with _one_blas_thread(), ThreadPoolExecutor(max_workers=n_threads) as pool:
+        with ThreadPoolExecutor(max_workers=n_threads) as pool:
+            plans = self._plans(upper, blocks, rows, pool)
             counts = np.concatenate([pl.counts for pl in plans]) if plans else np.zeros(0, dtype=np.int64)
             indptr = np.zeros(len(counts) + 1, dtype=np.int64)
             np.cumsum(counts, out=indptr[1:])
@@ -353,8 +355,8 @@ _blas = None
 
 
 def _one_blas_thread():
-    """BLAS on one thread while the build's own threads run: their products (row counts) are small integer
-    ones, exact in any order, and OpenBLAS's threads would spin on the cores the build uses."""
+    """BLAS on one thread while the build's threads count rows: those products are small integer ones, exact
+    in any order, and OpenBLAS's threads would spin on the cores the build uses."""
     global _blas
     if _blas is None:
         from threadpoolctl import ThreadpoolController
