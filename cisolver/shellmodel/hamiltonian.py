@@ -184,8 +184,8 @@ class ShellModelProblem:
 
     def _products(self, bi):
         """The BLAS products of row block ``bi``, over the whole block: the spectator sums y_p = occ_n · w_p
-        (neutron row, proton jump inside the block) and y_n = occ_p · w_n (proton row, neutron jump), and the
-        diagonal (proton row, neutron row). BLAS may round a product differently for another thread count or
+        (neutron row, pair index of a proton jump inside the block, the sorted pair indices used_p) and
+        y_n = occ_p · w_n (proton row, neutron jump pair in used_n), and the diagonal (proton row, neutron row). BLAS may round a product differently for another thread count or
         shape, so they are taken with the caller's BLAS threads, and for the whole block even where only some
         of its rows are built."""
         B = self.basis.blocks[bi]
@@ -198,7 +198,7 @@ class ShellModelProblem:
         y_p = occ_n @ self.w_p[:, used_p] if len(used_p) else np.zeros((B.n_n, 1))
         y_n = occ_p @ self.w_n[:, used_n] if len(used_n) else np.zeros((B.n_p, 1))
         diag = (self.h_p_diagonal[gp][:, None] + self.h_n_diagonal[gn][None, :] + (occ_p @ self.d_pn) @ occ_n.T)
-        return y_p, y_n, diag
+        return y_p, used_p, y_n, used_n, diag
 
     def _row_block(self, bi, p0, p1, upper, products):
         """The pieces of row block ``bi``'s rows of proton determinants p0..p1-1, in column order."""
@@ -230,7 +230,7 @@ class ShellModelProblem:
     def _moves(self, h_s, jumps, pair, start, n, twom, diagonal=False):
         """One species' moves inside a 2M group: the union of H_s's off-diagonal pattern and the jumps (and
         the diagonal), as sorted keys row * n + col with H_s's value (0 where absent), the jump's pair index
-        (-1: none) and sign (0: none), and the pair indices used, sorted."""
+        (-1: none) and sign (0: none)."""
         blk = h_s[start:start + n, start:start + n].tocoo()
         off = blk.row != blk.col
         js = jumps.between(twom, twom)
@@ -244,16 +244,15 @@ class ShellModelProblem:
         sign = np.zeros(len(keys))
         pair_of[inv[len(key_h):len(key_h) + len(key_j)]] = pair[js]
         sign[inv[len(key_h):len(key_h) + len(key_j)]] = jumps.sign[js]
-        return keys, base, pair_of, sign, np.unique(pair[js])
+        return keys, base, pair_of, sign
 
-    def _inside(self, B, p0, p1, upper, y_p, y_n, diag):
-        """The pieces lo, own, hi of block B (proton sources below, at and above p')."""
+    def _inside(self, B, p0, p1, upper, y_p, used_p, y_n, used_n, diag):
+        """The pieces lo (None for upper storage), own, hi of block B (proton sources below, at, above p')."""
         n_p, n_n = B.n_p, B.n_n
         tn = self.basis.twice_m - B.twom_p
         # proton moves (neutrons spectators) and the neutron jumps of the both-move elements inside B
-        keys, base, pair_of, sign, used = self._moves(self.h_p, self.jumps_p, self.pair_p, B.p_start, n_p,
-                                                      B.twom_p)
-        qpos = np.where(pair_of >= 0, np.searchsorted(used, pair_of), 0)
+        keys, base, pair_of, sign = self._moves(self.h_p, self.jumps_p, self.pair_p, B.p_start, n_p, B.twom_p)
+        column = np.where(pair_of >= 0, np.searchsorted(used_p, pair_of), 0)
         r_u, c_u = keys // n_p, keys % n_p
         jn = self.jumps_n.between(tn, tn)
         cols = self._column_dtype
@@ -262,22 +261,22 @@ class ShellModelProblem:
         def side(sel):
             sel &= (r_u >= p0) & (r_u < p1)
             own = rowblocks.OwnColumn(r_u[sel] - p0, (B.offset + c_u[sel] * n_n).astype(cols), base[sel], sign[sel],
-                                      qpos[sel], pair_of[sel] >= 0, y_p, p1 - p0)
+                                      column[sel], pair_of[sel] >= 0, y_p, p1 - p0)
             jump = sel & (pair_of >= 0)
             return rowblocks.JumpGrid(self.v2, r_u[jump] - p0, (B.offset + c_u[jump] * n_n).astype(cols),
                                       pair_of[jump], sign[jump], p1 - p0, nr, nc, self.pair_n[jn],
                                       self.jumps_n.sign[jn], n_n, own=own)
 
-        lo, hi = side(c_u < r_u), side(c_u > r_u)
+        lo, hi = None if upper else side(c_u < r_u), side(c_u > r_u)
         # neutron moves (protons spectators) and the diagonal
-        keys, base, pair_of, sign, used = self._moves(self.h_n, self.jumps_n, self.pair_n, B.n_start, n_n, tn,
-                                                      diagonal=True)
+        keys, base, pair_of, sign = self._moves(self.h_n, self.jumps_n, self.pair_n, B.n_start, n_n, tn,
+                                                diagonal=True)
         r_u, c_u = keys // n_n, keys % n_n
         if upper:
             sel = c_u >= r_u
             keys, base, pair_of, sign, r_u, c_u = keys[sel], base[sel], pair_of[sel], sign[sel], r_u[sel], c_u[sel]
-        qpos = np.where(pair_of >= 0, np.searchsorted(used, pair_of), 0)
-        own = rowblocks.OwnPiece(r_u, c_u.astype(cols), base, sign, qpos, r_u == c_u, diag[p0:p1].T.copy(),
+        column = np.where(pair_of >= 0, np.searchsorted(used_n, pair_of), 0)
+        own = rowblocks.OwnPiece(r_u, c_u.astype(cols), base, sign, column, r_u == c_u, diag[p0:p1].T.copy(),
                                  y_n[p0:p1].T.copy(),
                                  (B.offset + np.arange(p0, p1, dtype=np.int64) * n_n).astype(cols), n_n)
         return lo, own, hi

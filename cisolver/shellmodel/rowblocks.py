@@ -8,16 +8,16 @@ row's part of a piece is an a(p') x b(n') grid, and the pieces follow each other
 
 * C != B (both species move by one jump): sources are the proton jumps C -> p', neutron columns the neutron
   jumps C -> n'; value s_p s_n v̄(αβ,γδ), exact zeros dropped.
-* lo / hi: sources are H_p's pattern and the proton jumps inside B; neutron columns are the neutron jumps
-  inside B and n' itself. At n' the proton-move element H_p(p',p) + s_p Σ_β v̄(αβ,γβ) (kept even where it
-  is 0); at a neutron jump, for jump sources only, s_p s_n v̄ as above.
+* lo / hi: sources are H_p's pattern and the proton jumps inside B. A jump source's grid row holds the
+  neutron jumps inside B (s_p s_n v̄ as above) and n' itself, another source's n' only; at n' the
+  proton-move element H_p(p',p) + s_p Σ_β v̄(αβ,γβ), kept even where it is 0.
 * own: neutron columns are n' (the diagonal) and H_n's pattern and the neutron jumps inside B (the
   neutron-move element H_n(n',n) + s_n Σ_α v̄(αβ,αδ)); all kept.
 
 A row's count needs no values: the zeros dropped are exactly those of v̄, so it is a product of jump counts
 and v̄'s nonzero pattern (P · [v̄ != 0] · Nᵀ per piece). A fill lays a group of rows out uncompacted (every
 grid entry at its place), scatters values and columns there and compresses the dropped zeros out into the
-caller's CSR arrays. Every product and sum is the one of the element formulas above, in the same order, so
+caller's CSR arrays (straight into them where the group drops none). Every product and sum is the one of the element formulas above, in the same order, so
 the matrix does not depend on how the rows are grouped or on the number of threads.
 """
 import numpy as np
@@ -49,13 +49,12 @@ class _Sources:
 
 class _Columns:
     """Neutron columns of a piece, sorted by (target neutron row n', source n): for each the source and its
-    place inside the row's grid row."""
+    place inside the row's list."""
 
-    def __init__(self, target, source, n_rows, place=None):
+    def __init__(self, target, source, n_rows):
         self.target, self.source = target, source
-        self.b, self.ptr, rank = _ranked(target, n_rows)
-        self.place = rank if place is None else place
-        self.width = self.b[target]                                  # the row's jump count at each entry
+        self.b, self.ptr, self.place = _ranked(target, n_rows)
+        self.width = self.b[target]                                  # the row's column count at each entry
 
     def span(self, q0, q1):
         return slice(int(self.ptr[q0]), int(self.ptr[q1]))
@@ -91,11 +90,8 @@ class JumpGrid:
         self.ia, self.ib, self.sign = ia.ravel(), ib.ravel(), sign
         self.ib2 = self.ib + tab.shape[1] * (col_sign < 0)
         self.own = own
-        if own is None:
-            self.cols = _Columns(col_target, col_source, n_rows)
-            self.lead = np.zeros(len(target), dtype=np.int64)
-        else:       # n' sits among the row's jump columns, after those with a smaller source
-            self.cols = _Columns(col_target, col_source, n_rows)
+        self.cols = _Columns(col_target, col_source, n_rows)
+        if own is not None:         # n' sits among the row's jump columns, after those with a smaller source
             self.cols.place = self.cols.place + (col_source > col_target)
             before = np.searchsorted(col_target * n_rows + col_source, np.arange(n_rows) * (n_rows + 1))
             self.own_place = before - self.cols.ptr[:-1]
@@ -150,11 +146,13 @@ class JumpGrid:
 
 class OwnPiece:
     """p' itself: the diagonal at n' and the neutron-move elements H_n(n',n) + s_n Σ_α v̄(αβ,αδ), all stored.
-    diag: (neutron row, proton row); y_n: (pair used, proton row) spectator sums."""
+    Columns: H_n's pattern, the neutron jumps and n' (``is_own``), with H_n's value (base), the jump's sign
+    (0: none) and its column of y_n (pair used, proton row: the spectator sums); diag: (neutron row, proton
+    row)."""
 
-    def __init__(self, target, source, base, sign, qpos, is_own, diag, y_n, col_base, n_rows):
+    def __init__(self, target, source, base, sign, column, is_own, diag, y_n, col_base, n_rows):
         self.cols = _Columns(target, source, n_rows)
-        self.base, self.sign, self.qpos = base, sign, qpos
+        self.base, self.sign, self.column = base, sign, column
         self.own_entry = np.flatnonzero(is_own)          # one per neutron row, in row order
         self.diag, self.y_n, self.col_base = diag, y_n, col_base
         self.a = np.ones(diag.shape[1], dtype=np.int64)
@@ -168,7 +166,7 @@ class OwnPiece:
     def scatter(self, offsets, g0, g1, q0, q1, val, col, keep):
         e = self.cols.span(q0, q1)
         at = offsets[self.cols.target[e] - q0] + self.cols.place[e, None]
-        v = self.base[e, None] + self.sign[e, None] * self.y_n[self.qpos[e], g0:g1]
+        v = self.base[e, None] + self.sign[e, None] * self.y_n[self.column[e], g0:g1]
         v[self.own_entry[q0:q1] - e.start] = self.diag[q0:q1, g0:g1]
         val[at] = v
         col[at] = self.cols.source[e, None] + self.col_base[g0:g1]
@@ -215,7 +213,7 @@ class RowBlock:
 def _buffers(scratch, n, data_dtype, index_dtype):
     """Views of n entries of this thread's uncompacted value, column and keep buffers (grown as needed)."""
     have = getattr(scratch, "buffers", None)
-    if have is None or len(have[0]) < n or have[0].dtype != data_dtype or have[1].dtype != index_dtype:
+    if have is None or len(have[0]) < n:
         size = max(n, 2 * len(have[0]) if have is not None else 0)
         have = scratch.buffers = (np.empty(size, data_dtype), np.empty(size, index_dtype), np.empty(size, bool))
     return tuple(b[:n] for b in have)
