@@ -5,11 +5,12 @@ side by side in one process (alternating runs), with a bit-for-bit check of the 
     python3 benchmarks/bench_build.py --reference <git revision> --cases 46Ti,48Cr --storage upper --spectrum
 
 --reference: a folder holding a shellmodel package, or a git revision of this repository (its
-cisolver/shellmodel is extracted to a temporary folder). Times are wall seconds, median of --repeats runs:
-``problem`` = ShellModelProblem(...) (basis, elements, species matrices), ``build`` = problem.build(...).
---spectrum also times cisolver.spectrum.compute_spectrum (what ``python3 -m cisolver spectrum`` runs) with
-either package; --cli-tree DIR times the whole CLI as a process in another checkout and in this one. Identity: indptr, indices and data (dtype and bytes) for both storages, float32 too, and for
-row ranges cut inside blocks.
+cisolver/shellmodel is extracted to a temporary folder). Times are wall seconds (and process CPU seconds),
+median of --repeats runs: ``problem`` = ShellModelProblem(...) (basis, elements, species matrices),
+``build`` = problem.build(...). --spectrum also times cisolver.spectrum.compute_spectrum (what
+``python3 -m cisolver spectrum`` runs) with either package; --cli-tree DIR times the whole CLI as a process
+in another checkout and in this one. Identity: indptr, indices and data (dtype and bytes) for both storages,
+and with --check-ranges float32 and row ranges cut inside blocks.
 """
 import argparse
 import gc
@@ -125,7 +126,8 @@ def compare_case(name, versions, storages, repeats, threads, check_ranges, block
         ok = True
         for storage in storages:
             for dtype in (np.float64, np.float32):
-                ok &= identical(problems["reference"].build(storage, dtype)[0], problems["new"].build(storage, dtype)[0])
+                ok &= identical(problems["reference"].build(storage, dtype)[0],
+                                problems["new"].build(storage, dtype)[0])
             for lo, hi in row_ranges(problems["new"]):
                 ok &= identical(problems["reference"].build(storage, rows=(lo, hi))[0],
                                 problems["new"].build(storage, rows=(lo, hi))[0])

@@ -185,9 +185,9 @@ class ShellModelProblem:
     def _products(self, bi):
         """The BLAS products of row block ``bi``, over the whole block: the spectator sums y_p = occ_n · w_p
         (neutron row, pair index of a proton jump inside the block, the sorted pair indices used_p) and
-        y_n = occ_p · w_n (proton row, neutron jump pair in used_n), and the diagonal (proton row, neutron row). BLAS may round a product differently for another thread count or
-        shape, so they are taken with the caller's BLAS threads, and for the whole block even where only some
-        of its rows are built."""
+        y_n = occ_p · w_n (proton row, neutron jump pair in used_n), and the diagonal (proton row, neutron row).
+        BLAS may round a product differently for another thread count or shape, so they are taken with the
+        caller's BLAS threads, and for the whole block even where only some of its rows are built."""
         B = self.basis.blocks[bi]
         gp = slice(B.p_start, B.p_start + B.n_p)
         gn = slice(B.n_start, B.n_start + B.n_n)

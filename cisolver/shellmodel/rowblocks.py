@@ -17,8 +17,9 @@ row's part of a piece is an a(p') x b(n') grid, and the pieces follow each other
 A row's count needs no values: the zeros dropped are exactly those of v̄, so it is a product of jump counts
 and v̄'s nonzero pattern (P · [v̄ != 0] · Nᵀ per piece). A fill lays a group of rows out uncompacted (every
 grid entry at its place), scatters values and columns there and compresses the dropped zeros out into the
-caller's CSR arrays (straight into them where the group drops none). Every product and sum is the one of the element formulas above, in the same order, so
-the matrix does not depend on how the rows are grouped or on the number of threads.
+caller's CSR arrays (straight into them where the group drops none). Every product and sum is the one of
+the element formulas above, in the same order, so the matrix does not depend on how the rows are grouped
+or on the number of threads.
 """
 import numpy as np
 
