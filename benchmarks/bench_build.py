@@ -86,7 +86,8 @@ def row_ranges(problem):
 def compare_case(name, versions, storages, repeats, threads, check_ranges, blocks=None):
     inter_name, z, n = CASES[name]
     path = resolve_interaction(inter_name)
-    rec = {"case": name, "interaction": inter_name, "protons": z, "neutrons": n, "threads": threads}
+    rec = {"case": name, "interaction": inter_name, "protons": z, "neutrons": n, "threads": threads,
+           "cores": len(os.sched_getaffinity(0)), "load_average": os.getloadavg()[0]}
     print(f"{name}: {inter_name} {z}p {n}n" + (f", row blocks {blocks}" if blocks else ""), flush=True)
     problems, t_problem = {}, {k: [] for k in versions}
     for _ in range(repeats):
