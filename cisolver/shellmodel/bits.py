@@ -30,10 +30,10 @@ def all_determinants(n_states, n_particles):
         raise ValueError(f"cannot place {n_particles} particles in {n_states} single-particle states")
     if n_states > 63:
         raise ValueError(f"at most 63 single-particle states per species are supported, got {n_states}")
+    if n_particles == 0:
+        return np.zeros(1, dtype=np.uint64)        # the empty determinant (no -1 reshape of 0 columns)
     combos = np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(n_states), n_particles)),
                          dtype=np.int64, count=-1).reshape(-1, n_particles)
-    if n_particles == 0:
-        return np.zeros(1, dtype=np.uint64)
     states = np.bitwise_or.reduce(np.uint64(1) << combos.astype(np.uint64), axis=1)
     return np.sort(states)
 
