@@ -9,8 +9,18 @@ scatter per block. Nothing of the size of H is built.
 import numpy as np
 import scipy.sparse as sp
 
-from ..shellmodel import bits
+from ..shellmodel import bits, species
 from ..shellmodel.basis import MSchemeBasis
+
+
+def every_jump(problem):
+    """The proton and neutron JumpLists from every 2M group of the species' determinants (the problem's own
+    lists start only in the groups its basis uses; the operators here also act on bases of other M). Made
+    once per problem."""
+    lists = getattr(problem, "_every_jump", None)
+    if lists is None:
+        lists = problem._every_jump = (species.JumpList(problem.pdets), species.JumpList(problem.ndets))
+    return lists
 
 
 def species_one_body(dets, jumps, matrix):
@@ -102,10 +112,9 @@ class OneBodyOperator:
         self.mu = int(mu)
         self.target = (self.source if self.mu == 0
                        else MSchemeBasis(problem.pdets, problem.ndets, self.source.twice_m + 2 * self.mu))
-        self.p = (None if proton_matrix is None
-                  else species_one_body(problem.pdets, problem.jumps_p, proton_matrix))
-        self.n = (None if neutron_matrix is None
-                  else species_one_body(problem.ndets, problem.jumps_n, neutron_matrix))
+        jumps_p, jumps_n = every_jump(problem)
+        self.p = None if proton_matrix is None else species_one_body(problem.pdets, jumps_p, proton_matrix)
+        self.n = None if neutron_matrix is None else species_one_body(problem.ndets, jumps_n, neutron_matrix)
 
     def apply(self, vectors):
         v = np.asarray(vectors)
