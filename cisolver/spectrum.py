@@ -23,7 +23,8 @@ from .preconditioner import TilePreconditioner, configuration_labels
 from .observables import TransitionOptions, compute_observables
 from .shellmodel import angmom, hamiltonian, nushellx
 
-BUILD_THREADS = min(8, os.cpu_count() or 1)     # threads of the H build when not told
+BUILD_THREADS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+# the H build's threads when not told: every core this process may use
 
 
 def parse_devices(devices, name="devices"):

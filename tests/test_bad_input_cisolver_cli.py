@@ -4,9 +4,7 @@ Also: --json and the table share exit codes (1 when LOBPCG did not converge), --
 too big for the memory is refused in seconds, and notes and progress stay off pipes and log files."""
 import csv
 import json
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,9 +12,8 @@ import pytest
 import hybridblas as hb
 from cisolver import spectrum
 from cisolver.cli import main
+from ci_data import needs_data
 
-DATA = Path(os.environ.get("CISOLVER_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA} (set CISOLVER_DATA)")
 NE20 = ["spectrum", "--interaction", "usdb", "--protons", "2", "--neutrons", "2"]     # dimension 640
 NE20_ENERGIES = [-40.472331, -38.725641, -36.297059, -33.774153, -32.929372]        # data README, KSHELL
 

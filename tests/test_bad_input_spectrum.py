@@ -2,9 +2,7 @@
 and its value, raised before H is built (a stand-in for the Hamiltonian fails the test if it is reached). A run
 too big for the memory is refused in seconds with the estimate, the limit and what to change. Good edges:
 nev equal to the dimension, return_vectors, devices='all' on a node without GPUs."""
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,9 +10,8 @@ import pytest
 import hybridblas as hb
 from cisolver import compute_spectrum, spectrum
 from cisolver.shellmodel import hamiltonian, snt
+from ci_data import DATA, needs_data
 
-DATA = Path(os.environ.get("CISOLVER_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA} (set CISOLVER_DATA)")
 NO_GPU = hb.gpu_count() == 0
 NE20 = dict(interaction="usdb", n_protons=2, n_neutrons=2)       # dimension 640, 2M from -16 to 16
 

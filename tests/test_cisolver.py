@@ -1,7 +1,6 @@
 """cisolver: shell-model Hamiltonians against the README reference spectra, LOBPCG against eigsh/eigh."""
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,13 +8,11 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from cisolver import dense, lobpcg
-from cisolver.data import packaged_interactions
 from cisolver.operators import SymmetricOperator
 from cisolver.preconditioner import TilePreconditioner, configuration_labels
 from cisolver.shellmodel import angmom, hamiltonian, snt
+from ci_data import DATA, needs_data
 
-DATA = Path(os.environ.get("CISOLVER_DATA") or packaged_interactions())   # the shipped files unless overridden
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA} (set CISOLVER_DATA)")
 
 REF = {  # README reference spectra (KSHELL + dense check), MeV, and J
     "20Ne": ("usdb.snt", 2, 2, 640, [-40.472331, -38.725641, -36.297059, -33.774153, -32.929372], [0, 2, 4, 0, 2]),

@@ -3,18 +3,15 @@ jumps and two-particle moves from generating functions equal a brute-force enume
 equals the basis'; the nonzeros bound the build's from above and come within 2 % of them; H's bytes match
 the build's CSR arrays."""
 import itertools
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cisolver import estimate
 from cisolver.shellmodel import basis, hamiltonian, snt
+from ci_data import DATA, needs_data
 
-DATA = Path(os.environ.get("CISOLVER_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA} (set CISOLVER_DATA)")
 
 
 def _brute_force(twoms, n):

@@ -1,8 +1,6 @@
 """Host-side pieces of cisolver's GPU code, on the CPU: row blocks of a CSR matrix without a submatrix copy,
 equal-nonzero cuts, the choice of full or upper storage on GPUs by memory, and the index arithmetic of the
 GPU's <J²> against angmom's J₊."""
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,9 +9,8 @@ import scipy.sparse as sp
 from cisolver import gpu_angmom, gpu_spmm
 from cisolver.shellmodel import angmom, hamiltonian, snt
 from cisolver.shellmodel.basis import MSchemeBasis
+from ci_data import DATA, needs_data
 
-DATA = Path(os.environ.get("CISOLVER_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA} (set CISOLVER_DATA)")
 
 
 def _csr(n, m, density, seed, empty_rows=()):

@@ -1,18 +1,15 @@
 """cisolver.gpu_angmom: <J²> of vectors on a GPU against the host's (angmom.expectation_j2: J₊ built in the
 many-body basis) on 20Ne and 24Mg, float32 and float64 vectors, unnormalised columns, strided column ranges,
 odd A and the highest 2M; the spectrum's J on a GPU."""
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cisolver import gpu_angmom
 from cisolver.shellmodel import angmom, hamiltonian, snt
+from ci_data import DATA, needs_data
 
 pytestmark = pytest.mark.gpu
-DATA = Path(os.environ.get("CISOLVER_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA}")
 
 
 def _problem(z, n, m=None, name="usdb.snt"):

@@ -5,14 +5,13 @@ made on the GPU) against scipy's rows and transposes, exactly.
 
 Products are checked to |y - H x| <= TOL[dtype] * max_i sum_j |H_ij| * max |x| (float32 2e-5, float64 1e-12):
 the storages differ by the order of their sums only."""
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 from cisolver.operators import SymmetricOperator
+from ci_data import DATA
 
 pytestmark = pytest.mark.gpu
 DEVICE_SETS = [[0], pytest.param([0, 1], marks=pytest.mark.multi_gpu)]
@@ -164,7 +163,6 @@ def test_block_in_another_precision_than_the_matrix(devices):
     _check(out[:, 1:5], h, x, np.float32)
 
 
-DATA = Path(os.environ.get("CISOLVER_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
 
 
 def _with_gaps(n, seed):

@@ -2,18 +2,15 @@
 proton-neutron form) from the README's conventions, read back, must give the same matrix elements and the README's
 reference spectra. Lines are written in random pair order and Hermitian order, so the reader's phases are exercised."""
 import logging
-import os
 from math import sqrt
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cisolver.shellmodel import hamiltonian, nushellx, snt
 from cisolver.shellmodel.snt import InteractionFileError
+from ci_data import DATA, needs_data
 
-DATA = Path(os.environ.get("CISOLVER_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA} (set CISOLVER_DATA)")
 
 REF = {"usdb.snt": (2, 2, 640, [-40.472331, -38.725641, -36.297059]),        # 20Ne (README)
        "ckpot.snt": (4, 4, 51, [-71.044671, -66.397028, -58.595516])}       # 12C

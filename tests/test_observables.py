@@ -4,9 +4,7 @@ Exact answers come from closed forms (oscillator integrals, Schmidt moments, sin
 single-particle B(E2)), from symmetries (J as the M1 operator, mirror nuclei, M independence, detailed balance)
 and from a sum rule over every eigenstate of 20Ne. The interaction files are those of the shared data folder.
 """
-import os
 from math import pi, sqrt
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,9 +17,8 @@ from cisolver.observables import oscillator, single_particle, states, transition
 from cisolver.observables.mscheme import OneBodyOperator, apply_product, species_one_body
 from cisolver.shellmodel import angmom, basis, hamiltonian, snt
 from cisolver.shellmodel.clebsch import clebsch_gordan
+from ci_data import DATA, needs_data
 
-DATA = Path(os.environ.get("CISOLVER_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA} (set CISOLVER_DATA)")
 
 
 def _problem(name, z, n, twice_m=None):

@@ -1,8 +1,6 @@
 """Observables through compute_spectrum and the cisolver command: options checked before any work, the text
 table, the JSON, and the JSON drawn by 'cisolver plot'."""
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,9 +9,8 @@ from cisolver import compute_spectrum
 from cisolver.cli import main
 from cisolver.observables import TransitionOptions, compute_observables
 from cisolver.shellmodel import hamiltonian, snt
+from ci_data import DATA, needs_data
 
-DATA = Path(os.environ.get("CISOLVER_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA} (set CISOLVER_DATA)")
 
 
 @needs_data

@@ -3,9 +3,7 @@ the README rules, closed forms for one and two valence nucleons, CSR layout, ide
 of rows and thread count, and the sizes callable before a build."""
 import itertools
 import json
-import os
 from math import sqrt
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +11,8 @@ import scipy.sparse as sp
 
 from cisolver.shellmodel import angmom, hamiltonian, snt
 from cisolver.shellmodel.clebsch import clebsch_gordan
+from ci_data import DATA
 
-DATA = Path(os.environ.get("CISOLVER_DATA",
-                          Path(__file__).resolve().parents[1].parent / "shared" / "data" / "interactions"))
 pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"interaction data folder absent: {DATA} (set CISOLVER_DATA)")
 
 
