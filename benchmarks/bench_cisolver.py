@@ -74,7 +74,7 @@ def run_case(name, nev, tol, devices, dtype, maxiter, threads, log, path, meta, 
             f"{res.declined} GPU passes declined, {res.redone} GPU steps redone), dense {res.seconds.get('dense', 0) / it * 1e3:.2f} ms/it, "
             f"spmm {res.seconds.get('spmm', 0) / it * 1e3:.2f} ms/it, {res.eigenvalues[:3]}")
         if devs != "cpu" and COMPARE_TRIPS and solver.OVERLAP:
-            solver.OVERLAP = False            # the same run waiting at every host trip (sessions 7-8)
+            solver.OVERLAP = False            # the same run waiting at every host trip
             try:
                 ours(label + "-trips", devs, storage, h)
             finally:

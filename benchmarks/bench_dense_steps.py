@@ -1,10 +1,9 @@
 """Time each dense step of one LOBPCG iteration on a GPU, for tall blocks like 48Cr's (n ~ 2e6).
 
-The float32 48Cr solve on one H200 spent 33 ms per iteration in its dense steps against 42 ms in SpMM
-(docs/performance-cisolver.md); this names the pieces: Gram products (hybridblas against cupy matmul, on
-the row-major S buffer and on strided column ranges of it), w R^{-1} (cuBLAS trsm through cupyx against
-a gemm with the small inverse), the block updates (cupy matmul against cisolver.blocks, one cuBLAS call on the strided ranges), and whole
-CholQR2 / orthonormalisation / Rayleigh-Ritz calls of cisolver.dense.
+Names the pieces of an iteration's dense steps: Gram products (hybridblas against cupy matmul, on the
+row-major S buffer and on strided column ranges of it), w R^{-1} (cuBLAS trsm through cupyx against a gemm
+with the small inverse), the block updates (cupy matmul against cisolver.blocks, one cuBLAS call on the
+strided ranges), and whole CholQR2 / orthonormalisation / Rayleigh-Ritz calls of cisolver.dense.
 
     PYTHONPATH=. python3 benchmarks/bench_dense_steps.py --rows 1963461 --block 8 --dtype float32 [--json F]
 """
@@ -21,7 +20,7 @@ from cisolver.blocks import product_into
 
 
 def _project_then_cholqr2(x, w, ctx):
-    """The W step as it was in session 3: W -= X (X^T W) twice, then CholQR2 (four host trips)."""
+    """The W step without BCGS-PIP, for comparison: W -= X (X^T W) twice, then CholQR2 (four host trips)."""
     for _ in range(2):
         w -= x @ cp.asarray(cp.asnumpy(x.T @ w))
     return dense.cholqr2(w, context=ctx)
@@ -74,7 +73,7 @@ def main():
         "project x^T w, to host": lambda: cp.asnumpy(s[:, :b].T @ w),
         "cholqr2(W) (cisolver.dense)": lambda: dense.cholqr2(w.copy(), context=ctx),
         "one CholQR pass of P, HP (cisolver.dense)": lambda: dense.cholqr2(w.copy(), w.copy(), context=ctx, passes=1),
-        "W ⟂ X: project twice + cholqr2 (session 3)": lambda: _project_then_cholqr2(x, w.copy(), ctx),
+        "W ⟂ X: project twice + cholqr2 (four host trips)": lambda: _project_then_cholqr2(x, w.copy(), ctx),
         "[P W] ⟂ X: BCGS-PIP2 on the buffer (cisolver.dense)": lambda: _orthonormalise_tail(buf, hbuf, b, ctx),
         "gram [X P W]^T [P W], hybridblas gemm": lambda: hb.gemm(1.0, buf, buf[:, b:], transa="T", context=ctx),
         "gram [X P W]^T [P W], cupy matmul": lambda: buf.T @ buf[:, b:],

@@ -22,7 +22,7 @@ CASES = {"24Mg": ("usdb", 4, 4), "46Ti": ("gxpf1a", 2, 4), "47V": ("gxpf1a", 3, 
 
 
 class CupyxBefore:
-    """Session 7's SymmetricOperator on GPUs: cupyx CSR parts, ``m @ x`` device after device."""
+    """The GPU operator through cupyx, for comparison: cupyx CSR parts, ``m @ x`` device after device."""
 
     def __init__(self, h, storage, devices, dtype):
         import cupy

@@ -39,9 +39,9 @@ gputests) stage gputests ${TESTS_LIMIT:-420} "python3 -m pytest -q -p no:cachepr
 scale) stage scale ${SCALE_LIMIT:-560} "python3 benchmarks/bench_blas_gpu.py --sizes ${SCALE_N:-24576} --modes host --gpu-counts ${COUNTS:-1 2 4} --repeats ${REPEATS:-2} --xt-block 8192 --out $W/scale" ;;
 flapwn) stage flapwn 300 "python3 benchmarks/bench_flapw.py --devices ${FLAPW_DEVICES:-cuda:0 all} --blas hybridblas --systems TiO2 --kmax ${FLAPW_KMAX:-4.0} --arrays device --cublas-peak --out $W/flapw-n" ;;
 tunequick) stage tunequick 200 "mkdir -p $W/prof; export HYBRIDBLAS_PROFILE_DIR=$W/prof; (time python3 -m hybridblas.tuning calibrate --quick --output $W/prof --no-progress) && python3 -m hybridblas.tuning show --json > $W/prof/show.json" ;;
-# still to measure (after session 4): the cisolver dense steps after BCGS-PIP2 and one-pass P (gputests,
-# profdense, dense, ci48, cibig with CI_FLAGS=--gpu-only), the threaded host stages of FLAPW host-array
-# builds (flapwxt with XT_BLAS=hybridblas XT_KMAX=4.0), pinning off/auto/on (flapwpin), n = 32768 (scale32)
+# small hybridblas calls on one GPU (small), n = 32768 on 1, 2, 4 GPUs (scale32), a FLAPW build with page-locking
+# off / auto / on (flapwpin), the size curve (curve, curve2), TiO2 over Kmax on one GPU and all (flapw1), AuAg and
+# NaCl with device and host arrays (crystals); FLAPW host-array builds against cuBLASXt: flapwxt
 small) stage small 90 "python3 benchmarks/bench_small_calls.py --dtype float64 && python3 benchmarks/bench_small_calls.py --dtype float32" ;;
 scale32) stage scale32 560 "python3 benchmarks/bench_blas_gpu.py --sizes 32768 --modes host --gpu-counts ${COUNTS:-1 2 4} --repeats 2 --xt-block 8192 --xt-max-seconds 10 --out $W/scale32" ;;
 flapwpin) stage flapwpin 400 "for p in off auto on; do HYBRIDBLAS_PIN_HOST=\$p python3 benchmarks/bench_flapw.py --devices all --blas hybridblas --systems TiO2 --kmax 3.0 --repeat 3 --out $W/flapw-pin-\$p; done" ;;
@@ -77,7 +77,7 @@ trace) stage trace ${TRACE_LIMIT:-150} "for c in ${TRACE_CASES:-24Mg 47V}; do py
 trace48) stage trace48 ${TRACE_LIMIT:-150} "python3 benchmarks/trace_lobpcg_iteration.py --case 48Cr --iterations 15 && python3 benchmarks/trace_lobpcg_iteration.py --iterations 15" ;;
 # the GPU time of each queued dense step of an iteration, apart from the host's, at 24Mg's to 48Cr's sizes
 steps) stage steps ${STEPS_LIMIT:-200} "for c in ${STEPS_SIZES:-28503:float64 86810:float64 483887:float64 1963461:float32}; do python3 benchmarks/bench_queued_steps.py --rows \${c%:*} --dtype \${c#*:} --json $W/steps-\${c%:*}.json; done" ;;
-# the small eigensolve of Rayleigh-Ritz on LOBPCG's own 24 x 24 matrices: cisolver's Jacobi kernel, cuSOLVER
-smalleigh) stage smalleigh ${EIGH_LIMIT:-120} "python3 benchmarks/bench_small_eigh.py --matrices benchmarks/results/h200x2-2026-11-22-s11/lobpcg_rr_matrices.npy --json $W/small_eigh.json" ;;
+# the small eigensolve of Rayleigh-Ritz on LOBPCG's own 24 x 24 matrices: cuSOLVER's syevjBatched and XsyevBatched
+smalleigh) stage smalleigh ${EIGH_LIMIT:-120} "python3 benchmarks/bench_small_eigh.py --matrices benchmarks/results/lobpcg_rr_matrices.npy --json $W/small_eigh.json" ;;
 esac; done
 echo "=== done $(date +%T)"

@@ -1,4 +1,4 @@
-"""Timing helper shared by the GPU micro-benchmarks (run as scripts: this folder is on sys.path)."""
+"""Timing functions shared by the GPU micro-benchmarks (run as scripts: this folder is on sys.path)."""
 import json
 import time
 

@@ -1,10 +1,10 @@
-"""One picture of the TiO2 H/S build against Kmax, from bench_flapw.py JSON of several campaigns.
+"""One picture of the TiO2 H/S build against Kmax, from the bench_flapw.py JSON in benchmarks/results.
 
     PYTHONPATH=. python3 benchmarks/plot_flapw_summary.py --out docs/img/flapw_tio2.png
 
-Each series is a (label, folder, file pattern) below: the 2-core CPU box, one and two H200s with the
-arrays on the GPU, and two H200s with host arrays through hybridblas and through cuBLASXt. End-to-end
-TFLOP/s (LAWN 41) on the left, the BLAS part on the right, on log scales.
+Series: the 2-core CPU box; one, two (2×H200 node) and four H200s (4×H200 node) with the arrays on the GPU;
+two H200s with host arrays through hybridblas and through cuBLASXt. End-to-end TFLOP/s (LAWN 41) on the
+left, the BLAS part on the right, on log scales.
 """
 import argparse
 import glob
@@ -18,27 +18,28 @@ import matplotlib.pyplot as plt  # noqa: E402
 from plotting import save  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-SERIES = [
-    ("CPU, 2 cores (hybridblas)", ["cpu-2core-2026-11-22/flapw"], "TiO2_k*_refined_cpu_hybridblas.json", "k:"),
-    ("1 H200, device arrays", ["h200x2-2026-11-22-s3/run4-dense-ci-mpi-flapw-curve/flapw-all"],
-     "TiO2_k*_refined_cuda0_hybridblas.json", "C0o-"),
-    ("2 H200, device arrays", ["h200x2-2026-11-22-s3/run4-dense-ci-mpi-flapw-curve/flapw-all"],
-     "TiO2_k*_refined_all_hybridblas.json", "C1o-"),
-    ("2 H200, host arrays, hybridblas", ["h200x2-2026-11-22/flapw-k25", "h200x2-2026-11-22-s4/run4-flapwxt/flapw-xt"],
-     "TiO2_k*_refined_all_hybridblas.json", "C2s--"),
-    ("2 H200, host arrays, cuBLASXt", ["h200x2-2026-11-22/flapw-k25", "h200x2-2026-11-22-s4/run4-flapwxt/flapw-xt"],
-     "TiO2_k*_refined_all_cublasxt.json", "C3^--"),
+DEVICE = "h200x2-2026-11-22/flapw-tio2-device/summary.json"
+HOST = "h200x2-2026-11-22/flapw-tio2-host/summary.json"
+FOUR = "h200x4-2026-11-22/flapw-tio2/summary.json"
+SERIES = [  # label, files (glob patterns), what a result must match, style
+    ("CPU, 2 cores (hybridblas)", "cpu-2core-2026-11-22/flapw/TiO2_k*_refined_cpu_hybridblas.json", {}, "k:"),
+    ("1 H200, device arrays", DEVICE, {"devices": "cuda:0"}, "C0o-"),
+    ("2 H200, device arrays", DEVICE, {"devices": "all"}, "C1o-"),
+    ("4 H200, device arrays", FOUR, {"devices": "all"}, "C4*"),
+    ("2 H200, host arrays, hybridblas", HOST, {"blas": "hybridblas"}, "C2s--"),
+    ("2 H200, host arrays, cuBLASXt", HOST, {"blas": "cublasxt"}, "C3^--"),
 ]
 
 
-def load(folders, pattern):
-    """(kmax, end-to-end TF/s, BLAS TF/s) per Kmax; a later folder replaces an earlier one's point."""
+def load(pattern, match):
+    """(kmax, end-to-end TF/s, BLAS TF/s) of the TiO2 results that match, by Kmax."""
     points = {}
-    for folder in folders:
-        for path in glob.glob(os.path.join(RESULTS, folder, pattern)):
-            with open(path) as fh:
-                r = json.load(fh)
-            points[r["kmax"]] = (r["kmax"], r["total_tflops"], r["blas_tflops"])
+    for path in glob.glob(os.path.join(RESULTS, pattern)):
+        with open(path) as fh:
+            doc = json.load(fh)
+        for r in doc.get("results", [doc]):
+            if r["system"] == "TiO2" and all(r.get(k) == v for k, v in match.items()):
+                points[r["kmax"]] = (r["kmax"], r["total_tflops"], r["blas_tflops"])
     return [points[k] for k in sorted(points)]
 
 
@@ -47,8 +48,8 @@ def main(argv=None):
     ap.add_argument("--out", default="docs/img/flapw_tio2.png")
     args = ap.parse_args(argv)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    for label, folders, pattern, style in SERIES:
-        pts = load(folders, pattern)
+    for label, pattern, match, style in SERIES:
+        pts = load(pattern, match)
         if not pts:
             print(f"no results for {label!r}")
             continue

@@ -1,9 +1,9 @@
 """Where the host time of LOBPCG's dense steps goes on a GPU: cProfile over a few iterations.
 
-The dense steps have a floor of ~5.6 ms per iteration on an H200 even for 24Mg (n = 28503), where the data
-are tiny (docs/performance.md, session 4): host round trips, kernel launches and Python. This runs ours
-on a synthetic symmetric matrix whose SpMM is cheap (a few nonzeros per row), so the profile is the dense
-steps, and prints the per-step times and the functions with the most own time.
+Where the blocks are small (24Mg, n = 28503) the dense steps' time is host round trips, kernel launches and
+Python rather than GPU work. This runs ours on a synthetic symmetric matrix whose SpMM is cheap (a few
+nonzeros per row), so the profile is the dense steps, and prints the per-step times and the functions with
+the most own time.
 
     PYTHONPATH=. python3 benchmarks/profile_lobpcg_dense.py --rows 1963461 --dtype float32 [--iterations 20]
 """

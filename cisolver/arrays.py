@@ -1,4 +1,4 @@
-"""Array-module helpers: numpy on the CPU, cupy on a GPU (imported lazily, only when used)."""
+"""Array-module functions: numpy on the CPU, cupy on a GPU (imported lazily, only when used)."""
 import time
 
 import numpy as np
@@ -52,7 +52,7 @@ _in_flight = []      # (event, pinned buffer, device array) of copies not known 
 def _keep_until_landed(event, *buffers):
     """Hold the buffers of a queued copy until its event has passed, also when nobody reads the copy: a
     pinned buffer back in CuPy's pool too early is handed to the next small host-to-device copy, and the
-    late copy then writes into that one (a review finding: the last flag of a run, never read)."""
+    late copy then writes into that one (as the last flag of a run, which nobody reads, would)."""
     _in_flight[:] = [entry for entry in _in_flight if not _passed(entry[0])]
     _in_flight.append((event,) + buffers)
 

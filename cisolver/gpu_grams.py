@@ -33,10 +33,11 @@ BLOCKS_PER_SM = 2        # the prefetched tile's registers leave room for two bl
 STAGED = True
 STAGES = 3
 # float64 blocks the staged kernel takes up to this many rows: at 47V's 484 k rows (H200) both Grams in 116 us
-# against 120 for cuBLAS and 128 for hybridblas' gemmt and syrk, and 46 us of host time against 262 (run7); at
-# 48Cr's 1.96 M float32 rows cuBLAS stays ahead (407 against 428 us, run6), so ROWS_LIMIT holds there
+# against 120 for cuBLAS and 128 for hybridblas' gemmt and syrk, and 46 us of host time against 262; at
+# 48Cr's 1.96 M float32 rows cuBLAS stays ahead (407 against 428 us), so ROWS_LIMIT holds there
+# (benchmarks/bench_queued_steps.py)
 STAGED_DOUBLE_ROWS_LIMIT = 1 << 20
-STAGED_BLOCKS_PER_SM = 3   # session 13 run6, H200: both Grams 70.1 / 67.0 / 69.0 us at 2 / 3 / 4 (242 k rows, float64)
+STAGED_BLOCKS_PER_SM = 3   # H200, bench_queued_steps: both Grams 70.1 / 67.0 / 69.0 us at 2 / 3 / 4 (242 k f64 rows)
 
 _SOURCE = r"""
 // Tasks: a 4 x 4 tile of S^T H S (every tile, when has_hs) or of S^T S (tiles on or below the diagonal).
@@ -76,8 +77,8 @@ __device__ __forceinline__ bool slot(int kp, bool vec, int* r, int* c, int* rows
 
 // rows [r0, r0 + rows) of src (k columns at leading dimension ld): this thread's part into reg; put(fetch(tile))
 // stages the tile into dst (rows x kp, zero past column k). The next tile's loads are issued before this
-// tile's products and are in flight meanwhile (session 12: one load at a time per thread between two barriers
-// had the H200 at 1.2 TB/s)
+// tile's products and are in flight meanwhile (one load at a time per thread between two barriers left the
+// H200 at 1.2 TB/s)
 __device__ __forceinline__ void fetch(const T* src, long long ld, long long r0, int rows, int k, int kp, bool vec,
                                       Chunk (&reg)[FETCH])
 {

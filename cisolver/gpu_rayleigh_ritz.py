@@ -16,23 +16,10 @@ was positive definite and the eigensolver converged) while the GPU runs the upda
 would raise NotPositiveDefinite the summary says so and the caller takes the host path from the same,
 untouched S and H S.
 
-One-block Jacobi kernels in place of cuSOLVER were tried twice and are not used:
-- session 10: a thread per element of A, the round's rotations worked out by one warp, three barriers a round:
-  228 us of GPU time for a dense 24 x 24 A on an H200 against cuSOLVER's 128 (both 8 sweeps; each of the 184
-  rounds waits on a chain of double-precision divisions and square roots, about 1 us);
-- session 12 (commit c3c2061): the whole step in one kernel, every thread working out the two rotations it
-  needs itself, A double-buffered, one barrier a round, stopping at the first round whose off-diagonal is
-  below 4 eps ||A||_F: 215 us on 62 of LOBPCG's own 24 x 24 matrices against 178 us for this module's whole
-  step (134 rounds at about 1.3 us each).
-One-warp Jacobi with no barrier and no shared memory was tried in session 13 (commit 8db2f38, removed after):
-lane i holding rows i of A and of the eigenvectors in registers, Brent and Luk's circle ordering so that the
-register indices stay static. Correct (residuals 1e-15, 6-7 sweeps) but 188 us against syevj's 117 on those
-62 matrices: about 1.25 us a round, its shuffles and the division and square-root chain of each rotation.
-Less sequential work was tried in session 14 (commit 14de6ae, removed after): one warp, Householder
-tridiagonalisation, the orthogonal factor accumulated, implicit QL with Wilkinson's shift, every lane working
-out the same Givens chain and rotating its row of the eigenvectors. Correct (residuals 1e-15) but about 660
-rotations of ~250 ns each (a dependent chain of double-precision operations and local-memory loads): the
-queued step took 244.6 us against 186.4 with syevj.
+Small eigensolvers written for this step were correct but lost to cuSOLVER on an H200: Jacobi and
+Householder tridiagonalisation with implicit QL, each in one warp, took 181-188 us against syevjBatched's 117
+on 62 of LOBPCG's own 24 x 24 matrices (benchmarks/bench_small_eigh.py; the whole step with a one-block Jacobi:
+215 us against 178 here), every rotation waiting on a chain of double-precision divisions and square roots.
 """
 import numpy as np
 

@@ -7,9 +7,10 @@ once (one block-diagonal product per step).
 
 The shift: ``shift="below"`` (default) uses σ = min(θ) − ``below`` for every column, so K − σ is positive
 definite; ``shift="ritz"`` uses each column's Ritz value θ_i, as MFDn describes. Measured (tol 1e-8, 5
-pairs, docs/performance-cisolver.md): without a preconditioner 24Mg/44Ti/46Ti take 47/41/65 iterations;
-with Ritz shifts 67/–/266, with σ = min(θ) − 5 MeV 39–41/26/39. Solved exactly at a Ritz value, a tile
-amplifies the directions of its own eigenvalues near θ, which these tiles do not share with H.
+pairs, `cisolver spectrum --precond tiles` on a 2-core CPU, docs/performance.md): without a preconditioner
+24Mg/44Ti/46Ti take 47/41/65 iterations; with Ritz shifts 67/–/266, with σ = min(θ) − 5 MeV 39–41/26/39.
+Solved exactly at a Ritz value, a tile amplifies the directions of its own eigenvalues near θ, which these
+tiles do not share with H.
 """
 import numpy as np
 import scipy.sparse as sp

@@ -568,6 +568,6 @@ def save_profile(data, directory=None):
 
 
 def reset_notices():
-    """Forget which notices were given and which files were loaded (tests, long sessions)."""
+    """Forget which notices were given and which files were loaded (tests, long-running processes)."""
     _told.clear()
     _cache.clear()

@@ -1,4 +1,4 @@
-"""Shared helpers for the BLAS-contract tests (CPU here, GPU contexts in test_gpu*)."""
+"""Shared cases and checks for the BLAS-contract tests (CPU here, GPU contexts in test_gpu*)."""
 import itertools
 
 import numpy as np

@@ -208,7 +208,7 @@ def test_orthonormalise_tail_takes_p_along_with_hp(dtype, tol, rng):
 @pytest.mark.parametrize("dtype,outside,tol", [(np.float32, 1e-3, 2e-6), (np.float64, 1e-5, 1e-12)])
 def test_orthonormalise_tail_w_mostly_inside_span_x(dtype, outside, tol, rng):
     """A preconditioned W can lie mostly in span(X): W^T W - (X^T W)^T X^T W would cancel, so the pass
-    projects explicitly first (review finding: the Cholesky failed here)."""
+    projects explicitly first (without it the Cholesky failed here)."""
     x = np.linalg.qr(rng.standard_normal((20000, 8)))[0]
     perp = rng.standard_normal((20000, 5))
     perp -= x @ (x.T @ perp)
@@ -251,7 +251,7 @@ def test_orthonormalise_tail_rejects_w_inside_span_x(rng):
 
 def test_orthonormalise_tail_keeps_hp_with_p_when_a_later_pass_fails(rng, monkeypatch):
     """A failure in the second pass (after the first changed P) still leaves H P equal to H times P:
-    the solver then orthonormalises P alone from there (review finding)."""
+    the solver then orthonormalises P alone from there."""
     n = 2000
     a = _random_symmetric(n, rng).toarray()
     x = np.linalg.qr(rng.standard_normal((n, 6)))[0]
@@ -282,8 +282,8 @@ def _lowest(a, k):
 
 
 def test_lobpcg_keeps_p_when_the_preconditioner_gives_a_rank_deficient_w(rng):
-    """Two equal columns of W: the W part is at fault, so W gets the host QR and P stays (review finding:
-    P was dropped every such iteration, 4x the iterations)."""
+    """Two equal columns of W: the W part is at fault, so W gets the host QR and P stays (dropping
+    P in every such iteration took 4x the iterations)."""
     class Duplicating:
         def apply(self, r, theta):
             w = np.array(r)

@@ -80,7 +80,7 @@ def test_first_pass_declines_and_leaves_the_blocks(dtype, case, bit, rng):
     w = {"near_parallel": lambda: _near_parallel(x_rng, rows, dtype), "inside_x": lambda: _inside_x(x_rng, rows, dtype),
          "duplicate": lambda: np.repeat(rng.standard_normal((rows, 1)), 5, axis=1),
          "nan": lambda: np.where(np.arange(5) == 2, np.nan, rng.standard_normal((rows, 5)))}[case]()
-    # the X of the helpers above: the same seeded draw
+    # the X of the functions above: the same seeded draw
     rng_x = np.random.default_rng(7)
     s, hs, s_dev, hs_dev, h, k = _blocks(rng_x, rows, b, n_p, 5, dtype, w=w)
     flag = int(gpu_ortho.first_pass(s_dev[:, :k], hs_dev[:, :k], b, n_p).get()[0])
@@ -212,8 +212,7 @@ def test_lobpcg_on_gpu_fails_clearly_on_a_nan_preconditioner(overlap, rng, monke
 
 def test_an_unread_later_holds_its_pinned_buffer_until_the_copy_lands():
     """A Later nobody reads (the last orthonormalisation flag of a run) must not give its pinned buffer back
-    while the copy into it is still queued: the next small upload would be staged there and overwritten
-    (review finding)."""
+    while the copy into it is still queued: the next small upload would be staged there and overwritten."""
     import cupy
     from cisolver.arrays import Later
     big = cupy.random.default_rng(1).standard_normal((4000, 4000))

@@ -1,4 +1,4 @@
-"""Bit-string helpers for Slater determinants stored as numpy uint64 (one bit per m-state)."""
+"""Bit-string operations on Slater determinants stored as numpy uint64 (one bit per m-state)."""
 import itertools
 
 import numpy as np
