@@ -227,12 +227,12 @@ def run(request, progress=None):
     else:
         j2 = angmom.expectation_j2(problem, res.eigenvectors)
     t4 = time.perf_counter()
-    vecs = to_host(res.eigenvectors) if rq.return_vectors or rq.observables is not None else None
+    vecs = to_host(res.eigenvectors) if rq.return_vectors else None
     out = _result(rq, problem, res, j2, vecs, dim=dim, nnz=info.nnz_stored, storage=rq.storage, devices=rq.devices)
     out.update(queued=res.queued,
                seconds={"read+build": t1 - rq.started, "setup": t2 - t1, "solve": t3 - t2, "j2": t4 - t3,
                         "build_detail": info.seconds, "solve_detail": res.seconds})
-    return _with_observables(out, problem, vecs, rq.observables)
+    return _with_observables(out, problem, res.eigenvectors, rq.observables)     # on the GPU when they are there
 
 
 def _with_observables(out, problem, vectors, opts):

@@ -14,8 +14,10 @@ from scipy.special import eval_genlaguerre
 
 from cisolver.observables import PARITY_TOLERANCE, TransitionOptions, compute_observables, orbit_label
 from cisolver.observables import oscillator, single_particle, states, transitions
-from cisolver.observables.mscheme import OneBodyOperator, apply_product, species_one_body
-from cisolver.shellmodel import angmom, basis, hamiltonian, snt
+from cisolver.data import resolve_interaction
+from cisolver.observables.mscheme import (BlockVectors, OneBodyOperator, every_jump, ladder_operator, species_ladder,
+                                          species_one_body)
+from cisolver.shellmodel import angmom, basis, hamiltonian, nushellx, snt, species
 from cisolver.shellmodel.clebsch import clebsch_gordan
 from ci_data import DATA, needs_data
 
@@ -62,6 +64,184 @@ def _j_eigenstate(problem, twoj):
 
 def _b(obs, name):
     return np.array(obs[name]["b"], dtype=float)
+
+
+# ---- references: the operators applied straight, block by block, with scipy -------------------------------------
+def _apply_product(source, target, a, b, dtwom_p, v, out):
+    """out += (A ⊗ B) v from basis ``source`` to ``target``: for each block, the rows and columns of the species
+    matrices A (protons, None for 1) and B (neutrons) that it reaches, sliced out and multiplied, A X Bᵀ."""
+    for blk in source.blocks:
+        ti = target.block_of_twom.get(blk.twom_p + dtwom_p)
+        if ti is None:
+            continue
+        tb = target.blocks[ti]
+        x = v[blk.offset:blk.offset + blk.size].reshape(blk.n_p, blk.n_n, -1)
+        pa = np.eye(blk.n_p) if a is None else a[tb.p_start:tb.p_start + tb.n_p, blk.p_start:blk.p_start + blk.n_p]
+        nb = np.eye(blk.n_n) if b is None else b[tb.n_start:tb.n_start + tb.n_n, blk.n_start:blk.n_start + blk.n_n]
+        pa = pa.toarray() if hasattr(pa, "toarray") else pa
+        nb = nb.toarray() if hasattr(nb, "toarray") else nb
+        out[tb.offset:tb.offset + tb.size] += np.einsum("qp,pnk,mn->qmk", pa, x, nb).reshape(tb.size, -1)
+    return out
+
+
+def _one_body_reference(problem, proton, neutron, mu, v, source=None):
+    """(O_p ⊗ 1 + 1 ⊗ O_n) v with the species matrices from the problem's own jump lists and every 2M group's."""
+    source = source if source is not None else problem.basis
+    target = basis.MSchemeBasis(problem.pdets, problem.ndets, source.twice_m + 2 * mu)
+    out = np.zeros((target.dim, v.shape[1]))
+    for dets, matrix, first in ((problem.pdets, proton, True), (problem.ndets, neutron, False)):
+        if matrix is not None:
+            m = species_one_body(dets, species.JumpList(dets), matrix)
+            _apply_product(source, target, m if first else None, None if first else m, 2 * mu if first else 0, v, out)
+    return out
+
+
+def _ladders_reference(source, target, terms, v):
+    """Σ (A ⊗ B) v over ladder terms, each by gathering and scattering a block's rows (np.ix_)."""
+    out = np.zeros((target.dim, v.shape[1]))
+    for (p_src, p_dst, p_sign), (n_src, n_dst, n_sign), dtwom_p in terms:
+        for blk in source.blocks:
+            ti = target.block_of_twom.get(blk.twom_p + dtwom_p)
+            if ti is None:
+                continue
+            tb = target.blocks[ti]
+            ip = (p_src >= blk.p_start) & (p_src < blk.p_start + blk.n_p)
+            jn = (n_src >= blk.n_start) & (n_src < blk.n_start + blk.n_n)
+            x = v[blk.offset:blk.offset + blk.size].reshape(blk.n_p, blk.n_n, -1)
+            y = out[tb.offset:tb.offset + tb.size].reshape(tb.n_p, tb.n_n, -1)
+            y[np.ix_(p_dst[ip] - tb.p_start, n_dst[jn] - tb.n_start)] += (
+                np.multiply.outer(p_sign[ip], n_sign[jn])[:, :, None] * x[np.ix_(p_src[ip] - blk.p_start,
+                                                                                  n_src[jn] - blk.n_start)])
+    return out
+
+
+def _packaged(name, z, n, twice_m=None):
+    return hamiltonian.ShellModelProblem(nushellx.read_interaction(resolve_interaction(name)), z, n, twice_m)
+
+
+def _random_one_body(space, mu, rng):
+    """A random single-particle matrix of an operator raising 2m by 2 mu (zero elsewhere)."""
+    o = rng.standard_normal((space.size, space.size))
+    return np.where(space.twom[:, None] - space.twom[None, :] == 2 * mu, o, 0.0)
+
+
+CASES = [("usdb", 2, 3, None), ("usdb", 2, 2, 2), ("usdb", 3, 0, None), ("usdb", 0, 2, None), ("ckpot", 3, 4, None),
+         ("gxpf1a", 1, 2, 3), ("gxpf1a", 2, 2, None)]
+
+
+@pytest.mark.parametrize("name,z,n,twice_m", CASES)
+@pytest.mark.parametrize("mu", [0, 1, -1, 2])
+def test_one_body_operator_equals_the_straight_products(rng, name, z, n, twice_m, mu):
+    """apply and elements (per-block sparse products, the neutron side on the transposed blocks, no result vector
+    for elements) against dense block products; float32 and Fortran-ordered input, the raised basis as source,
+    a proton or neutron part alone, nuclei without valence protons or neutrons."""
+    prob = _packaged(name, z, n, twice_m)
+    op_p, op_n = _random_one_body(prob.pspace, mu, rng), _random_one_body(prob.nspace, mu, rng)
+    v = rng.standard_normal((prob.dimension, 3))
+    for proton, neutron in ((op_p, op_n), (op_p, None), (None, op_n)):
+        op = OneBodyOperator(prob, proton, neutron, mu)
+        ref = _one_body_reference(prob, proton, neutron, mu, v)
+        scale = max(np.abs(ref).max(), 1.0)
+        assert op.target.dim == ref.shape[0]
+        assert np.abs(op.apply(v) - ref).max() <= 1e-13 * scale
+        assert np.abs(op.apply(np.asfortranarray(v.astype(np.float32)))
+                      - _one_body_reference(prob, proton, neutron, mu, v.astype(np.float32).astype(float))).max() \
+            <= 1e-13 * scale
+        w = rng.standard_normal((op.target.dim, 4))
+        got = op.elements(v, BlockVectors(op.target, w))
+        assert got.shape == (3, 4)
+        np.testing.assert_allclose(got, ref.T @ w, rtol=1e-12, atol=1e-14 * scale * np.abs(w).max() * len(w))
+    raised = basis.MSchemeBasis(prob.pdets, prob.ndets, prob.basis.twice_m + 2)
+    if raised.dim:
+        u = rng.standard_normal((raised.dim, 2))
+        moved = OneBodyOperator(prob, op_p, op_n, mu).acting_on(raised)
+        ref = _one_body_reference(prob, op_p, op_n, mu, u, source=raised)
+        assert moved.target.dim == ref.shape[0]
+        assert np.abs(moved.apply(u) - ref).max() <= 1e-13 * max(np.abs(ref).max(), 1.0)
+
+
+def test_one_body_operator_refuses_what_it_cannot_apply(rng):
+    prob = _packaged("usdb", 2, 2)
+    q = single_particle.quadrupole(prob.pspace, 1)
+    with pytest.raises(ValueError, match="2mu = 0 must change 2m by 0, got element"):
+        OneBodyOperator(prob, q, None, 0)
+    with pytest.raises(ValueError, match="must be 12 x 12, got shape \\(3, 3\\)"):
+        OneBodyOperator(prob, np.eye(3), None, 0)
+    op = OneBodyOperator(prob, q, None, 1)
+    v = rng.standard_normal((prob.dimension, 2))
+    with pytest.raises(ValueError, match=f"vectors must belong to the basis of 2M = 2 \\(dimension {op.target.dim}\\), "
+                                         f"got 2M = 0"):
+        op.elements(v, BlockVectors(prob.basis, v))
+    with pytest.raises(ValueError, match=f"vectors must have {prob.dimension} rows"):
+        op.elements(v[1:], np.ones((op.target.dim, 1)))
+
+
+@pytest.mark.parametrize("name,z,n", [("usdb", 2, 2), ("usdb", 1, 3), ("usdb", 3, 1), ("ckpot", 3, 4),
+                                      ("gxpf1a", 2, 3)])
+def test_ladder_operator_equals_the_gathered_rows(rng, name, z, n):
+    """The T₋ (T₊) of the isospin as one sparse matrix against the terms applied by gathers and scatters."""
+    prob = _packaged(name, z, n)
+    lower = n >= z
+    zt, nt = (z + 1, n - 1) if lower else (z - 1, n + 1)
+    tp, tn = basis.SpeciesDeterminants(prob.pspace, zt), basis.SpeciesDeterminants(prob.nspace, nt)
+    target = basis.MSchemeBasis(tp, tn, prob.basis.twice_m)
+    terms = [(species_ladder(prob.pdets, tp, a, create=lower), species_ladder(prob.ndets, tn, a, create=not lower),
+              int(prob.pspace.twom[a]) * (1 if lower else -1)) for a in range(prob.pspace.size)]
+    v = rng.standard_normal((prob.dimension, 3))
+    ref = _ladders_reference(prob.basis, target, terms, v)
+    m = ladder_operator(prob.basis, target, terms)
+    assert m.shape == (target.dim, prob.dimension) and m.has_canonical_format
+    np.testing.assert_allclose(m @ v, ref, rtol=0, atol=1e-14)
+    assert np.abs(ref).max() > 0.1
+    assert ladder_operator(prob.basis, target, []) is None
+
+
+@pytest.mark.parametrize("name,z,n,twice_m", [("usdb", 2, 3, None), ("usdb", 2, 2, 2), ("gxpf1a", 2, 2, None)])
+def test_compute_observables_leaves_the_vectors_and_takes_any_layout(rng, name, z, n, twice_m):
+    """The caller's array is not written; float32, Fortran order and a strided column view give the results of
+    the same numbers as a C-ordered float64 array."""
+    prob = _packaged(name, z, n, twice_m)
+    v = rng.standard_normal((prob.dimension, 4)).astype(np.float32)
+    kept = v.copy()
+    wide = np.full((prob.dimension, 9), np.nan, dtype=np.float32)
+    wide[:, 1::2] = v
+    ref = compute_observables(prob, v.astype(np.float64))
+    for arg in (v, np.asfortranarray(v), wide[:, 1::2]):
+        got = compute_observables(prob, arg)
+        assert _flat(got) == pytest.approx(_flat(ref), rel=1e-12, abs=1e-12, nan_ok=True)
+    assert np.array_equal(v, kept) and np.isnan(wide[:, ::2]).all()
+
+
+def _flat(obs):
+    """Every number of a compute_observables result, None as NaN, in a fixed order."""
+    out = []
+    def walk(x):
+        if isinstance(x, dict):
+            for key in sorted(x):
+                walk(x[key])
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+        elif isinstance(x, (int, float)) or x is None:
+            out.append(np.nan if x is None else float(x))
+    walk(obs)
+    return out
+
+
+def test_every_jump_adds_the_groups_the_basis_does_not_use():
+    """The problem's jump lists start in its basis' 2M groups; every_jump has those of every group, split by the
+    change of 2m, each jump once."""
+    prob = _packaged("usdb", 2, 3, 9)
+    for dets, own, lists in ((prob.pdets, prob.jumps_p, every_jump(prob)[0]),
+                             (prob.ndets, prob.jumps_n, every_jump(prob)[1])):
+        full = species.JumpList(dets)
+        assert sum(len(j.source) for j in lists.values()) == len(full.source) > len(own.source)
+        for shift, j in lists.items():
+            assert np.all(dets.space.twom[j.alpha] - dets.space.twom[j.gamma] == shift)
+        key = lambda j: sorted(zip(j.source.tolist(), j.target.tolist(), j.alpha.tolist(), j.gamma.tolist(),
+                                   j.sign.tolist()))
+        assert key(species.JumpList(dets)) == sorted(x for j in lists.values() for x in key(j))
+    assert every_jump(prob) is every_jump(prob)
 
 
 # ---- oscillator ---------------------------------------------------------------------------------------------------
@@ -270,7 +450,7 @@ def _t2_by_exchange(problem, v):
     x = np.zeros_like(v)
     for a in range(n_sp):
         for b in range(n_sp):
-            apply_product(problem.basis, problem.basis, ops[0][(b, a)], ops[1][(a, b)], int(twom[b] - twom[a]), v, x)
+            _apply_product(problem.basis, problem.basis, ops[0][(b, a)], ops[1][(a, b)], int(twom[b] - twom[a]), v, x)
     tz = (problem.n_neutrons - problem.n_protons) / 2
     return problem.n_neutrons - np.sum(v * x, axis=0) + tz * tz - tz
 

@@ -3,10 +3,15 @@ B(E2), B(M1), quadrupole and magnetic moments (conventions in ``transitions``).
 
     from cisolver.observables import compute_observables, TransitionOptions
     obs = compute_observables(problem, vectors, TransitionOptions(eff_charge=(1.5, 0.5)))
+
+The vectors may be numpy arrays or CuPy arrays on a GPU: the work is done where they are (``mscheme``).
 """
+import contextlib
+
 import numpy as np
 
-from .states import isospin_squared, occupations, parity_expectation
+from ..arrays import is_device
+from .states import isospin_squared, normalised, occupations, parity_expectation
 from .transitions import TransitionOptions, electromagnetic
 
 __all__ = ["compute_observables", "TransitionOptions", "orbit_label", "nucleus_name", "PARITY_TOLERANCE"]
@@ -40,12 +45,15 @@ def _json(x):
 def compute_observables(problem, vectors, options=None):
     """Every observable of the states (columns of ``vectors``, in ``problem.basis``) as a JSON-ready dict:
     occupations, parity (+1, -1, or 0 for a state of mixed parity), <T²> and T (None when the proton and neutron
-    orbits differ), E2 and M1 B values [initial][final], reduced matrix elements, moments and the options used."""
+    orbits differ), E2 and M1 B values [initial][final], reduced matrix elements, moments and the options used.
+    ``vectors``: numpy, or CuPy (float32 or float64) on the GPU where the work then runs, in float64."""
     opts = options if options is not None else TransitionOptions()
-    occ_p, occ_n = occupations(problem, vectors)
-    par = parity_expectation(problem, vectors)
-    t2 = isospin_squared(problem, vectors)
-    em = electromagnetic(problem, vectors, opts)
+    with _device_of(vectors):
+        states = normalised(problem, vectors)
+        occ_p, occ_n = occupations(problem, states)
+        par = parity_expectation(problem, states)
+        t2 = isospin_squared(problem, states)
+        em = electromagnetic(problem, states, opts)
     parity = [int(np.sign(p)) if abs(p) >= 1.0 - PARITY_TOLERANCE else 0 for p in par]
     inter = problem.interaction
     z, n = inter.core_z + problem.n_protons, inter.core_n + problem.n_neutrons
@@ -68,6 +76,14 @@ def compute_observables(problem, vectors, options=None):
         out[name] = {"b": _json(part["b"]), "reduced": _json(part["reduced"]), "moment": _json(part["moment"]),
                      "wigner_eckart_residual": float(part["wigner_eckart_residual"])}
     return out
+
+
+def _device_of(vectors):
+    """The GPU of CuPy ``vectors`` as the current device (no change for host arrays)."""
+    if not is_device(vectors):
+        return contextlib.nullcontext()
+    import cupy
+    return cupy.cuda.Device(vectors.device.id)
 
 
 def _t_from_t2(t2):

@@ -8,52 +8,66 @@ neutron orbits are the same n l j (in any order); otherwise it is reported as un
 """
 import numpy as np
 
+from ..arrays import column_sumsq, module_of, to_host
 from ..shellmodel.basis import MSchemeBasis, SpeciesDeterminants
-from .mscheme import apply_ladders, species_ladder
+from .mscheme import BlockVectors, ladder_operator, species_ladder
 
 
 def normalised(problem, vectors):
-    """The states as float64 columns of unit norm (checked: one row per basis state, finite, nonzero)."""
-    v = np.asarray(vectors, dtype=np.float64)
+    """The states as BlockVectors of ``problem.basis``: float64 columns of unit norm where ``vectors`` are (numpy,
+    or CuPy on the current device; float32 cast there to float64 first), checked: one row per basis state, finite,
+    nonzero. BlockVectors (this function's result) are returned as they are."""
+    if isinstance(vectors, BlockVectors):
+        return vectors
+    xp = module_of(vectors)
+    v = xp.asarray(vectors)
     if v.ndim != 2 or v.shape[0] != problem.basis.dim:
         raise ValueError(f"vectors must have {problem.basis.dim} rows (one column per state), got shape {v.shape}")
-    norms = np.linalg.norm(v, axis=0)
-    if not np.all(np.isfinite(norms)) or np.any(norms == 0):
+    norm2 = column_sumsq(v)                          # accumulated in float64
+    if not np.all(np.isfinite(norm2)) or np.any(norm2 == 0):
         raise ValueError("vectors must be finite and nonzero")
-    return v / norms
+    return BlockVectors(problem.basis, xp.ascontiguousarray(v / xp.asarray(np.sqrt(norm2))))     # float64: a copy
+
+
+def _squares(states):
+    """Per block, the squares of the states' amplitudes as n_p x n_n x k."""
+    v, k = states.v, states.k
+    for blk in states.basis.blocks:
+        x = v[blk.offset:blk.offset + blk.size]
+        yield blk, (x * x).reshape(blk.n_p, blk.n_n, k)
 
 
 def occupations(problem, vectors):
     """<n_k> of every proton orbit and every neutron orbit: two arrays (states x orbits), in the interaction's
     orbit order within each species. Each row sums to the valence proton (neutron) number."""
-    v = normalised(problem, vectors)
+    st = normalised(problem, vectors)
+    xp = st.xp
     per_det = []
     for dets, space in ((problem.pdets, problem.pspace), (problem.ndets, problem.nspace)):
         orbit_of = np.zeros((space.size, len(space.orbits)))
         orbit_of[np.arange(space.size), space.orbit] = 1.0
-        per_det.append(dets.occ @ orbit_of)
-    occ_p = np.zeros((v.shape[1], per_det[0].shape[1]))
-    occ_n = np.zeros((v.shape[1], per_det[1].shape[1]))
-    for blk in problem.basis.blocks:
-        x2 = (v[blk.offset:blk.offset + blk.size] ** 2).reshape(blk.n_p, blk.n_n, -1)
+        per_det.append(xp.asarray(dets.occ @ orbit_of))
+    occ_p = xp.zeros((st.k, per_det[0].shape[1]))
+    occ_n = xp.zeros((st.k, per_det[1].shape[1]))
+    for blk, x2 in _squares(st):
         occ_p += x2.sum(axis=1).T @ per_det[0][blk.p_start:blk.p_start + blk.n_p]
         occ_n += x2.sum(axis=0).T @ per_det[1][blk.n_start:blk.n_start + blk.n_n]
-    return occ_p, occ_n
+    return to_host(occ_p), to_host(occ_n)
 
 
 def parity_expectation(problem, vectors):
     """<π> of each state, π = Π (-1)^l over the occupied orbits: ±1 for a state of one parity."""
-    v = normalised(problem, vectors)
+    st = normalised(problem, vectors)
+    xp = st.xp
     signs = []
     for dets, space in ((problem.pdets, problem.pspace), (problem.ndets, problem.nspace)):
         l_state = np.array([space.orbits[o].l for o in space.orbit], dtype=np.int64)
-        signs.append(1.0 - 2.0 * ((dets.occ @ l_state).round().astype(np.int64) % 2))
-    out = np.zeros(v.shape[1])
-    for blk in problem.basis.blocks:
-        x2 = (v[blk.offset:blk.offset + blk.size] ** 2).reshape(blk.n_p, blk.n_n, -1)
-        pi = np.outer(signs[0][blk.p_start:blk.p_start + blk.n_p], signs[1][blk.n_start:blk.n_start + blk.n_n])
-        out += np.einsum("pn,pnk->k", pi, x2)
-    return out
+        signs.append(xp.asarray(1.0 - 2.0 * ((dets.occ @ l_state).round().astype(np.int64) % 2)))
+    out = xp.zeros(st.k)
+    for blk, x2 in _squares(st):
+        by_proton = xp.tensordot(x2, signs[1][blk.n_start:blk.n_start + blk.n_n], axes=([1], [0]))    # n_p x k
+        out += signs[0][blk.p_start:blk.p_start + blk.n_p] @ by_proton
+    return to_host(out)
 
 
 def _partner_states(problem):
@@ -100,20 +114,21 @@ def isospin_squared(problem, vectors):
     partner = _partner_states(problem)
     if partner is None:
         return None
-    v = normalised(problem, vectors)
+    st = normalised(problem, vectors)
     z, n = problem.n_protons, problem.n_neutrons
     tz = (n - z) / 2.0
     lower = n >= z                   # T₋ (n -> p) when N >= Z, else T₊: the target stays inside the space
     zt, nt = (z + 1, n - 1) if lower else (z - 1, n + 1)
     base = tz * (tz - 1) if lower else tz * (tz + 1)
     if not (0 <= zt <= problem.pspace.size and 0 <= nt <= problem.nspace.size):
-        return np.full(v.shape[1], base)
+        return np.full(st.k, base)
     tp, tn = _determinants(problem.pspace, zt), _determinants(problem.nspace, nt)
     target = MSchemeBasis(tp, tn, problem.basis.twice_m)
-    out = np.zeros((target.dim, v.shape[1]))
+    terms = []
     for alpha in range(problem.pspace.size):
-        a = species_ladder(problem.pdets, tp, alpha, create=lower)
-        b = species_ladder(problem.ndets, tn, int(partner[alpha]), create=not lower)
         shift = int(problem.pspace.twom[alpha])
-        apply_ladders(problem.basis, target, a, b, shift if lower else -shift, v, out)
-    return np.sum(out * out, axis=0) + base
+        terms.append((species_ladder(problem.pdets, tp, alpha, create=lower),
+                      species_ladder(problem.ndets, tn, int(partner[alpha]), create=not lower),
+                      shift if lower else -shift))
+    ladder = ladder_operator(problem.basis, target, terms, st.xp)
+    return (np.zeros(st.k) if ladder is None else column_sumsq(ladder @ st.v)) + base

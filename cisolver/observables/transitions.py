@@ -18,9 +18,10 @@ from math import isfinite, pi, sqrt
 
 import numpy as np
 
+from ..arrays import column_sumsq, to_host
 from ..shellmodel.clebsch import clebsch_gordan
 from . import single_particle
-from .mscheme import OneBodyOperator
+from .mscheme import BlockVectors, OneBodyOperator
 from .states import normalised
 from .oscillator import hbar_omega, hbar_omega_of_length, oscillator_length
 
@@ -68,7 +69,8 @@ class TransitionOptions:
 
 
 class RaisedStates:
-    """Normalised states |i, M> and |i, M+1> = J₊|i, M>/norm, with <J²> = |J₊ψ|² + M² + M and the J labels."""
+    """Normalised states |i, M> and |i, M+1> = J₊|i, M>/norm (BlockVectors ``v`` and ``u``, where the given vectors
+    are), with <J²> = |J₊ψ|² + M² + M and the J labels (host arrays)."""
 
     def __init__(self, problem, vectors):
         self.problem = problem
@@ -79,28 +81,29 @@ class RaisedStates:
                              -sqrt(2.0) * single_particle.total(problem.nspace, 1), 1)
         self.raised_basis = jp.target
         u = jp.apply(self.v)
-        up2 = np.sum(u * u, axis=0)
+        up2 = column_sumsq(u)
         self.j2 = up2 + m * m + m
         j = (-1.0 + np.sqrt(1.0 + 4.0 * np.maximum(self.j2, 0.0))) / 2.0
         self.twoj = np.round(2.0 * j).astype(np.int64)
         self.labelled = (np.abs(self.j2 - self.twoj * (self.twoj + 2) / 4.0) <= J_LABEL_TOLERANCE) \
             & (self.twoj >= abs(self.twice_m)) & ((self.twoj - self.twice_m) % 2 == 0)
         self.raised = self.labelled & (self.twoj >= self.twice_m + 2)
-        scale = np.where(self.raised, 1.0 / np.sqrt(np.where(self.raised, up2, 1.0)), 0.0)
-        self.u = u * scale
+        u *= self.v.xp.asarray(np.where(self.raised, 1.0 / np.sqrt(np.where(self.raised, up2, 1.0)), 0.0))
+        self.u = BlockVectors(self.raised_basis, u)
 
     def reduced(self, rank, proton, neutron):
         """<f || T_rank || i> as an array [i, f] (NaN where a state has no J label) and the largest Wigner–Eckart
         misfit. ``proton(mu)``, ``neutron(mu)``: single-particle matrices of T_(rank, mu) of each species."""
         prob, v, u = self.problem, self.v, self.u
         t0 = OneBodyOperator(prob, proton(0), neutron(0), 0)
-        tp = OneBodyOperator(prob, proton(1), neutron(1), 1)
-        tm = OneBodyOperator(prob, proton(-1), neutron(-1), -1, source=self.raised_basis)
-        t0r = OneBodyOperator(prob, proton(0), neutron(0), 0, source=self.raised_basis)
         # [i, f] = <f, M_f | T | i, M_i>
-        elements = [((0, 0), t0.apply(v).T @ v)]
+        elements = [((0, 0), t0.elements(v, v))]
         if self.raised_basis.dim:
-            elements += [((0, 1), tp.apply(v).T @ u), ((1, 0), tm.apply(u).T @ v), ((1, 1), t0r.apply(u).T @ u)]
+            tp = OneBodyOperator(prob, proton(1), neutron(1), 1)
+            tm = OneBodyOperator(prob, proton(-1), neutron(-1), -1, source=self.raised_basis)
+            elements += [((0, 1), tp.elements(v, u)), ((1, 0), tm.elements(u, v)),
+                         ((1, 1), t0.acting_on(self.raised_basis).elements(u, u))]
+        elements = [(key, to_host(mat)) for key, mat in elements]
         twoj, tm2 = self.twoj, self.twice_m
         values = np.unique(twoj)
         where = np.searchsorted(values, twoj)
