@@ -26,6 +26,7 @@ class _Shared:
         self.classes = None
         self.radial = None
         self.tmats = None
+        self.step_table = None
         self.seconds = {}
 
 
@@ -184,6 +185,19 @@ class System:
             sh.tmats = [build_t_matrices(c, radial[c.species.symbol], self.lmax) for c in classes]
             sh.seconds["T matrices"] = time.perf_counter() - t0
         return sh.tmats
+
+    @property
+    def step_table(self):
+        """(Θ table, span): the step function on every integer q with |q_i| <= span_i, a box that holds the
+        Miller index differences of the basis at any k-point (flapw.interstitial), computed once."""
+        sh = self._shared
+        if sh.step_table is None:
+            from .interstitial import step_function_table, table_span
+            t0 = time.perf_counter()
+            span = table_span(self.structure.lattice, self.kmax)
+            sh.step_table = (step_function_table(self.structure, span), span)
+            sh.seconds["step function"] = time.perf_counter() - t0
+        return sh.step_table
 
     def atom_class_index(self):
         out = np.empty(self.n_atoms, int)

@@ -1,0 +1,61 @@
+"""Several k-points side by side, one per worker (a GPU), in one process.
+
+When one k-point's BLAS calls are too small to split well over several GPUs (N_G below ~16k: each GPU
+gets tiles too small to run at its rate, and every call waits for the slowest), whole k-points go to the
+GPUs instead: worker i builds k-points i, i + W, i + 2W, ... in order on a thread of its own, with its own
+single-GPU hybridblas Context and its own device arrays. Results come back in k-point order.
+"""
+import threading
+
+__all__ = ["assign", "side_by_side", "SPLIT_BELOW"]
+
+SPLIT_BELOW = 16384       # N_G below which k-points go side by side rather than every call over every GPU
+
+
+def assign(n_jobs, n_workers):
+    """[jobs of worker 0, jobs of worker 1, ...]: job j goes to worker j mod n_workers (round robin, as
+    k-points go to MPI ranks: k-points have near-equal N_G)."""
+    if n_workers < 1:
+        raise ValueError(f"n_workers must be at least 1, got {n_workers!r}")
+    return [list(range(w, n_jobs, n_workers)) for w in range(n_workers)]
+
+
+def side_by_side(jobs, workers, run, start=None):
+    """[run(state, job) for job in jobs], job j on workers[j mod W], each worker's jobs in order on a thread
+    of its own. ``start(worker)`` runs first on that thread (e.g. make its GPU current, make its Context)
+    and returns the state run gets (default: the worker itself). The first error stops every worker before
+    its next job; the error of the lowest job that failed is raised once all threads have ended."""
+    jobs = list(jobs)
+    results, errors = {}, {}
+    failed = threading.Event()
+
+    def work(w, mine):
+        try:
+            state = start(workers[w]) if start is not None else workers[w]
+        except BaseException as exc:           # noqa: B036 -- handed to the caller's thread below
+            errors[mine[0] if mine else -1] = exc
+            failed.set()
+            return
+        for j in mine:
+            if failed.is_set():
+                return
+            try:
+                results[j] = run(state, jobs[j])
+            except BaseException as exc:       # noqa: B036
+                errors[j] = exc
+                failed.set()
+                return
+    plan = assign(len(jobs), len(workers))
+    threads = [threading.Thread(target=work, args=(w, mine), name=f"flapw-worker-{w}", daemon=True)
+               for w, mine in enumerate(plan) if mine]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException:                      # Ctrl-C in the caller: the workers stop after their k-point
+        failed.set()
+        raise
+    if errors:
+        raise errors[min(errors)]
+    return [results[j] for j in range(len(jobs))]
