@@ -25,11 +25,12 @@ from hybridblas import console
 from . import kpoints as side, parallel
 from .backends import BACKENDS, BackendUnavailable, get_backend
 from .eigen import solve
-from .hsdla import (METHODS, Workspace, _batch_size, build_bytes, build_hs_with_fallback, buffers_per_atom,
-                    fitting_batch, memory_breakdown)
+from .hsdla import (METHODS, Workspace, _batch_size, _runs_on_gpu, build_bytes, build_hs_with_fallback,
+                    buffers_per_atom, fitting_batch, memory_breakdown)
 from .output import HSWriter, check_writable, file_format, rank_path
 from .structures import PRESETS
 from .system import DEFAULT_K, System
+from .warmup import prepare
 
 PROG = "flapw"
 log = logging.getLogger(PROG)
@@ -264,13 +265,16 @@ def _plan(args, comm):
         arrays, nb = auto_arrays(backend, largest, args.method, nb, args.interstitial)
     elif arrays == "device" and not workers:
         _use_gpu(_context_gpus(backend)[0])
-    overlap = {"on": True, "off": False}.get(args.overlap)
+    overlap = args.overlap == "on"
     if overlap and (arrays != "host" or args.method != "refined"):
         raise ValueError(f"--overlap on is for the refined method on host arrays, got --method {args.method} and "
                          f"arrays {arrays}")
-    nb = _host_batch(args, largest, nb, arrays, comm, len(workers or [None]), bool(overlap))
+    if args.overlap == "auto" and arrays == "host" and args.method == "refined" and _runs_on_gpu(backend):
+        overlap = fitting_batch(largest, args.method, nb, 0.9 / parallel.ranks_on_node(comm) * hb.memory.host_available()
+                                - _host_copies(args, arrays, largest.n_g), args.interstitial, overlap=True) == nb
+    nb = _host_batch(args, largest, nb, arrays, comm, len(workers or [None]), overlap)
     return SimpleNamespace(spec=spec, cell=cell, kpoints=kpoints, mine=mine, backend=backend, arrays=arrays,
-                           batch_atoms=nb, path=path, workers=workers, overlap=overlap)
+                           batch_atoms=nb, path=path, workers=workers, overlap=overlap, largest=largest)
 
 
 class _BatchProgress:
@@ -389,16 +393,27 @@ def _build(args):
         printer.put(ik, text)
         return d
 
-    t_loop = time.perf_counter()
+    warm = {}
+
+    def ready(backend, gpu):
+        """A worker's state, with the first-use costs of its builds paid (warmup.prepare)."""
+        state = SimpleNamespace(backend=backend, arrays=plan.arrays, nb=nb, workspace=Workspace(), gpu=gpu)
+        spent = prepare(plan.largest, backend, plan.arrays, args.method, nb, interstitial=args.interstitial,
+                        nev=args.solve, workspace=state.workspace, overlap=plan.overlap)
+        warm.update({f"{k} (GPU {gpu})" if gpu is not None else k: v for k, v in spent.items()})
+        return state
+    clock = {}
     try:
         if plan.workers:
             def start(worker):
                 gpu, backend = worker
                 _use_gpu(gpu)                    # this thread's current GPU: its device arrays live there
-                return SimpleNamespace(backend=backend, arrays=plan.arrays, nb=nb, workspace=Workspace(), gpu=gpu)
-            reports = side.side_by_side(plan.mine, plan.workers, one, start)
+                return ready(backend, gpu)
+            reports = side.side_by_side(plan.mine, plan.workers, one, start,
+                                        started=lambda: clock.setdefault("t0", time.perf_counter()))
         else:
-            state = SimpleNamespace(backend=plan.backend, arrays=plan.arrays, nb=nb, workspace=Workspace(), gpu=None)
+            state = ready(plan.backend, None)
+            clock["t0"] = time.perf_counter()
             reports = [one(state, item) for item in plan.mine]
     except BaseException:
         if writer is not None:
@@ -407,8 +422,8 @@ def _build(args):
     if writer is not None:
         writer.close()
         log.info("wrote H and S to %s", plan.path)
-    # this rank's k-point loop (the throughput measure: setup and process start are paid once per run)
-    loop = time.perf_counter() - t_loop
+    # this rank's k-point loop (the throughput measure: setup, warm-up and process start are paid once per run)
+    loop = time.perf_counter() - clock["t0"]
     loops = comm.gather(loop, root=0) if comm is not None else [loop]
     reports = parallel.gather_reports(reports, comm)
     if rank != 0:
@@ -419,7 +434,8 @@ def _build(args):
     if args.json:
         json.dump({"system": cell.name, "kmax": cell.kmax, "devices": str(plan.spec), "arrays": plan.arrays,
                    "batch_atoms": plan.batch_atoms, "ranks": comm.Get_size() if comm is not None else 1,
-                   "multi_gpu": "kpoints" if plan.workers else "split", "setup_seconds": cell.setup_seconds(),
+                   "multi_gpu": "kpoints" if plan.workers else "split", "overlap": plan.overlap,
+                   "setup_seconds": cell.setup_seconds(), "warm_up_seconds": warm,
                    "loop_seconds": loops, "kpoints_per_second": args.kpoints / max(loops), "reports": reports,
                    "output": None if plan.path is None else str(plan.path)},
                   sys.stdout, indent=1)

@@ -233,12 +233,31 @@ class Workspace:
             buf = self._buffers[name] = xp.zeros(max(size, 1), complex)     # zeros: never junk that is not finite
         return buf[:size]
 
+    def reserve(self, cell, method, batch_atoms, overlap=False, xp=np, threads=None):
+        """Allocate the buffers a build of ``cell`` with ``batch_atoms`` atoms per batch takes (build_hs's
+        names and sizes) and, on the host, write every page once on all cores: the page faults of first
+        use are paid here rather than inside the first build."""
+        n_g = cell.n_g
+        sizes = dict.fromkeys(_buffer_names(method, overlap), n_g * batch_atoms * cell.n_l)
+        sizes.update(H=n_g * n_g, S=n_g * n_g)
+        bufs = [self.get(name, size, xp) for name, size in sizes.items()]
+        if xp is np:
+            from hybridblas.blas_threads import available_cores
+            chunk = 1 << 22
+            jobs = [(b, i) for b in bufs for i in range(0, b.size, chunk)]
+            with ThreadPoolExecutor(min(max(1, len(jobs)), threads or available_cores())) as pool:
+                list(pool.map(lambda job: job[0][job[1]:job[1] + chunk].fill(0), jobs))
+
     def held_bytes(self, xp=np):
         """Bytes held in ``xp``'s memory (host for numpy)."""
         return sum(b.nbytes for b in self._buffers.values() if (xp is np) == isinstance(b, np.ndarray))
 
     def release(self):
         self._buffers.clear()
+
+
+def _buffer_names(method, overlap):
+    return ("A", "B", "X", "Y") if overlap else ("A", "B", "X") if method == "refined" else ("A", "B", "Z", "UB")
 
 
 def _matrix(workspace, name, n, xp):
@@ -332,9 +351,8 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     s = _matrix(workspace, "S", n_g, xp)
     rep.hs_bytes = 2 * _C16 * n_g * n_g
     width = nb * n_l
-    names = ("A", "B", "X", "Y") if overlap else ("A", "B", "X") if method == "refined" else ("A", "B", "Z", "UB")
     bufs = {k: (workspace.get(k, n_g * width, xp) if workspace is not None else xp.empty(n_g * width, complex))
-            for k in names}
+            for k in _buffer_names(method, overlap)}
     rep.note_buffers(**{k: v.nbytes for k, v in bufs.items()})
 
     order = np.argsort(cls_of, kind="stable")          # the atoms of one class side by side

@@ -20,41 +20,54 @@ def assign(n_jobs, n_workers):
     return [list(range(w, n_jobs, n_workers)) for w in range(n_workers)]
 
 
-def side_by_side(jobs, workers, run, start=None):
+def side_by_side(jobs, workers, run, start=None, started=None):
     """[run(state, job) for job in jobs], job j on workers[j mod W], each worker's jobs in order on a thread
-    of its own. ``start(worker)`` runs first on that thread (e.g. make its GPU current, make its Context)
-    and returns the state run gets (default: the worker itself). The first error stops every worker before
-    its next job; the error of the lowest job that failed is raised once all threads have ended."""
+    of its own. ``start(worker)`` runs first on that thread (e.g. make its GPU current, warm it up) and
+    returns the state run gets (default: the worker itself); ``started()`` is called in the caller's thread
+    once every worker has started, before any job runs (e.g. to start a clock). The first error stops every
+    worker before its next job; the error of the lowest job that failed is raised once all threads end."""
     jobs = list(jobs)
     results, errors = {}, {}
     failed = threading.Event()
+    plan = assign(len(jobs), len(workers))
+    ready = threading.Barrier(sum(1 for mine in plan if mine) + 1)
+    go = threading.Event()                     # set by the caller once started() has run
 
     def work(w, mine):
         try:
             state = start(workers[w]) if start is not None else workers[w]
-        except BaseException as exc:           # noqa: B036 -- handed to the caller's thread below
-            errors[mine[0] if mine else -1] = exc
+        except BaseException as exc:           # handed to the caller's thread below
+            errors[mine[0]] = exc
             failed.set()
-            return
+        try:
+            ready.wait()
+        except threading.BrokenBarrierError:
+            failed.set()
+        go.wait()
         for j in mine:
             if failed.is_set():
                 return
             try:
                 results[j] = run(state, jobs[j])
-            except BaseException as exc:       # noqa: B036
+            except BaseException as exc:
                 errors[j] = exc
                 failed.set()
                 return
-    plan = assign(len(jobs), len(workers))
     threads = [threading.Thread(target=work, args=(w, mine), name=f"flapw-worker-{w}", daemon=True)
                for w, mine in enumerate(plan) if mine]
     for t in threads:
         t.start()
     try:
+        ready.wait()
+        if started is not None and not failed.is_set():
+            started()
+        go.set()
         for t in threads:
             t.join()
     except BaseException:                      # Ctrl-C in the caller: the workers stop after their k-point
         failed.set()
+        ready.abort()
+        go.set()
         raise
     if errors:
         raise errors[min(errors)]

@@ -119,6 +119,17 @@ class System:
         other._basis = None
         return other
 
+    def with_kmax(self, kmax):
+        """The same crystal and k-point with a smaller (or equal) cutoff, sharing the k-independent data
+        (radial functions and T do not depend on Kmax; the step-function table of the larger cutoff holds
+        every Miller index difference of the smaller basis)."""
+        _check_kmax(kmax)
+        if kmax > self.kmax:
+            raise ValueError(f"kmax must not exceed this system's {self.kmax}, got {kmax!r}")
+        other = self.with_k(self.k)
+        other.kmax = float(kmax)
+        return other
+
     # ---------------------------------------------------------------- sizes
     @property
     def name(self):

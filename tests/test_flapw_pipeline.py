@@ -215,3 +215,61 @@ def test_gpu_overlap_beside_the_gpu_blas_equals_plain(tio2):
     h1, s1, rep = flapw.build_hs(cell, interstitial=True, context=ctx, return_report=True)       # auto: on
     assert "waiting for the host" in rep.stages
     assert _rel(h1, h0) <= 1e-13 and _rel(s1, s0) <= 1e-13
+
+
+def test_workspace_reserve_takes_what_the_build_uses(tio2):
+    cell, _ = tio2
+    ws = flapw.Workspace()
+    ws.reserve(cell, "refined", 4, overlap=True)
+    n_g, width = cell.n_g, 4 * cell.n_l
+    assert {k: v.size for k, v in ws._buffers.items()} == dict(A=n_g * width, B=n_g * width, X=n_g * width,
+                                                                Y=n_g * width, H=n_g * n_g, S=n_g * n_g)
+    ids = {k: id(v) for k, v in ws._buffers.items()}
+    flapw.build_hs(cell, batch_atoms=4, overlap=True, workspace=ws)
+    assert ids == {k: id(v) for k, v in ws._buffers.items()}
+
+
+def test_with_kmax_shares_the_k_independent_data(tio2):
+    cell, _ = tio2
+    small = cell.with_kmax(1.5)
+    assert small.kmax == 1.5 and small.n_g < cell.n_g and small.k == cell.k
+    assert small.tmats is cell.tmats and small.step_table is cell.step_table
+    h, s = flapw.build_hs(small, interstitial=True)
+    h_ref, s_ref = flapw.build_hs(flapw.System.preset("TiO2", kmax=1.5, supercell=(1, 1, 1)), interstitial=True)
+    assert _rel(h, h_ref) <= 1e-13 and _rel(s, s_ref) <= 1e-13
+    with pytest.raises(ValueError, match="kmax must not exceed this system's 2.2, got 3.0"):
+        cell.with_kmax(3.0)
+
+
+def test_warm_up_pays_the_first_calls(tio2, monkeypatch, caplog):
+    """prepare: the workspace for host arrays, a small build through the backend; beside GPUs (faked) one
+    product of SPLIT_EDGE through the backend; out of memory only skips it, with a note."""
+    from flapw import warmup
+    cell, _ = tio2
+    calls = []
+
+    class Spy:
+        name = "hybridblas"
+        context = hb.Context("cpu")
+
+        def __getattr__(self, routine):
+            def call(*args, **kw):
+                calls.append((routine, args[1].shape))
+                return getattr(flapw.backends.get_backend("hybridblas", self.context), routine)(*args, **kw)
+            return call
+    ws = flapw.Workspace()
+    spent = warmup.prepare(cell, Spy(), "host", "refined", 6, interstitial=True, nev=3, workspace=ws)
+    assert set(spent) == {"workspace", "warm-up"} and ws.held_bytes() >= 2 * 16 * cell.n_g ** 2
+    assert {r for r, _ in calls} == {"herk", "her2k", "herkx"}
+    calls.clear()
+    monkeypatch.setattr(warmup, "_runs_on_gpu", lambda backend: True)
+    monkeypatch.setattr(warmup, "SPLIT_EDGE", 64)
+    warmup.prepare(cell, Spy(), "host", "refined", 6)
+    assert calls[-1] == ("herk", (64, 64))
+
+    def full(*a, **kw):
+        raise MemoryError("stand-in: GPU full")
+    monkeypatch.setattr(warmup, "build_hs", full)
+    with caplog.at_level("INFO", logger="flapw"):
+        assert "warm-up" in warmup.prepare(cell, Spy(), "host", "refined", 6)
+    assert any("warm-up skipped: out of memory" in r.getMessage() for r in caplog.records)
