@@ -379,7 +379,6 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
             else:
                 _original_batch(batch, view["Z"], view["UB"], _cholesky_factors(
                     {c: taa[c] for c in set(cls_of[atoms].tolist())}, xp))
-            del ph
             if progress:
                 progress(ib + 1, len(batches))
     finally:
