@@ -270,8 +270,8 @@ def _plan(args, comm):
         raise ValueError(f"--overlap on is for the refined method on host arrays, got --method {args.method} and "
                          f"arrays {arrays}")
     if args.overlap == "auto" and arrays == "host" and args.method == "refined" and _runs_on_gpu(backend):
-        overlap = fitting_batch(largest, args.method, nb, 0.9 / parallel.ranks_on_node(comm) * hb.memory.host_available()
-                                - _host_copies(args, arrays, largest.n_g), args.interstitial, overlap=True) == nb
+        room = 0.9 / parallel.ranks_on_node(comm) * hb.memory.host_available() - _host_copies(args, arrays, largest.n_g)
+        overlap = fitting_batch(largest, args.method, nb, room, args.interstitial, overlap=True) == nb
     nb = _host_batch(args, largest, nb, arrays, comm, len(workers or [None]), overlap)
     return SimpleNamespace(spec=spec, cell=cell, kpoints=kpoints, mine=mine, backend=backend, arrays=arrays,
                            batch_atoms=nb, path=path, workers=workers, overlap=overlap, largest=largest)

@@ -10,9 +10,9 @@ computes, for the n atoms whose coefficients are given (one batch, or all atoms)
 
 (eqs. (6)-(7) of the paper, T = the atom's set ``t_index[j]``, T^BA = (T^AB)ᴴ) with the refined HSDLA
 (Algorithm 3: zherk, zherk, zher2k, zherkx) or the original one (Algorithm 1), every large product through
-hybridblas (``context``) or a backend of flapw.backends. ``flapw.build_hs`` builds each batch through
-this call. The layouts, units and conventions are listed in hs_from_coefficients' docstring and in
-docs/flapw.md.
+hybridblas (``context``) or a backend of flapw.backends. ``flapw.build_hs`` runs the same batch algorithm
+(flapw/hsdla.py) on each of its batches. The layouts, units and conventions are listed in
+hs_from_coefficients' docstring and in docs/flapw.md.
 """
 import numpy as np
 

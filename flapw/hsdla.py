@@ -12,7 +12,8 @@ Where the small per-atom work runs: with device arrays everything is queued on t
 it is spread over the host's cores, and when the BLAS runs on GPUs (``overlap``) it runs beside the BLAS
 calls that do not read what it writes, in a fourth buffer Y:
 
-    fill A | S = AᴴA ‖ fill B, X = UB | S += XᴴX ‖ Y = T^BA A + ½T^BB B | H = YᴴB + BᴴY ‖ X = T^AA A | H += AᴴX
+    fill A | S = AᴴA ‖ fill B, X = UB | S += XᴴX ‖ Y = T^BA A + ½T^BB B | H = YᴴB + BᴴY ‖ X = T^AA A
+           | H += AᴴX
 
 Memory: ``build_bytes`` estimates what a build holds at its peak; a host build larger than the host's
 available memory is refused before anything is allocated. ``build_hs_with_fallback`` repeats a build that
@@ -161,7 +162,8 @@ def _check_arguments(cell, method, context, blas, arrays, flags, progress, works
         raise TypeError(f"progress must be a function (batch, batches) or None, got {type(progress).__name__} "
                         f"{progress!r}")
     if workspace is not None and not isinstance(workspace, Workspace):
-        raise TypeError(f"workspace must be a flapw.Workspace or None, got {type(workspace).__name__} {workspace!r:.80}")
+        raise TypeError(f"workspace must be a flapw.Workspace or None, got {type(workspace).__name__} "
+                        f"{workspace!r:.80}")
     if overlap is not None and not isinstance(overlap, (bool, np.bool_)):
         raise TypeError(f"overlap must be True, False or None, got {type(overlap).__name__} {overlap!r}")
 
@@ -537,7 +539,8 @@ def _atom_blocks(xp, m, j0, j1, n_l):
 
 
 def _refined_batch(bt, x, make_ub, fill_b=None, y=None):
-    """Algorithm 3 on one batch: S += AᴴA + (UB)ᴴ(UB); H += ZᴴB + BᴴZ (Z = T^BA A + ½T^BB B); H += Aᴴ(T^AA A).
+    """Algorithm 3 on one batch: S += AᴴA + (UB)ᴴ(UB); H += ZᴴB + BᴴZ (Z = T^BA A + ½T^BB B);
+    H += Aᴴ(T^AA A).
 
     make_ub() writes UB into x. Without y everything runs in order (Z in x). With y (the host pool
     beside the BLAS calls), fill_b() fills B beside the first zherk, Z goes to y, T^AA A to x."""

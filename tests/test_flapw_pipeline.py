@@ -139,8 +139,8 @@ def test_batched_products_per_run_equal_the_per_atom_ones(order, rng):
         return {"C": np.ascontiguousarray(x[:, :n * n_l]), "F": np.asfortranarray(x[:, :n * n_l]),
                 "strided": x[:, ::2]}[order]
     a, b = operand(), operand()
-    want = np.hstack([a[:, j * n_l:(j + 1) * n_l] @ dev_t[c]["tba_t"] + b[:, j * n_l:(j + 1) * n_l] @ dev_t[c]["half_tbb_t"]
-                      for j, c in enumerate(t_index)])
+    blocks = [slice(j * n_l, (j + 1) * n_l) for j in range(n)]
+    want = np.hstack([a[:, sl] @ dev_t[c]["tba_t"] + b[:, sl] @ dev_t[c]["half_tbb_t"] for sl, c in zip(blocks, t_index)])
     runs = hsdla._runs(t_index)
     assert runs == [(0, 2, 2), (2, 5, 0), (5, 6, 1), (6, 7, 2)]
     for xp in (np, _NumpyAsDevice()):
