@@ -7,6 +7,7 @@ import pytest
 import scipy.linalg
 
 import flapw
+import hybridblas as hb
 from flapw import cli
 from flapw.eigen import _host_ops, _reduced
 
@@ -71,21 +72,20 @@ def test_singular_overlap_names_the_interstitial_part():
         _reduced(h, s, 3, False, _host_ops())
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(nev=0), r"nev must be an integer in \[1, 4\], got 0"),
-    (dict(nev=5), r"nev must be an integer in \[1, 4\], got 5"),
-    (dict(nev=2.0), r"nev must be an integer in \[1, 4\], got 2.0"),
-    (dict(nev=2, vectors="yes"), r"vectors must be True or False, got str 'yes'"),
-    (dict(nev=2, s=np.eye(3)), r"h and s must be square arrays of one shape and kind"),
-    (dict(nev=2, h=[[1.0]]), r"h and s must be numpy or cupy arrays, got list"),
+_EYE = np.eye(4, dtype=complex)
+
+
+@pytest.mark.parametrize("args, kw, error, match", [
+    ((_EYE, _EYE, 0), {}, ValueError, r"nev must be an integer in \[1, 4\], got 0"),
+    ((_EYE, _EYE, 5), {}, ValueError, r"nev must be an integer in \[1, 4\], got 5"),
+    ((_EYE, _EYE, 2.0), {}, ValueError, r"nev must be an integer in \[1, 4\], got 2.0"),
+    ((_EYE, _EYE, 2), dict(vectors="yes"), TypeError, r"vectors must be True or False, got str 'yes'"),
+    ((_EYE, np.eye(3), 2), {}, ValueError, r"h and s must be square arrays of one shape and kind"),
+    (([[1.0]], _EYE, 1), {}, ValueError, r"h and s must be numpy or cupy arrays, got list"),
 ])
-def test_bad_arguments(kw, match):
-    args = dict(h=np.eye(4, dtype=complex), s=np.eye(4, dtype=complex))
-    args.update(kw)
-    nev = args.pop("nev")
-    error = TypeError if "vectors" in kw else ValueError
+def test_bad_arguments(args, kw, error, match):
     with pytest.raises(error, match=match):
-        flapw.solve(args["h"], args["s"], nev, **{k: v for k, v in args.items() if k == "vectors"})
+        flapw.solve(*args, **kw)
 
 
 def test_non_finite_lower_triangle_is_refused(nacl):
@@ -177,7 +177,6 @@ def test_gpu_cli_device_arrays_solve_on_the_gpu(tmp_path, capsys):
     rep = json.loads(capsys.readouterr().out)["reports"][0]
     assert rep["arrays"] == "device"
     cell = flapw.System.preset("NaCl", kmax=2.5)
-    import hybridblas as hb
     h, s = flapw.build_hs(cell, interstitial=True, context=hb.Context("cpu"))
     np.testing.assert_allclose(rep["eigenvalues"], scipy.linalg.eigh(h, s, eigvals_only=True, subset_by_index=[0, 19]),
                                rtol=0, atol=1e-10)
