@@ -174,3 +174,20 @@ def test_started_runs_once_every_worker_is_ready():
     first_run = min(i for i, e in enumerate(events) if e[0] == "run")
     assert events.index(("started",)) < first_run
     assert {e for e in events[:first_run] if e[0] == "start"} == {("start", "a"), ("start", "b")}
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--multi-gpu", "kpoints", "--kpoints", "2"], ["--multi-gpu kpoints needs two or more GPUs", "'cpu'"]),
+    (["--overlap", "on", "--method", "original"], ["--overlap on is for the refined method", "original"]),
+    (["--vectors", "--solve", "2"], ["--vectors", "--output None"]),
+])
+def test_cli_refuses_before_any_work(tmp_path, capsys, monkeypatch, extra, words):
+    def refuse(*a, **k):
+        raise AssertionError("a build started")
+    monkeypatch.setattr(cli, "build_hs_with_fallback", refuse)
+    monkeypatch.setattr(cli, "prepare", refuse)
+    rc = cli.main(["build", "--system", "NaCl", "--supercell", "1", "1", "1", "--kmax", "1.8", "--interstitial", *extra])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and "Traceback" not in err
+    for w in words:
+        assert w in err, (w, err)
