@@ -3,6 +3,8 @@
     import flapw
     cell = flapw.System.preset("TiO2", kmax=3.0, k=(0.1234, 0.2345, 0.3456))
     H, S = flapw.build_hs(cell, method="refined", context=None, interstitial=False)
+    H, S = flapw.build_hs(cell, interstitial=True, lower_only=True)   # the lower triangles: what solvers read
+    E = flapw.solve(H, S, 8)                                           # lowest 8 eigenvalues (Ha), where H lives
     flapw.write_hs("hs.h5", cell, H, S, method="refined", interstitial=False)   # or hs.npz; flapw.read_hs
 
     cell = flapw.System.from_file("Si.cif", kmax=3.0)            # any crystal ase.io.read reads (needs ase)
@@ -13,7 +15,8 @@ Hartree atomic units (bohr, Ha, Kmax in 1/bohr). See docs/flapw.md for the conve
 from hybridblas import __version__   # one version for the whole distribution
 
 from .coefficients import hs_from_coefficients
-from .hsdla import METHODS, build_bytes, build_hs, build_hs_with_fallback, hermitian_fill
+from .eigen import solve
+from .hsdla import METHODS, Workspace, build_bytes, build_hs, build_hs_with_fallback, hermitian_fill
 from .output import HSWriter, read_hs, write_hs
 from .report import BuildReport
 from .structures import PRESETS, Species, Structure
@@ -22,17 +25,5 @@ from .wigner import gaunt, wigner3j
 
 __all__ = ["System", "Structure", "Species", "build_hs", "build_hs_with_fallback", "build_bytes",
            "hs_from_coefficients", "BuildReport", "PRESETS", "METHODS", "DEFAULT_K", "hermitian_fill",
-           "HSWriter", "write_hs", "read_hs", "gaunt", "wigner3j", "solve"]
+           "HSWriter", "write_hs", "read_hs", "gaunt", "wigner3j", "solve", "Workspace"]
 
-
-def solve(h, s, nev):
-    """Lowest ``nev`` generalised eigenvalues of (H, S) (scipy; S must be positive definite)."""
-    import scipy.linalg
-    n = h.shape[0]
-    if not isinstance(nev, int) or not 1 <= nev <= n:
-        raise ValueError(f"nev must be an integer in [1, {n}], got {nev!r}")
-    try:
-        return scipy.linalg.eigh(h, s, eigvals_only=True, subset_by_index=[0, nev - 1])
-    except scipy.linalg.LinAlgError as exc:
-        raise ValueError(f"S is not positive definite at this k-point and Kmax ({exc}); "
-                         "add the interstitial part (--interstitial) or lower Kmax") from None

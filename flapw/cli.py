@@ -1,5 +1,8 @@
 """flapw build --system TiO2 --kmax 3.0 [--kpoints N] [--method refined|original] [--devices ...]
-           [--interstitial] [--solve NEV] [--output FILE.npz|FILE.h5] [--json] [-q] [-v]
+           [--interstitial] [--solve NEV [--vectors]] [--full] [--output FILE.npz|FILE.h5] [--json] [-q] [-v]
+
+H and S are built as their lower triangles (what the eigensolvers read); ``--full`` fills the upper ones
+too. Files always get both triangles. ``--solve`` runs where H and S live (a GPU for device arrays).
 
 Everything is checked before any work: each option's value, the devices, the output path and format, the
 basis at every k-point this rank builds, and the memory the build needs. A bad choice ends with exit 2 and
@@ -10,6 +13,7 @@ import json
 import logging
 import math
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -18,13 +22,15 @@ import numpy as np
 import hybridblas as hb
 from hybridblas import console
 
-from . import parallel
+from . import kpoints as side, parallel
 from .backends import BACKENDS, BackendUnavailable, get_backend
-from .hsdla import (METHODS, _batch_size, build_bytes, build_hs_with_fallback, buffers_per_atom, fitting_batch,
-                    memory_breakdown)
+from .eigen import solve
+from .hsdla import (METHODS, Workspace, _batch_size, _runs_on_gpu, build_bytes, build_hs_with_fallback,
+                    buffers_per_atom, fitting_batch, memory_breakdown)
 from .output import HSWriter, check_writable, file_format, rank_path
 from .structures import PRESETS
 from .system import DEFAULT_K, System
+from .warmup import prepare
 
 PROG = "flapw"
 log = logging.getLogger(PROG)
@@ -85,9 +91,20 @@ def _parser():
                    help="bound the A/B/X buffers (GiB)")
     b.add_argument("--interstitial", action="store_true", help="add the interstitial part")
     b.add_argument("--solve", type=console.nonnegative_int, default=0, metavar="NEV",
-                   help="print the lowest NEV eigenvalues")
+                   help="print the lowest NEV eigenvalues (solved where H and S live: a GPU for device arrays)")
+    b.add_argument("--vectors", action="store_true",
+                   help="with --solve and --output: write the NEV eigenvectors (and eigenvalues) per k-point")
+    b.add_argument("--full", action="store_true",
+                   help="fill the upper triangles of H and S too (default: the lower ones only, what eigensolvers "
+                        "read; files always get both)")
+    b.add_argument("--overlap", default="auto", choices=("auto", "on", "off"),
+                   help="host arrays: run the per-atom host work beside the BLAS calls in a fourth buffer "
+                        "(auto: when the BLAS runs on GPUs and the fourth buffer fits)")
+    b.add_argument("--multi-gpu", default="auto", choices=("auto", "split", "kpoints"),
+                   help="several GPUs: split every BLAS call over them, or build k-points side by side, one per "
+                        f"GPU (auto: side by side when N_G < {side.SPLIT_BELOW} and there are several k-points)")
     b.add_argument("--output", default=None,
-                   help="write H and S (full Hermitian) with k, N_G, the basis's Miller indices, the crystal, "
+                   help="write H and S (both triangles) with k, N_G, the basis's Miller indices, the crystal, "
                         "Kmax and units per k-point to FILE.npz or FILE.h5 (docs/flapw.md: the layout)")
     b.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     return p
@@ -131,7 +148,7 @@ def auto_arrays(backend, cell, method, batch_atoms, interstitial=False):
     gpus = _context_gpus(backend)
     if not gpus:
         return "host", batch_atoms
-    nb = fitting_batch(cell, method, batch_atoms, 0.8 * hb.memory.gpu_free(gpus[0]), interstitial)
+    nb = fitting_batch(cell, method, batch_atoms, 0.8 * hb.memory.gpu_free(gpus[0]), interstitial, on_device=True)
     if nb is None:
         return "host", batch_atoms
     _use_gpu(gpus[0])
@@ -139,31 +156,32 @@ def auto_arrays(backend, cell, method, batch_atoms, interstitial=False):
 
 
 def _host_copies(args, arrays, n_g):
-    """Bytes beside the build on the host: eigh's copies of H and S for --solve, and the host copies of
-    device H and S for --solve or --output."""
+    """Bytes beside the build on the host: eigh's copies of H and S for --solve on host arrays, and the host
+    copies of device H and S for --output (a device solve stays on the GPU)."""
     pair = 2 * _C16 * n_g * n_g
-    return (pair if args.solve else 0) + (pair if arrays == "device" and (args.solve or args.output) else 0)
+    return (pair if args.solve and arrays == "host" else 0) + (pair if arrays == "device" and args.output else 0)
 
 
-def _host_batch(args, cell, nb, arrays, comm):
+def _host_batch(args, cell, nb, arrays, comm, workers=1, overlap=False):
     """Atoms per batch (nb, or for host arrays the first halving of it that fits) for which what the host
-    holds (the build's estimate with host arrays, and the copies of H and S for --solve/--output) fits in
-    this rank's share of the host's memory; else hybridblas.InsufficientMemory, before any work."""
+    holds (the build's estimate with host arrays, and the copies of H and S for --solve/--output, for each
+    of ``workers`` k-points built at once) fits in this rank's share of the host's memory; else
+    hybridblas.InsufficientMemory, before any work."""
     ranks = parallel.ranks_on_node(comm)
     fraction = 0.9 / ranks
-    extra = _host_copies(args, arrays, cell.n_g)
+    extra = workers * _host_copies(args, arrays, cell.n_g)
     if arrays == "host":
         fits = fitting_batch(cell, args.method, nb, fraction * hb.memory.host_available() - extra,
-                             args.interstitial)
+                             args.interstitial, overlap=overlap)
         if fits is not None:
             if fits < nb:
                 log.info("host memory: %d atoms per batch instead of %d", fits, nb)
             return fits
-        need = build_bytes(cell, args.method, 1, args.interstitial) + extra
-        parts = memory_breakdown(cell, args.method, 1) + (
+        need = build_bytes(cell, args.method, 1, args.interstitial, overlap=overlap) + extra
+        parts = memory_breakdown(cell, args.method, 1, overlap) + (
             f", copies of H and S for --solve {hb.memory.format_bytes(extra)}" if extra else "")
     elif extra:
-        need, parts = extra, "host copies of H and S for --solve/--output"
+        need, parts = extra, "host copies of H and S for --output"
     else:
         return nb
     share = f" per rank ({ranks} ranks on this node)" if ranks > 1 else ""
@@ -175,6 +193,32 @@ def _host_batch(args, cell, nb, arrays, comm):
     return nb
 
 
+def _side_by_side(args, backend, largest, nb, n_kpoints):
+    """[(GPU id, its own single-GPU backend), ...] and the atoms per batch when k-points go side by side,
+    one per GPU, on device arrays (--multi-gpu kpoints, or auto with N_G < SPLIT_BELOW and several
+    k-points); (None, nb) when every call is split over the GPUs instead."""
+    gpus = _context_gpus(backend) if args.blas == "hybridblas" else []
+    asked = args.multi_gpu == "kpoints"
+    if asked and (len(gpus) < 2 or args.arrays == "host"):
+        raise ValueError(f"--multi-gpu kpoints needs two or more GPUs in --devices, --blas hybridblas and device "
+                         f"arrays, got --devices {args.devices!r}, --blas {args.blas}, --arrays {args.arrays}")
+    if not asked and (args.multi_gpu == "split" or len(gpus) < 2 or n_kpoints < 2 or args.arrays == "host"
+                      or largest.n_g >= side.SPLIT_BELOW):
+        return None, nb
+    workers, fits = [], []
+    for g in gpus:
+        one = get_backend("hybridblas", hb.Context(devices=[f"cuda:{g}"], strategy=args.strategy))
+        arrays, fit = auto_arrays(one, largest, args.method, nb, args.interstitial)
+        if arrays != "device":
+            if asked:
+                raise ValueError(f"--multi-gpu kpoints: the build at N_G = {largest.n_g} does not fit on GPU {g} "
+                                 f"({memory_breakdown(largest, args.method, 1)}); use --multi-gpu split")
+            return None, nb
+        workers.append((g, one))
+        fits.append(fit)
+    return workers, min(fits)
+
+
 def _plan(args, comm):
     """Every check before the build; returns what the build needs. Raises on a bad option (exit 2)."""
     spec = parallel.check_devices(args.devices, comm)
@@ -183,6 +227,9 @@ def _plan(args, comm):
                          f"got --blas {args.blas}")
     if args.arrays == "device" and not spec.gpus:
         raise ValueError(f"--arrays device needs a GPU in --devices, got --devices {args.devices!r}")
+    if args.vectors and not (args.solve and args.output):
+        raise ValueError(f"--vectors writes the eigenvectors to the --output file: it needs --solve NEV and --output "
+                         f"FILE, got --solve {args.solve} and --output {args.output!r}")
     path = None
     if args.output is not None:
         console.check_output_path(args.output, "--output")
@@ -212,14 +259,22 @@ def _plan(args, comm):
                          f"({hb.memory.format_bytes(per_atom)} at N_G = {largest.n_g})")
     nb = _batch_size(largest, args.method, args.batch_atoms, max_bytes)
     backend = make_backend(args.blas, spec, args.strategy, comm)
-    arrays = args.arrays
+    workers, nb = _side_by_side(args, backend, largest, nb, len(mine))
+    arrays = "device" if workers else args.arrays
     if arrays == "auto":
         arrays, nb = auto_arrays(backend, largest, args.method, nb, args.interstitial)
-    elif arrays == "device":
+    elif arrays == "device" and not workers:
         _use_gpu(_context_gpus(backend)[0])
-    nb = _host_batch(args, largest, nb, arrays, comm)
+    overlap = args.overlap == "on"
+    if overlap and (arrays != "host" or args.method != "refined"):
+        raise ValueError(f"--overlap on is for the refined method on host arrays, got --method {args.method} and "
+                         f"arrays {arrays}")
+    if args.overlap == "auto" and arrays == "host" and args.method == "refined" and _runs_on_gpu(backend):
+        room = 0.9 / parallel.ranks_on_node(comm) * hb.memory.host_available() - _host_copies(args, arrays, largest.n_g)
+        overlap = fitting_batch(largest, args.method, nb, room, args.interstitial, overlap=True) == nb
+    nb = _host_batch(args, largest, nb, arrays, comm, len(workers or [None]), overlap)
     return SimpleNamespace(spec=spec, cell=cell, kpoints=kpoints, mine=mine, backend=backend, arrays=arrays,
-                           batch_atoms=nb, path=path)
+                           batch_atoms=nb, path=path, workers=workers, overlap=overlap, largest=largest)
 
 
 class _BatchProgress:
@@ -247,6 +302,39 @@ class _BatchProgress:
         self.close()
 
 
+class _InOrder:
+    """Prints each k-point's text once every earlier one of this rank has been printed (k-points built side
+    by side finish in any order)."""
+
+    def __init__(self, order, show):
+        self.order, self.show, self.done, self.next = list(order), show, {}, 0
+        self.lock = threading.Lock()
+
+    def put(self, key, text):
+        with self.lock:
+            self.done[key] = text
+            while self.next < len(self.order) and self.order[self.next] in self.done:
+                if self.show:
+                    print(self.done.pop(self.order[self.next]), flush=True)
+                self.next += 1
+
+
+def _solve(args, h, s):
+    """(eigenvalues, eigenvectors or None, seconds): on the GPU for device arrays; a GPU that runs out of
+    memory for the solve's copies hands it to the host."""
+    t0 = time.perf_counter()
+    try:
+        out = solve(h, s, args.solve, vectors=args.vectors)
+    except MemoryError as exc:
+        if isinstance(h, np.ndarray) or isinstance(exc, hb.InsufficientMemory):
+            raise
+        log.info("GPU out of memory in the solve (%s); solving on the host", f"{type(exc).__name__}: {exc}")
+        out = solve(h.get(), s.get(), args.solve, vectors=args.vectors)
+    values, vectors = out if args.vectors else (out, None)
+    values = values.get() if hasattr(values, "get") else values
+    return values, vectors, time.perf_counter() - t0
+
+
 def _build(args):
     comm = parallel.world()
     rank = comm.Get_rank() if comm is not None else 0
@@ -256,43 +344,77 @@ def _build(args):
     elif rank != 0:
         log.setLevel(logging.WARNING)        # notes from rank 0 only
     plan = parallel.on_every_rank(comm, lambda: _plan(args, comm))
-    cell, arrays, nb = plan.cell, plan.arrays, plan.batch_atoms
+    cell, nb = plan.cell, plan.batch_atoms
     ranks = f", {comm.Get_size()} MPI ranks" if comm is not None else ""
-    log.info("%s: N_A=%d N_L=%d Kmax=%s (%d k-point%s, %s, devices=%s%s); arrays: %s, %d atoms per batch",
+    spread = f", k-points side by side on GPUs {[g for g, _ in plan.workers]}" if plan.workers else ""
+    log.info("%s: N_A=%d N_L=%d Kmax=%s (%d k-point%s, %s, devices=%s%s); arrays: %s, %d atoms per batch%s",
              cell.name, cell.n_atoms, cell.n_l, cell.kmax, args.kpoints, "s" if args.kpoints > 1 else "",
-             args.method, plan.spec, ranks, arrays, nb)
+             args.method, plan.spec, ranks, plan.arrays, nb, spread)
     parallel.share_k_independent(cell, comm)
+    cell.tmats                               # the k-independent data, once, before the k-point loop
+    if args.interstitial:
+        cell.step_table
     show = not args.quiet and not args.json and comm is None
     writer = None if plan.path is None else HSWriter(plan.path, cell, method=args.method, option="--output",
                                                      interstitial=args.interstitial, n_kpoints=args.kpoints)
-    reports = []
-    t_loop = time.perf_counter()
+    write_lock = threading.Lock()
+    printer = _InOrder([ik for ik, _ in plan.mine], show)
+
+    def one(state, item):
+        """Build, solve and write one k-point with a worker's backend, arrays and workspace."""
+        ik, k = item
+        kc = cell.with_k(k)
+        log.info("k-point %d/%d: k=%s N_G=%d", ik + 1, args.kpoints, k, kc.n_g)
+        with _BatchProgress(f"k-point {ik + 1}/{args.kpoints}", not args.quiet and not plan.workers) as bar:
+            h, s, rep = build_hs_with_fallback(kc, method=args.method, interstitial=args.interstitial,
+                                               batch_atoms=state.nb, blas=state.backend, arrays=state.arrays,
+                                               lower_only=not args.full, return_report=True, progress=bar,
+                                               workspace=state.workspace if state.arrays == "host" else None,
+                                               overlap=plan.overlap)
+        if state.arrays == "device" and isinstance(h, np.ndarray):
+            log.info("the remaining k-points%s are built on host arrays too", " of this GPU" if plan.workers else "")
+        state.arrays, state.nb = ("host" if isinstance(h, np.ndarray) else "device"), rep.batch_atoms
+        d = rep.as_dict()
+        d.update(k=list(k), k_index=ik, rank=rank, arrays=state.arrays, triangle="full" if args.full else "lower")
+        if state.gpu is not None:
+            d["gpu"] = state.gpu
+        vectors = None
+        text = rep.table()
+        if args.solve:
+            values, vectors, d["solve_seconds"] = _solve(args, h, s)
+            d["eigenvalues"] = values.tolist()
+            text += (f"\nsolve ({'GPU' if state.arrays == 'device' else 'host'}) {d['solve_seconds']:.3f} s; lowest "
+                     f"eigenvalues (Ha): " + " ".join(f"{e:.6f}" for e in d["eigenvalues"]))
+        if writer is not None:
+            with write_lock:
+                writer.add(ik, kc, h, s, lower=not args.full, eigenvalues=d.get("eigenvalues") if args.vectors
+                           else None, eigenvectors=vectors)
+        del h, s, vectors
+        printer.put(ik, text)
+        return d
+
+    warm = {}
+
+    def ready(backend, gpu):
+        """A worker's state, with the first-use costs of its builds paid (warmup.prepare)."""
+        state = SimpleNamespace(backend=backend, arrays=plan.arrays, nb=nb, workspace=Workspace(), gpu=gpu)
+        spent = prepare(plan.largest, backend, plan.arrays, args.method, nb, interstitial=args.interstitial,
+                        nev=args.solve, workspace=state.workspace, overlap=plan.overlap)
+        warm.update({f"{k} (GPU {gpu})" if gpu is not None else k: v for k, v in spent.items()})
+        return state
+    clock = {}
     try:
-        for ik, k in plan.mine:
-            kc = cell.with_k(k)
-            log.info("k-point %d/%d: k=%s N_G=%d", ik + 1, args.kpoints, k, kc.n_g)
-            with _BatchProgress(f"k-point {ik + 1}/{args.kpoints}", not args.quiet) as bar:
-                h, s, rep = build_hs_with_fallback(kc, method=args.method, interstitial=args.interstitial,
-                                                   batch_atoms=nb, blas=plan.backend, arrays=arrays,
-                                                   return_report=True, progress=bar)
-            if arrays == "device" and isinstance(h, np.ndarray) and (ik, k) != plan.mine[-1]:
-                log.info("the remaining k-points are built on host arrays too")
-            arrays, nb = ("host" if isinstance(h, np.ndarray) else "device"), rep.batch_atoms
-            d = rep.as_dict()
-            d.update(k=list(k), k_index=ik, rank=rank, arrays=arrays)
-            if args.solve:
-                from . import solve
-                hh, ss = (h.get(), s.get()) if hasattr(h, "get") else (h, s)
-                d["eigenvalues"] = solve(hh, ss, args.solve).tolist()
-                del hh, ss
-            if show:
-                print(rep.table())
-                if args.solve:
-                    print("lowest eigenvalues (Ha):", " ".join(f"{e:.6f}" for e in d["eigenvalues"]))
-            reports.append(d)
-            if writer is not None:
-                writer.add(ik, kc, h, s)
-            del h, s
+        if plan.workers:
+            def start(worker):
+                gpu, backend = worker
+                _use_gpu(gpu)                    # this thread's current GPU: its device arrays live there
+                return ready(backend, gpu)
+            reports = side.side_by_side(plan.mine, plan.workers, one, start,
+                                        started=lambda: clock.setdefault("t0", time.perf_counter()))
+        else:
+            state = ready(plan.backend, None)
+            clock["t0"] = time.perf_counter()
+            reports = [one(state, item) for item in plan.mine]
     except BaseException:
         if writer is not None:
             writer.discard()
@@ -300,8 +422,8 @@ def _build(args):
     if writer is not None:
         writer.close()
         log.info("wrote H and S to %s", plan.path)
-    # this rank's k-point loop (the throughput measure: setup and process start are paid once per run)
-    loop = time.perf_counter() - t_loop
+    # this rank's k-point loop (the throughput measure: setup, warm-up and process start are paid once per run)
+    loop = time.perf_counter() - clock["t0"]
     loops = comm.gather(loop, root=0) if comm is not None else [loop]
     reports = parallel.gather_reports(reports, comm)
     if rank != 0:
@@ -312,6 +434,8 @@ def _build(args):
     if args.json:
         json.dump({"system": cell.name, "kmax": cell.kmax, "devices": str(plan.spec), "arrays": plan.arrays,
                    "batch_atoms": plan.batch_atoms, "ranks": comm.Get_size() if comm is not None else 1,
+                   "multi_gpu": "kpoints" if plan.workers else "split", "overlap": plan.overlap,
+                   "setup_seconds": cell.setup_seconds(), "warm_up_seconds": warm,
                    "loop_seconds": loops, "kpoints_per_second": args.kpoints / max(loops), "reports": reports,
                    "output": None if plan.path is None else str(plan.path)},
                   sys.stdout, indent=1)

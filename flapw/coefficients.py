@@ -10,14 +10,15 @@ computes, for the n atoms whose coefficients are given (one batch, or all atoms)
 
 (eqs. (6)-(7) of the paper, T = the atom's set ``t_index[j]``, T^BA = (T^AB)ᴴ) with the refined HSDLA
 (Algorithm 3: zherk, zherk, zher2k, zherkx) or the original one (Algorithm 1), every large product through
-hybridblas (``context``) or a backend of flapw.backends. ``flapw.build_hs`` builds each batch through
-this call. The layouts, units and conventions are listed in hs_from_coefficients' docstring and in
-docs/flapw.md.
+hybridblas (``context``) or a backend of flapw.backends. ``flapw.build_hs`` runs the same batch algorithm
+(flapw/hsdla.py) on each of its batches. The layouts, units and conventions are listed in
+hs_from_coefficients' docstring and in docs/flapw.md.
 """
 import numpy as np
 
 from .backends import get_backend
-from .hsdla import METHODS, _cholesky_factors, _original_batch, _refined_batch, _sync, hermitian_fill
+from .hsdla import METHODS, _Batch, _cholesky_factors, _device_t, _original_batch, _refined_batch, _sync, \
+    hermitian_fill, scale_ub
 from .report import BuildReport
 
 __all__ = ["hs_from_coefficients"]
@@ -84,14 +85,12 @@ def hs_from_coefficients(a, b, taa, tab, tbb, u, *, tba=None, t_index=None, meth
     rep = report if report is not None else BuildReport(method=method, n_atoms=n_atoms, n_g=n_g, n_l=n_l,
                                                         batch_atoms=n_atoms, backend=backend.name)
     used = sorted({int(c) for c in index})
-    dev_t = {c: dict(taa_t=xp.asarray(sets["taa"][c].T), tba_t=xp.asarray(sets["tab"][c].conj()),
-                     half_tbb_t=xp.asarray(0.5 * sets["tbb"][c].T), u=xp.asarray(u[c])) for c in used}
-    beta = 1.0 if accumulate else 0.0
-    args = (rep, backend, list(range(n_atoms)), index, dev_t, a, b, h, s, beta, n_l, n_g, width, _sync(xp), xp)
+    dev_t = _device_t(sets["taa"], sets["tab"], sets["tbb"], u, used, xp)
+    bt = _Batch(rep, backend, a, b, h, s, index, dev_t, accumulate, n_l, _sync(xp), xp)
     if method == "refined":
-        _refined_batch(*args, *work)
+        _refined_batch(bt, work[0], lambda: scale_ub(bt, work[0]))
     else:
-        _original_batch(*args, *work, _cholesky_factors({c: sets["taa"][c] for c in used}, xp))
+        _original_batch(bt, *work, _cholesky_factors({c: sets["taa"][c] for c in used}, xp))
     if not lower_only:
         hermitian_fill(h, xp)
         hermitian_fill(s, xp)

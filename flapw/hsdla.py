@@ -1,37 +1,48 @@
 """H and S assembly at one k-point: the refined HSDLA (Algorithm 3) and the original (Algorithm 1).
 
 Stacked operands are column-major (n·N_L) × N_G matrices (see matching.py): the paper's A, B, X.
-Atoms are processed in batches (``batch_atoms``, or as many as ``max_temp_bytes`` allows); each batch
-adds its share to H and S with beta = 1, so a batch of all atoms is exactly the paper's algorithm and
-smaller batches bound memory at the same flop count.  Each batch goes through
-``flapw.hs_from_coefficients`` (flapw/coefficients.py), the public call on given coefficients.  Only the
-lower triangle is accumulated; the upper one is filled at the end unless ``lower_only``.
+Atoms are processed in batches (``batch_atoms``, or as many as ``max_temp_bytes`` allows), in the order of
+their atom classes, so the atoms of one class are side by side in a batch; each batch adds its share to
+H and S with beta = 1, so a batch of all atoms is exactly the paper's algorithm and smaller batches bound
+memory at the same flop count. Only the lower triangle of H and S is computed (the BLAS calls, the
+interstitial part); the upper one is filled at the end unless ``lower_only``.
+
+Where the small per-atom work runs: with device arrays everything is queued on the current GPU's stream
+(matching, X = UB, the T products as one batched product per run of atoms of one class). With host arrays
+it is spread over the host's cores, and when the BLAS runs on GPUs (``overlap``) it runs beside the BLAS
+calls that do not read what it writes, in a fourth buffer Y:
+
+    fill A | S = AᴴA ‖ fill B, X = UB | S += XᴴX ‖ Y = T^BA A + ½T^BB B | H = YᴴB + BᴴY ‖ X = T^AA A
+           | H += AᴴX
 
 Memory: ``build_bytes`` estimates what a build holds at its peak; a host build larger than the host's
 available memory is refused before anything is allocated. ``build_hs_with_fallback`` repeats a build that
 ran out of memory with half the atoms per batch, and a device build that fails even with one atom per
-batch on host arrays.
+batch on host arrays. A ``Workspace`` keeps the buffers (and H and S) from one build to the next, so that
+k-points after the first allocate nothing and find their host memory already page-locked.
 """
 import gc
 import logging
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 import hybridblas as hb
 
 from .backends import BACKENDS, PeerBackend, get_backend
+from .interstitial import scratch_bytes, table_span
 from .matching import fill_coefficients, k_only_factors, phases
 from .report import BuildReport, flops
 from .system import System
 
-__all__ = ["build_hs", "build_hs_with_fallback", "build_bytes", "fitting_batch", "METHODS"]
+__all__ = ["build_hs", "build_hs_with_fallback", "build_bytes", "fitting_batch", "METHODS", "Workspace"]
 
 METHODS = ("refined", "original")
 _C16 = 16
-_INTERSTITIAL_ROWS = 1024     # rows of H and S add_interstitial fills at once
-_INTERSTITIAL_BYTES = 112     # bytes per element of such a row block (index triples, Θ, H part, temporaries;
-                              # traced peaks: 80-104 for NaCl and TiO2 at N_G 1529-4414)
+TILE_ROWS = 1024              # rows of one host T product (N_L columns): its temporary stays in the caches
+DEVICE_PRODUCT_BYTES = 128 << 20   # the blocks of one batched T product on a GPU; CuPy copies them to contiguous
+DEVICE_TEMP_BYTES = 4 * DEVICE_PRODUCT_BYTES   # and holds about four such temporaries at once
 log = logging.getLogger("flapw")
 
 
@@ -54,9 +65,10 @@ def _sync(xp):
     return lambda: xp.cuda.get_current_stream().synchronize()
 
 
-def buffers_per_atom(method):
-    """N_L x N_G buffers a batch holds per atom: A, B, X (refined) or A, B, Z, UB (original)."""
-    return 3 if method == "refined" else 4
+def buffers_per_atom(method, overlap=False):
+    """N_L x N_G buffers a batch holds per atom: A, B, X (refined; and Y when the host work runs beside the
+    BLAS calls) or A, B, Z, UB (original)."""
+    return 4 if method == "original" or overlap else 3
 
 
 def _batch_size(cell, method, batch_atoms, max_temp_bytes):
@@ -78,50 +90,56 @@ def _batch_size(cell, method, batch_atoms, max_temp_bytes):
     return n_a
 
 
-def build_bytes(cell, method, batch_atoms, interstitial=False):
-    """Bytes a build of ``cell`` holds at its peak, with ``batch_atoms`` atoms per batch: H and S, the
-    k-only matching factors (two N_G x N_L per species, with Y*_lm and a temporary), and the larger of one
-    batch's A/B/X (or backup) buffers and the interstitial part's row blocks (made after the buffers are
-    freed). Against traced host peaks of NaCl builds at N_G 880-1862 it came 1-4 % low without the
-    interstitial part (radial meshes and T are left out) and 5-45 % high with it."""
+def build_bytes(cell, method, batch_atoms, interstitial=False, *, overlap=False, on_device=False):
+    """Bytes a build of ``cell`` holds at its peak, with ``batch_atoms`` atoms per batch: H and S, the k-only
+    matching factors (three N_G x N_L per species: A, B and UB, with Y*_lm and a temporary), one batch's
+    buffers (A, B, X, and Y with ``overlap``, or the original method's four) with its phases, and with
+    ``interstitial`` the step-function table and the scratch of the interstitial part (host tiles, or
+    ``on_device`` GPU blocks), and ``on_device`` the temporaries of the batched T products. Against traced
+    host peaks of NaCl builds at N_G 880-1862 it came 2.5 % low to 1.7 % high (radial meshes and T are left
+    out)."""
     n_g, n_l = cell.n_g, cell.n_l
     n_species = len({sp.symbol for sp in cell.structure.species})
-    batch = (_C16 * buffers_per_atom(method) * n_l + 24) * batch_atoms * n_g     # + the batch's phases
-    rows = _INTERSTITIAL_BYTES * min(n_g, _INTERSTITIAL_ROWS) * n_g if interstitial else 0
-    return _C16 * n_g * (2 * n_g + (2 * n_species + 2) * n_l) + max(batch, rows)
+    batch = (_C16 * buffers_per_atom(method, overlap) * n_l + 24) * batch_atoms * n_g     # + the batch's phases
+    fixed = _C16 * n_g * (2 * n_g + (3 * n_species + 2) * n_l) + (DEVICE_TEMP_BYTES if on_device else 0)
+    if not interstitial:
+        return fixed + batch
+    table = _C16 * int(np.prod(2 * table_span(cell.structure.lattice, cell.kmax) + 1)) + 16 * n_g
+    return fixed + batch + table + scratch_bytes(n_g, on_device)
 
 
-def memory_breakdown(cell, method, batch_atoms):
+def memory_breakdown(cell, method, batch_atoms, overlap=False):
     """'H and S 25.3 GiB, A/B/X of 384 atoms 40.5 GiB': the two parts of build_bytes a user can change."""
     fmt = hb.memory.format_bytes
-    names = "A/B/X" if method == "refined" else "A/B and their backups"
+    names = "A/B/Z/UB" if method == "original" else "A/B/X/Y" if overlap else "A/B/X"
     atoms = f"{batch_atoms} atom{'s' if batch_atoms != 1 else ''}"
     return (f"H and S {fmt(2 * _C16 * cell.n_g ** 2)}, {names} of {atoms} "
-            f"{fmt(_C16 * buffers_per_atom(method) * batch_atoms * cell.n_l * cell.n_g)}")
+            f"{fmt(_C16 * buffers_per_atom(method, overlap) * batch_atoms * cell.n_l * cell.n_g)}")
 
 
-def fitting_batch(cell, method, batch_atoms, limit, interstitial=False):
+def fitting_batch(cell, method, batch_atoms, limit, interstitial=False, *, overlap=False, on_device=False):
     """The first of batch_atoms, batch_atoms // 2, ..., 1 whose build fits in ``limit`` bytes (build_bytes);
     None when not even one atom per batch does."""
     nb = batch_atoms
     while nb >= 1:
-        if build_bytes(cell, method, nb, interstitial) <= limit:
+        if build_bytes(cell, method, nb, interstitial, overlap=overlap, on_device=on_device) <= limit:
             return nb
         nb //= 2
     return None
 
 
-def _require_host_memory(cell, method, nb, interstitial):
-    """Refuse a host build whose estimate exceeds 90 % of the host's available memory, before allocating."""
+def _require_host_memory(cell, method, nb, interstitial, overlap, held):
+    """Refuse a host build whose estimate, less the ``held`` bytes a workspace already holds for it,
+    exceeds 90 % of the host's available memory, before allocating."""
     hb.memory.require(
-        build_bytes(cell, method, nb, interstitial), where="host",
+        max(0, build_bytes(cell, method, nb, interstitial, overlap=overlap) - held), where="host",
         what=f"the {method} build of {cell.name} at kmax={cell.kmax} (N_G={cell.n_g}: "
-             f"{memory_breakdown(cell, method, nb)})",
+             f"{memory_breakdown(cell, method, nb, overlap)})",
         advice="fewer atoms per batch (batch_atoms= or max_temp_bytes=) shrink the buffers; a smaller kmax "
                "shrinks everything (N_G grows as kmax³, H and S as N_G²)")
 
 
-def _check_arguments(cell, method, context, blas, arrays, flags, progress):
+def _check_arguments(cell, method, context, blas, arrays, flags, progress, workspace=None, overlap=None):
     """Every argument of build_hs that is not a size, checked before any work (sizes: _batch_size)."""
     if not isinstance(cell, System):
         raise TypeError(f"cell must be a flapw.System, got {type(cell).__name__} {cell!r:.80}")
@@ -146,6 +164,11 @@ def _check_arguments(cell, method, context, blas, arrays, flags, progress):
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a function (batch, batches) or None, got {type(progress).__name__} "
                         f"{progress!r}")
+    if workspace is not None and not isinstance(workspace, Workspace):
+        raise TypeError(f"workspace must be a flapw.Workspace or None, got {type(workspace).__name__} "
+                        f"{workspace!r:.80}")
+    if overlap is not None and not isinstance(overlap, (bool, np.bool_)):
+        raise TypeError(f"overlap must be True, False or None, got {type(overlap).__name__} {overlap!r}")
 
 
 def hermitian_fill(c, xp=np, block=None):
@@ -195,9 +218,72 @@ def _fill_on_gpu(c, xp, tile):
             c[j0:j1, j1:n] = c[j1:n, j0:j1].conj().T
 
 
+class Workspace:
+    """Buffers that one build after another reuses: A, B, X (Y) and H, S (give it to build_hs as
+    ``workspace=``). Later builds allocate nothing new up to the largest sizes seen, and host memory that
+    hybridblas page-locked for the GPUs stays locked. The H and S a build returns are views of the
+    workspace's buffers: the next build with the same workspace overwrites them, and their upper triangle
+    holds what the last build left there when ``lower_only``. ``release()`` frees everything."""
+
+    def __init__(self):
+        self._buffers = {}
+
+    def get(self, name, size, xp=np):
+        """``size`` complex elements of buffer ``name`` (a flat view), reallocated when too small or when
+        it lives elsewhere (host vs GPU)."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < size or (xp is np) != isinstance(buf, np.ndarray):
+            self._buffers.pop(name, None)
+            del buf
+            buf = self._buffers[name] = xp.zeros(max(size, 1), complex)     # zeros: never junk that is not finite
+        return buf[:size]
+
+    def reserve(self, cell, method, batch_atoms, overlap=False, xp=np, threads=None):
+        """Allocate the buffers a build of ``cell`` with ``batch_atoms`` atoms per batch takes (build_hs's
+        names and sizes) and, on the host, write every page once on all cores: the page faults of first
+        use are paid here rather than inside the first build."""
+        n_g = cell.n_g
+        sizes = dict.fromkeys(_buffer_names(method, overlap), n_g * batch_atoms * cell.n_l)
+        sizes.update(H=n_g * n_g, S=n_g * n_g)
+        bufs = [self.get(name, size, xp) for name, size in sizes.items()]
+        if xp is np:
+            from hybridblas.blas_threads import available_cores
+            chunk = 1 << 22
+            jobs = [(b, i) for b in bufs for i in range(0, b.size, chunk)]
+            with ThreadPoolExecutor(min(max(1, len(jobs)), threads or available_cores())) as pool:
+                list(pool.map(lambda job: job[0][job[1]:job[1] + chunk].fill(0), jobs))
+
+    def held_bytes(self, xp=np):
+        """Bytes held in ``xp``'s memory (host for numpy)."""
+        return sum(b.nbytes for b in self._buffers.values() if (xp is np) == isinstance(b, np.ndarray))
+
+    def release(self):
+        self._buffers.clear()
+
+
+def _buffer_names(method, overlap):
+    return ("A", "B", "X", "Y") if overlap else ("A", "B", "X") if method == "refined" else ("A", "B", "Z", "UB")
+
+
+def _matrix(workspace, name, n, xp):
+    if workspace is None:
+        return xp.zeros((n, n), complex, order="F")
+    return workspace.get(name, n * n, xp).reshape((n, n), order="F")
+
+
+def _runs_on_gpu(backend):
+    """True when the backend's large products run on a GPU (cuBLASXt; a hybridblas context with one)."""
+    if isinstance(backend, PeerBackend):
+        return True
+    ctx = getattr(backend, "context", None)
+    if ctx is None and backend.name == "hybridblas":
+        ctx = hb.default_context()
+    return any(getattr(d, "kind", None) == "cuda" for d in getattr(ctx, "devices", []))
+
+
 def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_atoms=None,
              max_temp_bytes=None, lower_only=False, blas="hybridblas", arrays="host",
-             return_report=False, progress=None):
+             return_report=False, progress=None, workspace=None, overlap=None):
     """H and S (N_G × N_G, complex, Hermitian) of ``cell`` at its k-point.
 
     method:         "refined" (Algorithm 3: zherk, zherk, zher2k, zherkx; one temporary buffer X)
@@ -205,24 +291,36 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     context:        a hybridblas.Context passed to every large product (None: hybridblas's default).
     interstitial:   add the plane-wave parts (needed for eigenvalues); the MT parts only otherwise.
     batch_atoms / max_temp_bytes: bound the A, B, X buffers by processing atoms in batches.
-    lower_only:     leave the upper triangle unfilled (it holds junk for "original").
+    lower_only:     compute the lower triangle only (G' >= G, what LAPACK's and cuSOLVER's eigensolvers
+                    read with uplo='L'); the upper one is then left as it was (zeros in new matrices;
+                    "original" leaves partial sums there). False: both triangles (a Hermitian fill).
     blas:           "hybridblas", "cublasxt" (hybridblas.peers.cublasxt_* on GPU 0; see backends.py), or a
                     backend object from flapw.backends.get_backend (e.g. cuBLASXt on chosen GPUs).
     arrays:         "host" (numpy) or "device" (cupy: A, B, X, H, S on the current GPU).
     return_report:  also return a BuildReport (per-stage seconds, flops, peak temporary bytes).
     progress:       called as progress(batch, batches) after each batch of atoms.
+    workspace:      a flapw.Workspace to take the buffers and H, S from, and to leave them in for the next
+                    build (the returned H and S are its buffers).
+    overlap:        run the host's per-atom work beside the BLAS calls (refined, host arrays; a fourth
+                    buffer). None: when the BLAS runs on a GPU and the estimate with four buffers fits.
 
     Every argument is checked before any work (ValueError or TypeError naming it and its value); a host
     build whose estimate (build_bytes) exceeds the host's available memory raises
     hybridblas.InsufficientMemory before anything is allocated.
     """
     _check_arguments(cell, method, context, blas, arrays, dict(interstitial=interstitial, lower_only=lower_only,
-                     return_report=return_report), progress)
+                     return_report=return_report), progress, workspace, overlap)
     xp = _array_module(arrays)
     nb = _batch_size(cell, method, batch_atoms, max_temp_bytes)
-    if xp is np:
-        _require_host_memory(cell, method, nb, interstitial)
     backend = get_backend(blas, context) if isinstance(blas, str) else blas
+    if method != "refined" or xp is not np:
+        overlap = False
+    if xp is np:
+        held = workspace.held_bytes() if workspace is not None else 0
+        if overlap is None:
+            overlap = _runs_on_gpu(backend) and build_bytes(cell, method, nb, interstitial, overlap=True) - held \
+                <= 0.9 * hb.memory.host_available()
+        _require_host_memory(cell, method, nb, interstitial, bool(overlap), held)
     n_g, n_l, n_a = cell.n_g, cell.n_l, cell.n_atoms
     rep = BuildReport(method=method, system=cell.name, n_atoms=n_a, n_g=n_g, n_l=n_l, batch_atoms=nb,
                       backend=backend.name)
@@ -230,10 +328,18 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
 
     # k-independent data (computed on first use, then cached on the crystal)
     tmats, radial = cell.tmats, cell.radial
+    if interstitial:
+        cell.step_table
     rep.setup = cell.setup_seconds()
     cls_of = cell.atom_class_index()
     species = sorted(radial)
     sp_of = np.array([species.index(sp.symbol) for sp in cell.structure.species])
+    taa, tab, tbb, u = (np.stack([getattr(t, f) for t in tmats]) for f in ("taa", "tab", "tbb", "udot_norm_lm"))
+    # U·B comes from its own species factor: one group per (species, U) pair, i.e. per species
+    groups = {}
+    ub_of = np.array([groups.setdefault((sp_of[a], u[cls_of[a]].tobytes()), len(groups)) for a in range(n_a)],
+                     dtype=int)
+    group_ub = [(sp, np.frombuffer(key, float)) for sp, key in groups]
 
     with rep.stage("matching (k-only)"):
         basis = cell.basis
@@ -242,42 +348,52 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
         fac = k_only_factors(basis, [radial[s] for s in species], cell.lmax, cell.omega, threads=threads)
         fa = [xp.asarray(f[0]) for f in fac]
         fb = [xp.asarray(f[1]) for f in fac]
+        fub = [fb[sp] * xp.asarray(uu)[None, :] for sp, uu in group_ub]
         del fac
-    from .coefficients import hs_from_coefficients     # the per-batch assembly (it builds on this module)
-    taa, tab, tbb, u = (np.stack([getattr(t, f) for t in tmats]) for f in ("taa", "tab", "tbb", "udot_norm_lm"))
+    dev_t = _device_t(taa, tab, tbb, u, sorted(set(cls_of.tolist())), xp)
 
-    h = xp.zeros((n_g, n_g), complex, order="F")
-    s = xp.zeros((n_g, n_g), complex, order="F")
+    h = _matrix(workspace, "H", n_g, xp)
+    s = _matrix(workspace, "S", n_g, xp)
     rep.hs_bytes = 2 * _C16 * n_g * n_g
     width = nb * n_l
-    # flat buffers: a batch of any width is a contiguous (n_g, w) view, i.e. a column-major (w, n_g) matrix
-    a_buf = xp.empty(n_g * width, complex)
-    b_buf = xp.empty(n_g * width, complex)
-    work = {"X": xp.empty(n_g * width, complex)} if method == "refined" else \
-        {"Z": xp.empty(n_g * width, complex), "UB": xp.empty(n_g * width, complex)}
-    rep.note_buffers(A=a_buf.nbytes, B=b_buf.nbytes, **{k: v.nbytes for k, v in work.items()})
+    bufs = {k: (workspace.get(k, n_g * width, xp) if workspace is not None else xp.empty(n_g * width, complex))
+            for k in _buffer_names(method, overlap)}
+    rep.note_buffers(**{k: v.nbytes for k, v in bufs.items()})
 
-    batches = [list(range(i, min(n_a, i + nb))) for i in range(0, n_a, nb)]
-    for ib, atoms in enumerate(batches):
-        w = len(atoms) * n_l
-        view = lambda buf: buf[:n_g * w].reshape(n_g, w)     # noqa: E731
-        a, b = view(a_buf), view(b_buf)
-        with rep.stage("matching A, B", sync=sync):
+    order = np.argsort(cls_of, kind="stable")          # the atoms of one class side by side
+    batches = [order[i:i + nb] for i in range(0, n_a, nb)]
+    each = _on_host_cores if xp is np else None
+    pool = ThreadPoolExecutor(1, thread_name_prefix="flapw-host") if overlap else None
+    try:
+        for ib, atoms in enumerate(batches):
+            w = len(atoms) * n_l
+            view = {k: v[:n_g * w].reshape(n_g, w) for k, v in bufs.items()}
             ph = phases(basis, cell.structure.positions[atoms], xp)
-            each = _on_host_cores if xp is np else None
-            fill_coefficients(a, fa, ph, sp_of[atoms], n_l, each)
-            fill_coefficients(b, fb, ph, sp_of[atoms], n_l, each)
-        hs_from_coefficients(a, b, taa, tab, tbb, u, t_index=cls_of[atoms], method=method, blas=backend, h=h, s=s,
-                             accumulate=ib > 0, lower_only=True, work=[view(buf) for buf in work.values()], report=rep)
-        if progress:
-            progress(ib + 1, len(batches))
-    del a_buf, b_buf, work
+
+            def fill(name, factors, of, ph=ph, atoms=atoms, view=view):
+                fill_coefficients(view[name], factors, ph, of[atoms], n_l, each)
+            with rep.stage("matching A, B" if not overlap else "matching A", sync=sync):
+                fill("A", fa, sp_of)
+                if not overlap:
+                    fill("B", fb, sp_of)
+            batch = _Batch(rep, backend, view["A"], view["B"], h, s, cls_of[atoms], dev_t, ib > 0, n_l, sync, xp,
+                           pool)
+            if method == "refined":
+                fill_b = (lambda: fill("B", fb, sp_of)) if overlap else None
+                _refined_batch(batch, view["X"], lambda: fill("X", fub, ub_of), fill_b, view.get("Y"))
+            else:
+                _original_batch(batch, view["Z"], view["UB"], _cholesky_factors(
+                    {c: taa[c] for c in set(cls_of[atoms].tolist())}, xp))
+            if progress:
+                progress(ib + 1, len(batches))
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    bufs = view = batch = None           # without a workspace the buffers go before the interstitial part
     if interstitial and n_g:       # an empty basis has no plane-wave part to add
         from .interstitial import add_interstitial
         with rep.stage("interstitial", sync=sync):
-            hermitian_fill(h, xp)
-            hermitian_fill(s, xp)
-            add_interstitial(h, s, cell, xp)
+            add_interstitial(h, s, cell, xp, threads=threads)
     if not lower_only:
         with rep.stage("hermitian fill", sync=sync):
             hermitian_fill(h, xp)
@@ -287,19 +403,20 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
 
 def build_hs_with_fallback(cell, method="refined", context=None, interstitial=False, *, batch_atoms=None,
                            max_temp_bytes=None, lower_only=False, blas="hybridblas", arrays="host",
-                           return_report=False, progress=None, out_of_memory=(MemoryError,)):
+                           return_report=False, progress=None, workspace=None, overlap=None,
+                           out_of_memory=(MemoryError,)):
     """build_hs that outlives running out of memory, with the same H and S.
 
     An attempt that raises one of ``out_of_memory`` (default MemoryError, which covers CuPy's
     OutOfMemoryError and hybridblas's "GPU memory exhausted") is repeated with half the atoms per batch
-    (less A/B/X memory, the same flops); a device build that fails even with one atom per batch is built
-    once more on host arrays, with the largest halving of the first batch that the host's memory holds.
-    Each retry logs one line on the 'flapw' logger. The estimate's refusal (hybridblas.InsufficientMemory)
-    and the error of the last possible attempt propagate. Other arguments as for build_hs; after a fall
-    back to the host, H and S are numpy arrays.
+    (less A/B/X memory, the same flops; the workspace's buffers are freed first); a device build that fails
+    even with one atom per batch is built once more on host arrays, with the largest halving of the first
+    batch that the host's memory holds. Each retry logs one line on the 'flapw' logger. The estimate's
+    refusal (hybridblas.InsufficientMemory) and the error of the last possible attempt propagate. Other
+    arguments as for build_hs; after a fall back to the host, H and S are numpy arrays.
     """
     _check_arguments(cell, method, context, blas, arrays, dict(interstitial=interstitial, lower_only=lower_only,
-                     return_report=return_report), progress)
+                     return_report=return_report), progress, workspace, overlap)
     if not isinstance(out_of_memory, tuple) or not all(isinstance(e, type) and issubclass(e, BaseException)
                                                        for e in out_of_memory):
         raise TypeError(f"out_of_memory must be a tuple of exception types, got {out_of_memory!r}")
@@ -308,13 +425,16 @@ def build_hs_with_fallback(cell, method="refined", context=None, interstitial=Fa
     while True:
         try:
             return build_hs(cell, method, context, interstitial, batch_atoms=nb, lower_only=lower_only, blas=blas,
-                            arrays=place, return_report=return_report, progress=progress)
+                            arrays=place, return_report=return_report, progress=progress, workspace=workspace,
+                            overlap=overlap)
         except hb.InsufficientMemory:
             raise
         except out_of_memory as exc:
             if nb == 1 and place != "device":
                 raise
             why = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        if workspace is not None:
+            workspace.release()
         _release_memory()          # the failed attempt's arrays, now that its traceback is gone
         where = "GPU" if place == "device" else "host"
         if nb > 1:
@@ -335,62 +455,151 @@ def _release_memory():
         cupy.get_default_memory_pool().free_all_blocks()
 
 
-def _small(rep, name, n_g, n_l, n_atoms, sync):
-    return rep.stage(name, flops("zgemm", n_l, n_l, m=n_g) * n_atoms, sync=sync)
+class _Batch:
+    """One batch's operands and where its work goes: the BLAS backend, the report, the host pool beside."""
+
+    def __init__(self, rep, backend, a, b, h, s, t_index, dev_t, accumulate, n_l, sync, xp, pool=None):
+        self.rep, self.be, self.a, self.b, self.h, self.s = rep, backend, a, b, h, s
+        self.t_index, self.dev_t, self.beta = np.asarray(t_index), dev_t, 1.0 if accumulate else 0.0
+        self.n_l, self.n_g, self.w, self.sync, self.xp, self.pool = n_l, a.shape[0], a.shape[1], sync, xp, pool
+        self.runs = _runs(self.t_index)
+
+    def blas(self, name, kind, fn, k=None):
+        with self.rep.stage(name, flops(kind, self.n_g, self.w if k is None else k), blas=True, sync=self.sync):
+            fn()
+
+    def small(self, name, n_products, fn):
+        """The per-atom products (8 N_L² N_G flops each), in the caller's thread."""
+        with self.rep.stage(name, flops("zgemm", self.n_l, self.n_l, m=self.n_g) * n_products, sync=self.sync):
+            fn()
+
+    def beside(self, name, n_products, fn):
+        """Start fn on the host pool, beside the next BLAS call; its seconds are reported as overlapped."""
+        def run():
+            with self.rep.stage(name, flops("zgemm", self.n_l, self.n_l, m=self.n_g) * n_products, overlapped=True):
+                fn()
+        return self.pool.submit(run)
+
+    def join(self, job):
+        """Wait for a job started beside a BLAS call; the wait is what the host work failed to hide."""
+        with self.rep.stage("waiting for the host", sync=self.sync):
+            job.result()
+
+    def products(self, out, terms):
+        """out = Σ src @ T[key] per atom (T of the atom's set): _products on this batch."""
+        _products(self.xp, out, terms, self.runs, self.dev_t, self.n_l)
 
 
-def _refined_batch(rep, be, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w, sync, xp, x):
-    """Algorithm 3 on one batch: S += AᴴA + (UB)ᴴ(UB); H += XᴴB + BᴴX (X = T^BA A + ½T^BB B); H += Aᴴ(T^AA A)."""
-    with rep.stage("zherk S=AᴴA", flops("zherk", n_g, w), blas=True, sync=sync):
-        be.herk(1.0, a.T, beta, s)
-    with rep.stage("scale X=UB", 2.0 * n_g * w, sync=sync):
-        _each_atom(xp, atoms, n_l, lambda sl, at: xp.multiply(b[:, sl], dev_t[cls_of[at]]["u"][None, :],
-                                                              out=x[:, sl]))
-    with rep.stage("zherk S+=XᴴX", flops("zherk", n_g, w), blas=True, sync=sync):
-        be.herk(1.0, x.T, 1.0, s)
-    with _small(rep, "T·A, T·B (zgemm)", n_g, n_l, 2 * len(atoms), sync):
-        _ta_plus_half_tb(xp, x, a, b, atoms, cls_of, dev_t, n_l)
-    with rep.stage("zher2k H=XᴴB+BᴴX", flops("zher2k", n_g, w), blas=True, sync=sync):
-        be.her2k(1.0, x.T, b.T, beta, h)
-    with _small(rep, "T^AA·A (zgemm)", n_g, n_l, len(atoms), sync):
-        def taa(sl, at):
-            x[:, sl] = a[:, sl] @ dev_t[cls_of[at]]["taa_t"]
-        _each_atom(xp, atoms, n_l, taa)
-    with rep.stage("zherkx H+=AᴴX", flops("zherkx", n_g, w), blas=True, sync=sync):
-        be.herkx(1.0, a.T, x.T, 1.0, h)
+def _runs(t_index):
+    """(j0, j1, set) for every run of consecutive atoms with the same T set."""
+    edges = [0] + [j for j in range(1, len(t_index)) if t_index[j] != t_index[j - 1]] + [len(t_index)]
+    return [(j0, j1, int(t_index[j0])) for j0, j1 in zip(edges[:-1], edges[1:]) if j1 > j0]
 
 
-def _ta_plus_half_tb(xp, out, a, b, atoms, cls_of, dev_t, n_l):
-    """Per atom: out = T^BA A + ½ T^BB B (column blocks of the stacked, transposed coefficients):
-    Algorithm 3's X, Algorithm 1's Z."""
-    def one(sl, at):
-        t = dev_t[cls_of[at]]
-        out[:, sl] = a[:, sl] @ t["tba_t"] + b[:, sl] @ t["half_tbb_t"]
-    _each_atom(xp, atoms, n_l, one)
+def _device_t(taa, tab, tbb, u, used, xp):
+    """The T sets ``used``, transposed for the stacked (N_G, N_L) blocks, where the coefficients live:
+    X_a^T = A_a^T (T^BA)^T + ½ B_a^T (T^BB)^T with (T^BA)^T = conj(T^AB)."""
+    return {c: dict(taa_t=xp.asarray(taa[c].T), tba_t=xp.asarray(tab[c].conj()),
+                    half_tbb_t=xp.asarray(0.5 * tbb[c].T), u=xp.asarray(u[c])) for c in used}
 
 
-def _each_atom(xp, atoms, n_l, fn):
-    """fn(column slice, atom) for every atom of the batch. On the host the atoms' small products run on
-    all cores, one BLAS thread each: OpenBLAS threads a single 81-wide product poorly, and numpy's
-    elementwise operations use one core (TiO2 Kmax 2.5: 9.4 s of host zgemm and 1.6 s of scaling per
-    k-point on 32 cores, one after the other). On a GPU they are queued in order on the stream."""
-    slices = [(slice(j * n_l, (j + 1) * n_l), at) for j, at in enumerate(atoms)]
+def _products(xp, out, terms, runs, dev_t, n_l):
+    """out[:, atom j] = Σ_(src, key) src[:, atom j] @ dev_t[set of j][key] for every atom (N_G x N_L blocks).
+
+    GPU: one batched product per run of atoms with one T set (the run's blocks as an (atoms, N_G, N_L)
+    strided view), cut into pieces of DEVICE_PRODUCT_BYTES (CuPy's matmul copies strided operands and its
+    result to contiguous temporaries). Host: each atom on a core of its own, in tiles of TILE_ROWS rows
+    written straight into out, so that the second term's temporary stays in the caches (whole-block
+    temporaries doubled the memory traffic of these products)."""
     if xp is not np:
-        for sl, at in slices:
-            fn(sl, at)
+        step = max(1, DEVICE_PRODUCT_BYTES // (16 * n_l * max(1, out.shape[0])))
+        for j0, j1, c in runs:
+            for p0 in range(j0, j1, step):
+                p1 = min(j1, p0 + step)
+                o = _atom_blocks(xp, out, p0, p1, n_l)
+                xp.matmul(_atom_blocks(xp, terms[0][0], p0, p1, n_l), dev_t[c][terms[0][1]], out=o)
+                for src, key in terms[1:]:
+                    o += xp.matmul(_atom_blocks(xp, src, p0, p1, n_l), dev_t[c][key])
         return
-    _on_host_cores(slices, lambda job: fn(*job))
+    set_of = {j: c for j0, j1, c in runs for j in range(j0, j1)}
+    n_g = out.shape[0]
+
+    def atom(j):
+        cols = slice(j * n_l, (j + 1) * n_l)
+        t = dev_t[set_of[j]]
+        tmp = np.empty((min(n_g, TILE_ROWS), n_l), complex) if len(terms) > 1 else None
+        for g0 in range(0, n_g, TILE_ROWS):
+            g1 = min(n_g, g0 + TILE_ROWS)
+            o = out[g0:g1, cols]
+            np.matmul(terms[0][0][g0:g1, cols], t[terms[0][1]], out=o)
+            for src, key in terms[1:]:
+                np.matmul(src[g0:g1, cols], t[key], out=tmp[:g1 - g0])
+                o += tmp[:g1 - g0]
+    _on_host_cores(sorted(set_of), atom)
+
+
+def _atom_blocks(xp, m, j0, j1, n_l):
+    """Atoms j0..j1-1's column blocks of the (N_G, n·N_L) array m as an (atoms, N_G, N_L) view."""
+    s0, s1 = m.strides
+    return xp.lib.stride_tricks.as_strided(m[:, j0 * n_l:], shape=(j1 - j0, m.shape[0], n_l),
+                                           strides=(n_l * s1, s0, s1))
+
+
+def _refined_batch(bt, x, make_ub, fill_b=None, y=None):
+    """Algorithm 3 on one batch: S += AᴴA + (UB)ᴴ(UB); H += ZᴴB + BᴴZ (Z = T^BA A + ½T^BB B);
+    H += Aᴴ(T^AA A).
+
+    make_ub() writes UB into x. Without y everything runs in order (Z in x). With y (the host pool
+    beside the BLAS calls), fill_b() fills B beside the first zherk, Z goes to y, T^AA A to x."""
+    a, b = bt.a, bt.b
+    tba = [(a, "tba_t"), (b, "half_tbb_t")]
+    if y is None:
+        bt.blas("zherk S=AᴴA", "zherk", lambda: bt.be.herk(1.0, a.T, bt.beta, bt.s))
+        with bt.rep.stage("X=UB", 2.0 * bt.n_g * bt.w, sync=bt.sync):
+            make_ub()
+        bt.blas("zherk S+=XᴴX", "zherk", lambda: bt.be.herk(1.0, x.T, 1.0, bt.s))
+        bt.small("T·A, T·B (zgemm)", 2 * (bt.w // bt.n_l), lambda: bt.products(x, tba))
+        bt.blas("zher2k H=XᴴB+BᴴX", "zher2k", lambda: bt.be.her2k(1.0, x.T, b.T, bt.beta, bt.h))
+        bt.small("T^AA·A (zgemm)", bt.w // bt.n_l, lambda: bt.products(x, [(a, "taa_t")]))
+        bt.blas("zherkx H+=AᴴX", "zherkx", lambda: bt.be.herkx(1.0, a.T, x.T, 1.0, bt.h))
+        return
+    job = bt.beside("matching B, X=UB", 0, lambda: (fill_b(), make_ub()))
+    bt.blas("zherk S=AᴴA", "zherk", lambda: bt.be.herk(1.0, a.T, bt.beta, bt.s))
+    bt.join(job)
+    job = bt.beside("T·A, T·B (zgemm)", 2 * (bt.w // bt.n_l), lambda: bt.products(y, tba))
+    bt.blas("zherk S+=XᴴX", "zherk", lambda: bt.be.herk(1.0, x.T, 1.0, bt.s))
+    bt.join(job)
+    job = bt.beside("T^AA·A (zgemm)", bt.w // bt.n_l, lambda: bt.products(x, [(a, "taa_t")]))
+    bt.blas("zher2k H=YᴴB+BᴴY", "zher2k", lambda: bt.be.her2k(1.0, y.T, b.T, bt.beta, bt.h))
+    bt.join(job)
+    bt.blas("zherkx H+=AᴴX", "zherkx", lambda: bt.be.herkx(1.0, a.T, x.T, 1.0, bt.h))
+
+
+def scale_ub(bt, out, u_key="u"):
+    """out = U B per atom (the diagonal U of the atom's set): the X = UB of a caller's coefficients."""
+    xp, n_l = bt.xp, bt.n_l
+    set_of = [c for j0, j1, c in bt.runs for _ in range(j0, j1)]
+
+    def one(j):
+        cols = slice(j * n_l, (j + 1) * n_l)
+        xp.multiply(bt.b[:, cols], bt.dev_t[set_of[j]][u_key][None, :], out=out[:, cols])
+    if xp is np:
+        _on_host_cores(range(len(set_of)), one)
+    else:
+        for j in range(len(set_of)):
+            one(j)
 
 
 def _on_host_cores(jobs, fn):
     """fn(job) for every job on a pool of the host's cores, one BLAS thread each (numpy's elementwise
-    operations and copies release the GIL)."""
+    operations and copies release the GIL). OpenBLAS threads a single 81-wide product poorly, and numpy's
+    elementwise operations use one core (TiO2 Kmax 2.5: 9.4 s of host zgemm and 1.6 s of scaling per
+    k-point on 32 cores, one after the other)."""
     jobs = list(jobs)
     if len(jobs) < 2:
         for job in jobs:
             fn(job)
         return
-    from concurrent.futures import ThreadPoolExecutor
     from hybridblas import blas_threads
     with blas_threads.limit(1), ThreadPoolExecutor(min(len(jobs), blas_threads.available_cores())) as pool:
         list(pool.map(fn, jobs))
@@ -407,40 +616,35 @@ def _cholesky_factors(taa, xp):
     return out
 
 
-def _original_batch(rep, be, atoms, cls_of, dev_t, a, b, h, s, beta, n_l, n_g, w, sync, xp, z, ub, chol):
+def _original_batch(bt, z, ub, chol):
     """Algorithm 1 on one batch with A and B left as given: Z = T^BA A + ½T^BB B in the first work buffer
     (the paper overwrites A and restores A, B from backups; the same four buffers, no backup copies), her2k,
     S with UB in the second work buffer, then the Cholesky split: B_T, B_B in the second, the A_a of the
     atoms whose T^AA is not positive definite gathered in the first (where some T^AA are)."""
-    with _small(rep, "T·A, T·B (zgemm)", n_g, n_l, 2 * len(atoms), sync):
-        _ta_plus_half_tb(xp, z, a, b, atoms, cls_of, dev_t, n_l)
-    with rep.stage("zher2k H=ZᴴB+BᴴZ", flops("zher2k", n_g, w), blas=True, sync=sync):
-        be.her2k(1.0, z.T, b.T, beta, h)
-    with rep.stage("zherk S=AᴴA", flops("zherk", n_g, w), blas=True, sync=sync):
-        be.herk(1.0, a.T, beta, s)
-    with rep.stage("scale UB", 2.0 * n_g * w, sync=sync):
-        _each_atom(xp, atoms, n_l, lambda sl, at: xp.multiply(b[:, sl], dev_t[cls_of[at]]["u"][None, :],
-                                                              out=ub[:, sl]))
-    with rep.stage("zherk S+=(UB)ᴴUB", flops("zherk", n_g, w), blas=True, sync=sync):
-        be.herk(1.0, ub.T, 1.0, s)
-    hpd = [at for at in atoms if chol[cls_of[at]] is not None]
-    other = [at for at in atoms if chol[cls_of[at]] is None]
-    pos = {at: j for j, at in enumerate(atoms)}
-    with rep.stage("T^AA·A (ztrmm/zhemm)", (flops("ztrmm", n_l, n_l, m=n_g) * len(hpd)
-                                            + flops("zhemm", n_l, n_l, m=n_g) * len(other)), sync=sync):
+    a, b, n_l, n_g = bt.a, bt.b, bt.n_l, bt.n_g
+    atoms = list(range(bt.w // n_l))
+    bt.small("T·A, T·B (zgemm)", 2 * len(atoms), lambda: bt.products(z, [(a, "tba_t"), (b, "half_tbb_t")]))
+    bt.blas("zher2k H=ZᴴB+BᴴZ", "zher2k", lambda: bt.be.her2k(1.0, z.T, b.T, bt.beta, bt.h))
+    bt.blas("zherk S=AᴴA", "zherk", lambda: bt.be.herk(1.0, a.T, bt.beta, bt.s))
+    with bt.rep.stage("scale UB", 2.0 * n_g * bt.w, sync=bt.sync):
+        scale_ub(bt, ub)
+    bt.blas("zherk S+=(UB)ᴴUB", "zherk", lambda: bt.be.herk(1.0, ub.T, 1.0, bt.s))
+    set_of = bt.t_index
+    hpd = [j for j in atoms if chol[set_of[j]] is not None]
+    other = [j for j in atoms if chol[set_of[j]] is None]
+    with bt.rep.stage("T^AA·A (ztrmm/zhemm)", (flops("ztrmm", n_l, n_l, m=n_g) * len(hpd)
+                                               + flops("zhemm", n_l, n_l, m=n_g) * len(other)), sync=bt.sync):
         # B_T = [Cᴴ A_a] for positive definite T^AA, then B_B = [T^AA A_a], both in ub; the other atoms' A_a in z
-        for i, at in enumerate(hpd + other):
-            src = slice(pos[at] * n_l, (pos[at] + 1) * n_l)
-            op = chol[cls_of[at]] if i < len(hpd) else dev_t[cls_of[at]]["taa_t"]
-            ub[:, i * n_l:(i + 1) * n_l] = a[:, src] @ op
+        for i, j in enumerate(hpd + other):
+            op = chol[set_of[j]] if i < len(hpd) else bt.dev_t[set_of[j]]["taa_t"]
+            ub[:, i * n_l:(i + 1) * n_l] = a[:, j * n_l:(j + 1) * n_l] @ op
         if hpd:              # gather the other atoms' A_a (where no T^AA is positive definite, A is that)
-            for i, at in enumerate(other):
-                z[:, i * n_l:(i + 1) * n_l] = a[:, pos[at] * n_l:(pos[at] + 1) * n_l]
+            for i, j in enumerate(other):
+                z[:, i * n_l:(i + 1) * n_l] = a[:, j * n_l:(j + 1) * n_l]
     a_b = z if hpd else a
     n_t, n_b = len(hpd) * n_l, len(other) * n_l
     if n_t:
-        with rep.stage("zherk H+=B_TᴴB_T", flops("zherk", n_g, n_t), blas=True, sync=sync):
-            be.herk(1.0, ub[:, :n_t].T, 1.0, h)
+        bt.blas("zherk H+=B_TᴴB_T", "zherk", lambda: bt.be.herk(1.0, ub[:, :n_t].T, 1.0, bt.h), k=n_t)
     if n_b:
-        with rep.stage("zgemm H+=AᴴB_B", flops("zgemm", n_g, n_b, m=n_g), blas=True, sync=sync):
-            be.gemm(1.0, a_b[:, :n_b].T, ub[:, n_t:n_t + n_b].T, 1.0, h, transa="C", transb="N")
+        with bt.rep.stage("zgemm H+=AᴴB_B", flops("zgemm", n_g, n_b, m=n_g), blas=True, sync=bt.sync):
+            bt.be.gemm(1.0, a_b[:, :n_b].T, ub[:, n_t:n_t + n_b].T, 1.0, bt.h, transa="C", transb="N")

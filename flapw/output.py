@@ -13,7 +13,12 @@ Two containers, one layout (docs/flapw.md lists every field):
   datasets ``H``, ``S``, ``k``, ``k_cart``, ``miller`` and attribute ``N_G``; scalars and strings as
   attributes of the root, crystal arrays as root datasets. Complex numbers are h5py's compound (r, i).
 
-H and S are stored whole (``triangle = "full"``): both triangles hold the Hermitian matrices.
+H and S are stored whole (``triangle = "full"``): both triangles hold the Hermitian matrices. A build that
+made only the lower triangle (``flapw build``'s default, ``build_hs(lower_only=True)``) is written with
+``add(..., lower=True)``: the upper triangle is written as the conjugate of the lower one, row block by row
+block, so the file is the same as after a Hermitian fill and the arrays in memory are not changed.
+With eigenpairs (``flapw build --solve NEV --vectors``) a k-point also holds ``eigenvalues`` (NEV, Ha,
+ascending) and ``eigenvectors`` (N_G x NEV, columns S-orthonormal: XᴴSX = 1).
 H[i, j] = <φ_i|H|φ_j> (row i is the bra), φ_i = e^{i(k+G_i)·r}/√Ω in the interstitial with
 G_i = miller[i] @ reciprocal. Arrays are written in numpy's (row-major) index order; a Fortran reader of
 the HDF5 file sees every array transposed (H(j, i) = H[i, j]: the conjugate of the Hermitian H; miller(1:3, i)).
@@ -44,6 +49,8 @@ UNITS = ("lengths (lattice, positions_cart, rmt) in bohr; H and v0 in hartree; k
 CONVENTION = ("H[i, j] = <phi_i|H|phi_j> (row i is the bra); phi_i = exp(i(k+G_i).r)/sqrt(omega) in the "
               "interstitial, G_i = miller[i] @ reciprocal; basis ordered by |k+G|, then by Miller index")
 _PER_K = ("H", "S", "k", "k_cart", "miller", "N_G")
+_OPTIONAL_PER_K = ("eigenvalues", "eigenvectors")
+_ROW_BLOCK = 1 << 22         # elements of H or S written at once
 
 
 def _h5py(option, path):
@@ -129,39 +136,62 @@ class HSWriter:
         else:
             self._file = _h5py(option, self.path).File(self._tmp, "w")
 
-    def add(self, index, cell_k, h, s):
-        """H and S (full Hermitian N_G x N_G, numpy or cupy) of k-point ``index``, built for ``cell_k``.
-        Refuses (ValueError) a shape other than this k-point's N_G, non-finite entries, and a matrix whose
-        first row is not the conjugate of its first column (one triangle only)."""
+    def add(self, index, cell_k, h, s, *, lower=False, eigenvalues=None, eigenvectors=None):
+        """H and S (N_G x N_G, numpy or cupy) of k-point ``index``, built for ``cell_k``: both triangles, or
+        with ``lower`` only the lower one (the file gets the upper one as its conjugate; h and s are left
+        as they are). Refuses (ValueError) a shape other than this k-point's N_G, non-finite entries (in the
+        triangle that is read), and without ``lower`` a matrix whose first row is not the conjugate of its
+        first column (one triangle only). ``eigenvalues`` (NEV,) and ``eigenvectors`` (N_G, NEV): optional."""
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or index < 0:
             raise ValueError(f"index must be a k-point number >= 0, got {index!r}")
         if int(index) in self._indices:
             raise ValueError(f"index {index} is already in {str(self.path)!r}")
+        if not isinstance(lower, (bool, np.bool_)):
+            raise TypeError(f"lower must be True or False, got {type(lower).__name__} {lower!r}")
         basis = cell_k.basis
+        n = basis.n_g
         h, s = _host(h), _host(s)
         for name, m in (("h", h), ("s", s)):
-            if m.shape != (basis.n_g, basis.n_g):
-                raise ValueError(f"{name} must be N_G x N_G = {basis.n_g} x {basis.n_g} for this k-point's basis, "
+            if m.shape != (n, n):
+                raise ValueError(f"{name} must be N_G x N_G = {n} x {n} for this k-point's basis, "
                                  f"got shape {m.shape}")
-            if not np.isfinite(m).all():
+            if not finite(m, lower):
                 raise ValueError(f"{name} has entries that are not finite (nan or inf); nothing is written for them")
-            if m.size and not np.allclose(m[0, :], m[:, 0].conj(), rtol=1e-12, atol=1e-14 * np.abs(m[:, 0]).max()):
+            if not lower and m.size and not np.allclose(m[0, :], m[:, 0].conj(), rtol=1e-12,
+                                                        atol=1e-14 * np.abs(m[:, 0]).max()):
                 raise ValueError(f"{name} is not a full Hermitian matrix (its first row is not the conjugate of "
-                                 f"its first column): pass both triangles (build_hs with lower_only=False)")
+                                 f"its first column): pass both triangles (build_hs with lower_only=False), "
+                                 f"or lower=True for the lower one")
+        extra = _eigenpairs(eigenvalues, eigenvectors, n)
         k = np.asarray(basis.k, float)
-        data = {"H": h, "S": s, "k": k, "k_cart": k @ reciprocal(np.asarray(cell_k.structure.lattice, float)),
-                "miller": np.asarray(basis.miller, np.int64), "N_G": np.int64(basis.n_g)}
+        data = {"k": k, "k_cart": k @ reciprocal(np.asarray(cell_k.structure.lattice, float)),
+                "miller": np.asarray(basis.miller, np.int64), "N_G": np.int64(n), **extra}
         if self.format == "npz":
+            for name, m in (("H", h), ("S", s)):
+                self._npz_matrix(f"{name}_{index}", m, lower)
             for name, value in data.items():
                 self._npz_array(f"{name}_{index}", value)
         else:
             group = self._file.create_group(f"kpoint_{index}")
+            for name, m in (("H", h), ("S", s)):
+                dset = group.create_dataset(name, shape=(n, n), dtype=complex)
+                for r0, r1 in _row_blocks(n):
+                    dset[r0:r1] = _rows(m, r0, r1, lower)
             for name, value in data.items():
                 if name == "N_G":
                     group.attrs[name] = value
                 else:
                     group.create_dataset(name, data=np.ascontiguousarray(value))
         self._indices.append(int(index))
+
+    def _npz_matrix(self, name, m, lower):
+        """An N_G x N_G complex .npy member written row block by row block (C order)."""
+        n = m.shape[0]
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(complex)), "fortran_order": False, "shape": (n, n)}
+        with self._file.open(name + ".npy", "w", force_zip64=True) as fh:
+            np.lib.format.write_array_header_1_0(fh, header)
+            for r0, r1 in _row_blocks(n):
+                fh.write(_rows(m, r0, r1, lower).tobytes())
 
     def _npz_array(self, name, value):
         with self._file.open(name + ".npy", "w", force_zip64=True) as fh:
@@ -204,10 +234,60 @@ class HSWriter:
             self.discard()
 
 
-def write_hs(path, cell, h, s, *, method, interstitial, index=0):
-    """One k-point's H and S (full Hermitian, numpy or cupy) of ``cell`` into ``path`` (.npz, .h5, .hdf5)."""
+def _row_blocks(n):
+    rows = max(1, _ROW_BLOCK // max(n, 1))
+    return [(r0, min(n, r0 + rows)) for r0 in range(0, n, rows)]
+
+
+def finite(m, lower, xp=np):
+    """No nan or inf in the square m (with ``lower``: in its lower triangle), checked row block by row block
+    (numpy or cupy)."""
+    n = m.shape[0]
+    if not lower:
+        return all(bool(xp.isfinite(m[r0:r1]).all()) for r0, r1 in _row_blocks(n))
+    return all(bool(xp.isfinite(m[r0:r1, :r0]).all()) and bool(xp.isfinite(xp.tril(m[r0:r1, r0:r1])).all())
+               for r0, r1 in _row_blocks(n))
+
+
+def _rows(m, r0, r1, lower):
+    """Rows r0:r1 of m as a C-ordered block; with ``lower`` those of the Hermitian matrix whose lower
+    triangle m holds (columns right of the diagonal from the conjugate of the lower rows; real diagonal,
+    as flapw.hermitian_fill makes it)."""
+    if not lower:
+        return np.ascontiguousarray(m[r0:r1])
+    n = m.shape[0]
+    out = np.empty((r1 - r0, n), complex)
+    out[:, :r0] = m[r0:r1, :r0]
+    d = m[r0:r1, r0:r1]
+    out[:, r0:r1] = np.tril(d, -1) + np.tril(d, -1).conj().T
+    out[:, r1:] = m[r1:, r0:r1].conj().T
+    idx = np.arange(r1 - r0)
+    out[idx, r0 + idx] = d[idx, idx].real
+    return out
+
+
+def _eigenpairs(eigenvalues, eigenvectors, n):
+    """{"eigenvalues": (nev,) float64, "eigenvectors": (n, nev) complex128} from what is given (either may
+    be None; vectors need values)."""
+    out = {}
+    if eigenvalues is not None:
+        out["eigenvalues"] = np.asarray(_host(eigenvalues), float).reshape(-1)
+        if not np.isfinite(out["eigenvalues"]).all():
+            raise ValueError("eigenvalues has entries that are not finite")
+    if eigenvectors is not None:
+        vec = np.asarray(_host(eigenvectors), complex)
+        if "eigenvalues" not in out or vec.shape != (n, len(out["eigenvalues"])):
+            raise ValueError(f"eigenvectors must be N_G x NEV = {n} x {len(out.get('eigenvalues', []))} with "
+                             f"the eigenvalues, got shape {vec.shape}")
+        out["eigenvectors"] = vec
+    return out
+
+
+def write_hs(path, cell, h, s, *, method, interstitial, index=0, lower=False):
+    """One k-point's H and S (numpy or cupy; ``lower``: only their lower triangles are valid, the file gets
+    both) of ``cell`` into ``path`` (.npz, .h5, .hdf5)."""
     with HSWriter(path, cell, method=method, interstitial=interstitial, n_kpoints=1) as out:
-        out.add(index, cell, h, s)
+        out.add(index, cell, h, s, lower=lower)
     return Path(path)
 
 
@@ -219,14 +299,15 @@ def _scalar(value):
 def read_hs(path):
     """A file of HSWriter as a dict: the crystal's fields (``system``, ``kmax``, ``lattice``, ``species``
     as a list of str, ...) and ``kpoints``, a list of dicts (``index``, ``H``, ``S``, ``k``, ``k_cart``,
-    ``miller``, ``N_G``) in k-point order."""
+    ``miller``, ``N_G``, and ``eigenvalues``, ``eigenvectors`` where written) in k-point order."""
     fmt = file_format(path, "path")
     if fmt == "npz":
         with np.load(path, allow_pickle=False) as z:
             meta = {n: _scalar(z[n]) for n in z.files if not n.rpartition("_")[2].isdigit()}
             _check_format(meta, path)
             indices = [int(i) for i in meta["kpoints"]]
-            kpoints = [dict({n: _scalar(z[f"{n}_{i}"]) for n in _PER_K}, index=i) for i in indices]
+            kpoints = [dict({n: _scalar(z[f"{n}_{i}"]) for n in _PER_K + _OPTIONAL_PER_K if f"{n}_{i}" in z.files},
+                            index=i) for i in indices]
     else:
         h5py = _h5py("path", path)
         with h5py.File(path, "r") as f:
@@ -239,7 +320,8 @@ def read_hs(path):
             kpoints = []
             for i in indices:
                 g = f[f"kpoint_{i}"]
-                kpoints.append(dict({n: g[n][()] for n in _PER_K if n != "N_G"}, N_G=int(g.attrs["N_G"]), index=i))
+                kpoints.append(dict({n: g[n][()] for n in _PER_K + _OPTIONAL_PER_K if n != "N_G" and n in g},
+                                    N_G=int(g.attrs["N_G"]), index=i))
     meta["species"] = [str(x) for x in np.asarray(meta["species"]).tolist()]
     meta["kpoints"] = kpoints
     return meta

@@ -26,6 +26,7 @@ class _Shared:
         self.classes = None
         self.radial = None
         self.tmats = None
+        self.step_table = None
         self.seconds = {}
 
 
@@ -118,6 +119,17 @@ class System:
         other._basis = None
         return other
 
+    def with_kmax(self, kmax):
+        """The same crystal and k-point with a smaller (or equal) cutoff, sharing the k-independent data
+        (radial functions and T do not depend on Kmax; the step-function table of the larger cutoff holds
+        every Miller index difference of the smaller basis)."""
+        _check_kmax(kmax)
+        if kmax > self.kmax:
+            raise ValueError(f"kmax must not exceed this system's {self.kmax}, got {kmax!r}")
+        other = self.with_k(self.k)
+        other.kmax = float(kmax)
+        return other
+
     # ---------------------------------------------------------------- sizes
     @property
     def name(self):
@@ -184,6 +196,19 @@ class System:
             sh.tmats = [build_t_matrices(c, radial[c.species.symbol], self.lmax) for c in classes]
             sh.seconds["T matrices"] = time.perf_counter() - t0
         return sh.tmats
+
+    @property
+    def step_table(self):
+        """(Θ table, span): the step function on every integer q with |q_i| <= span_i, a box that holds the
+        Miller index differences of the basis at any k-point (flapw.interstitial), computed once."""
+        sh = self._shared
+        if sh.step_table is None:
+            from .interstitial import step_function_table, table_span
+            t0 = time.perf_counter()
+            span = table_span(self.structure.lattice, self.kmax)
+            sh.step_table = (step_function_table(self.structure, span), span)
+            sh.seconds["step function"] = time.perf_counter() - t0
+        return sh.step_table
 
     def atom_class_index(self):
         out = np.empty(self.n_atoms, int)

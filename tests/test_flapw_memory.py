@@ -140,8 +140,9 @@ def test_auto_arrays_shrinks_the_batch_to_fit_the_gpu(nacl, monkeypatch):
     cell, _ = nacl
     used = []
     monkeypatch.setattr(cli, "_use_gpu", used.append)
-    for free, want in [(1 << 40, ("device", 8)), (build_bytes(cell, "refined", 2) / 0.8 + 1, ("device", 2)),
-                       (build_bytes(cell, "refined", 1) / 0.8 - 1, ("host", 8))]:
+    for free, want in [(1 << 40, ("device", 8)),
+                       (build_bytes(cell, "refined", 2, on_device=True) / 0.8 + 1, ("device", 2)),
+                       (build_bytes(cell, "refined", 1, on_device=True) / 0.8 - 1, ("host", 8))]:
         monkeypatch.setattr(hb.memory, "gpu_free", lambda index, free=free: free if index == 3 else 0)
         assert cli.auto_arrays(_gpu_backend(), cell, "refined", 8) == want
     assert used == [3, 3]                                  # the GPU becomes current only for device arrays

@@ -150,3 +150,50 @@ def test_cli_output_equals_the_library_build(tmp_path, capsys, suffix):
         assert np.abs(got["H"] - h).max() <= 1e-12 * scale
         assert np.abs(got["S"] - s).max() <= 1e-12 * np.abs(s).max()
         np.testing.assert_array_equal(got["miller"], cell.with_k(k).basis.miller)
+
+
+@pytest.mark.parametrize("suffix", FORMATS)
+def test_lower_triangles_are_written_whole(tmp_path, nacl, suffix, monkeypatch):
+    """H and S given as their lower triangles (upper ones NaN), in several row blocks: the file holds the
+    Hermitian fill of them, bit for bit, and the arrays are not changed; eigenpairs travel along."""
+    import flapw.output as output
+    monkeypatch.setattr(output, "_ROW_BLOCK", 1000)                     # blocks of a few rows, a short last one
+    cell, built = nacl
+    path = tmp_path / f"hs.{suffix}"
+    rng = np.random.default_rng(3)
+    written = []
+    with HSWriter(path, cell, method="refined", interstitial=True, n_kpoints=2) as out:
+        for ik, (kc, h, s) in enumerate(built):
+            lower = [np.tril(m) + np.triu(np.full_like(m, np.nan), 1) for m in (h, s)]
+            before = [m.copy() for m in lower]
+            values = np.sort(rng.standard_normal(3))
+            vectors = rng.standard_normal((kc.n_g, 3)) + 1j * rng.standard_normal((kc.n_g, 3))
+            out.add(ik, kc, np.asfortranarray(lower[0]), lower[1], lower=True, eigenvalues=values,
+                    eigenvectors=vectors)
+            for m, b in zip(lower, before):
+                np.testing.assert_array_equal(m, b)
+            written.append((h, s, values, vectors))
+    data = read_hs(path)
+    for got, (h, s, values, vectors) in zip(data["kpoints"], written, strict=True):
+        np.testing.assert_array_equal(got["H"], flapw.hermitian_fill(np.tril(h)))
+        np.testing.assert_array_equal(got["S"], flapw.hermitian_fill(np.tril(s)))
+        np.testing.assert_array_equal(got["eigenvalues"], values)
+        np.testing.assert_array_equal(got["eigenvectors"], vectors)
+
+
+def test_lower_triangle_checks(tmp_path, nacl):
+    cell, built = nacl
+    kc, h, s = built[0]
+    with HSWriter(tmp_path / "hs.npz", cell, method="refined", interstitial=True) as out:
+        bad = np.tril(h)
+        bad[4, 1] = np.inf
+        with pytest.raises(ValueError, match="h has entries that are not finite"):
+            out.add(0, kc, bad, s, lower=True)
+        with pytest.raises(ValueError, match=r"h is not a full Hermitian matrix.*lower=True"):
+            out.add(0, kc, np.tril(h), s)
+        with pytest.raises(TypeError, match="lower must be True or False, got str 'yes'"):
+            out.add(0, kc, h, s, lower="yes")
+        with pytest.raises(ValueError, match=r"eigenvectors must be N_G x NEV"):
+            out.add(0, kc, h, s, eigenvalues=[1.0, 2.0], eigenvectors=np.ones((kc.n_g, 3)))
+        out.add(0, kc, h, s)
+    assert "eigenvalues" not in read_hs(tmp_path / "hs.npz")["kpoints"][0]

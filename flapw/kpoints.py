@@ -1,0 +1,74 @@
+"""Several k-points side by side, one per worker (a GPU), in one process.
+
+When one k-point's BLAS calls are too small to split well over several GPUs (N_G below ~16k: each GPU
+gets tiles too small to run at its rate, and every call waits for the slowest), whole k-points go to the
+GPUs instead: worker i builds k-points i, i + W, i + 2W, ... in order on a thread of its own, with its own
+single-GPU hybridblas Context and its own device arrays. Results come back in k-point order.
+"""
+import threading
+
+__all__ = ["assign", "side_by_side", "SPLIT_BELOW"]
+
+SPLIT_BELOW = 16384       # N_G below which k-points go side by side rather than every call over every GPU
+
+
+def assign(n_jobs, n_workers):
+    """[jobs of worker 0, jobs of worker 1, ...]: job j goes to worker j mod n_workers (round robin, as
+    k-points go to MPI ranks: k-points have near-equal N_G)."""
+    if n_workers < 1:
+        raise ValueError(f"n_workers must be at least 1, got {n_workers!r}")
+    return [list(range(w, n_jobs, n_workers)) for w in range(n_workers)]
+
+
+def side_by_side(jobs, workers, run, start=None, started=None):
+    """[run(state, job) for job in jobs], job j on workers[j mod W], each worker's jobs in order on a thread
+    of its own. ``start(worker)`` runs first on that thread (e.g. make its GPU current, warm it up) and
+    returns the state run gets (default: the worker itself); ``started()`` is called in the caller's thread
+    once every worker has started, before any job runs (e.g. to start a clock). The first error stops every
+    worker before its next job; the error of the lowest job that failed is raised once all threads end."""
+    jobs = list(jobs)
+    results, errors = {}, {}
+    failed = threading.Event()
+    plan = assign(len(jobs), len(workers))
+    ready = threading.Barrier(sum(1 for mine in plan if mine) + 1)
+    go = threading.Event()                     # set by the caller once started() has run
+
+    def work(w, mine):
+        try:
+            state = start(workers[w]) if start is not None else workers[w]
+        except BaseException as exc:           # handed to the caller's thread below
+            errors[mine[0]] = exc
+            failed.set()
+        try:
+            ready.wait()
+        except threading.BrokenBarrierError:
+            failed.set()
+        go.wait()
+        for j in mine:
+            if failed.is_set():
+                return
+            try:
+                results[j] = run(state, jobs[j])
+            except BaseException as exc:
+                errors[j] = exc
+                failed.set()
+                return
+    threads = [threading.Thread(target=work, args=(w, mine), name=f"flapw-worker-{w}", daemon=True)
+               for w, mine in enumerate(plan) if mine]
+    for t in threads:
+        t.start()
+    try:
+        ready.wait()
+        if started is not None and not failed.is_set():
+            started()
+        go.set()
+        for t in threads:
+            t.join()
+    except BaseException:                      # Ctrl-C in the caller: the workers stop after their k-point
+        failed.set()
+        ready.abort()
+        go.set()
+        raise
+    if errors:
+        raise errors[min(errors)]
+    return [results[j] for j in range(len(jobs))]

@@ -1,0 +1,64 @@
+"""What the first k-point of a run would pay once, paid before the k-point loop (``flapw build``).
+
+Found in the code (flapw, hybridblas, CuPy), on first use in a process:
+
+* host arrays: the page faults of the first writes to A, B, X (Y) and H, S. The CLI keeps these buffers in
+  one Workspace for every k-point; ``prepare`` allocates them for the largest k-point and writes each page
+  once, on all cores (TiO2 Kmax 2.5 on 2 cores: 24 s of its 'matching A, B' stage were such faults);
+* the k-independent data (radial functions, T, the step-function table): computed before the loop;
+* GPUs: the CUDA context of each GPU (on its first allocation), CuPy's cuBLAS and cuSOLVER handles,
+  CuPy's elementwise kernels (compiled once per machine into its kernel cache, loaded once per process),
+  hybridblas's per-GPU streams and pinned staging rings, and the device memory pool's first blocks.
+  ``prepare`` builds the same crystal at a small Kmax through the same backend and arrays (every kernel
+  and call of a build, and with ``nev`` a solve; on the CPU alone this is all it does, for hybridblas's
+  and the thread pools' first calls) and runs one product large enough to be split over every device of
+  the context;
+* not paid here: hybridblas page-locks a host operand when a second call meets it (its pin policy), so the
+  first k-point with host arrays on GPUs still moves its operands through the staging ring until its
+  buffers are locked; they stay locked for the later k-points (the same workspace).
+"""
+import logging
+import math
+import time
+
+import numpy as np
+
+from .eigen import solve
+from .hsdla import _array_module, _runs_on_gpu, build_hs
+
+__all__ = ["prepare"]
+
+TINY_N_G = 200            # plane waves of the warm-up build
+SPLIT_EDGE = 4608         # the warm-up product: 4 n³ = 3.9e11 flops, above hybridblas's one-device limit
+log = logging.getLogger("flapw")
+
+
+def prepare(cell, backend, arrays, method, batch_atoms, *, interstitial=False, nev=0, workspace=None,
+            overlap=False):
+    """Pay the first-use costs of builds of ``cell`` (its largest k-point) before they run; returns
+    {what: seconds}. A warm-up that runs out of memory is skipped with a note (the build itself then
+    decides what fits)."""
+    seconds = {}
+    if workspace is not None and arrays == "host":
+        t0 = time.perf_counter()
+        workspace.reserve(cell, method, batch_atoms, overlap)
+        seconds["workspace"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    try:
+        tiny = cell.with_kmax(min(cell.kmax, (6 * math.pi ** 2 * TINY_N_G / cell.omega) ** (1 / 3)))
+        h, s = build_hs(tiny, method, interstitial=interstitial, lower_only=True, blas=backend, arrays=arrays,
+                        batch_atoms=batch_atoms, overlap=False)
+        if nev and interstitial and tiny.n_g:
+            solve(h, s, min(nev, tiny.n_g))
+        del h, s
+        if arrays == "device" or _runs_on_gpu(backend):
+            xp = _array_module(arrays)
+            a = xp.ones((SPLIT_EDGE, SPLIT_EDGE), complex)
+            backend.herk(1.0, a, 0.0, xp.zeros((SPLIT_EDGE, SPLIT_EDGE), complex, order="F"))
+            del a
+            if xp is not np:
+                xp.cuda.get_current_stream().synchronize()
+    except MemoryError as exc:
+        log.info("warm-up skipped: out of memory (%s: %s)", type(exc).__name__, exc)
+    seconds["warm-up"] = time.perf_counter() - t0
+    return seconds

@@ -1,0 +1,193 @@
+"""k-points side by side, one per worker: which k-point goes where, results identical to the sequential run
+and in k-point order, errors, the CLI's choice between splitting calls and k-points; and (two GPUs) the CLI
+run against the host build."""
+import json
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import flapw
+import hybridblas as hb
+from flapw import cli
+from flapw.kpoints import SPLIT_BELOW, assign, side_by_side
+
+
+def test_round_robin_assignment():
+    assert assign(8, 2) == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert assign(5, 3) == [[0, 3], [1, 4], [2]]
+    assert assign(1, 4) == [[0], [], [], []]
+    assert assign(0, 2) == [[], []]
+    with pytest.raises(ValueError, match="n_workers must be at least 1, got 0"):
+        assign(3, 0)
+
+
+def test_side_by_side_builds_equal_the_sequential_ones():
+    """Five k-points of NaCl on three fake 'devices' (numpy, one CPU context each): every k-point on the
+    worker round robin gives it, each worker's k-points in order on its own thread, H and S those of the
+    sequential run (to rounding: builds at once share the process's BLAS thread setting, and a product's
+    rounding follows its thread count), results in k-point order."""
+    cell = flapw.System.preset("NaCl", kmax=1.8, supercell=(1, 1, 1))
+    cell.tmats, cell.step_table
+    kpts = cli._kpoints(5, cell.k)
+    seen = []
+
+    def start(worker):
+        return SimpleNamespace(name=worker, thread=threading.get_ident(), context=hb.Context("cpu"))
+
+    def run(state, k):
+        assert threading.get_ident() == state.thread
+        seen.append((state.name, kpts.index(k)))
+        return flapw.build_hs(cell.with_k(k), interstitial=True, lower_only=True, context=state.context)
+    got = side_by_side(kpts, ["dev0", "dev1", "dev2"], run, start)
+    want = [flapw.build_hs(cell.with_k(k), interstitial=True, lower_only=True) for k in kpts]
+    for (h, s), (hw, sw) in zip(got, want, strict=True):
+        assert h.shape == hw.shape
+        np.testing.assert_allclose(h, hw, rtol=0, atol=1e-14 * np.abs(hw).max())
+        np.testing.assert_allclose(s, sw, rtol=0, atol=1e-14 * np.abs(sw).max())
+    by_worker = {w: [j for name, j in seen if name == w] for w in ("dev0", "dev1", "dev2")}
+    assert by_worker == {"dev0": [0, 3], "dev1": [1, 4], "dev2": [2]}
+
+
+def test_first_error_stops_the_workers_and_is_raised():
+    """Job 1 fails on worker b while worker a is in job 0 (or before a starts it): a starts no other job."""
+    ran = []
+    failing = threading.Event()
+
+    def run(worker, j):
+        ran.append(j)
+        if j == 1:
+            failing.set()
+            raise RuntimeError("job 1 failed")
+        if j == 0:
+            assert failing.wait(timeout=10)
+            for b in [t for t in threading.enumerate() if t.name == "flapw-worker-1"]:
+                b.join(timeout=10)                # b has recorded its error and ended
+        return j
+    with pytest.raises(RuntimeError, match="job 1 failed"):
+        side_by_side(range(8), ["a", "b"], run)
+    assert 1 in ran and set(ran) <= {0, 1}
+
+    def start(worker):
+        raise OSError(f"no device {worker}")
+    with pytest.raises(OSError, match="no device a"):
+        side_by_side(range(3), ["a", "b"], lambda w, j: j, start)
+    assert side_by_side([], ["a"], lambda w, j: j) == []
+
+
+def _fake_gpus(monkeypatch, gpus, fits=True):
+    """A CPU backend that claims ``gpus``; per-GPU backends made without touching CUDA."""
+    monkeypatch.setattr(cli, "_context_gpus", lambda backend: list(gpus))
+    monkeypatch.setattr(cli, "get_backend", lambda blas, context=None, gpus=None: SimpleNamespace(
+        name="hybridblas", context=context))
+    monkeypatch.setattr(hb, "Context", lambda devices, strategy: SimpleNamespace(devices=devices))
+    monkeypatch.setattr(cli, "auto_arrays", lambda backend, cell, method, nb, interstitial=False:
+                        ("device", nb // 2) if fits else ("host", nb))
+
+
+def _args(**kw):
+    base = dict(blas="hybridblas", multi_gpu="auto", arrays="auto", devices="all", strategy="auto",
+                method="refined", interstitial=True)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_cli_chooses_kpoints_side_by_side(monkeypatch):
+    small = SimpleNamespace(n_g=SPLIT_BELOW - 1)
+    large = SimpleNamespace(n_g=SPLIT_BELOW)
+    _fake_gpus(monkeypatch, [0, 1])
+    workers, nb = cli._side_by_side(_args(), None, small, 8, n_kpoints=4)
+    assert [g for g, _ in workers] == [0, 1] and nb == 4
+    assert [b.context.devices for _, b in workers] == [["cuda:0"], ["cuda:1"]]
+    for args, cell, n_k in [(_args(), large, 4), (_args(), small, 1), (_args(multi_gpu="split"), small, 4),
+                            (_args(arrays="host"), small, 4)]:
+        assert cli._side_by_side(args, None, cell, 8, n_kpoints=n_k) == (None, 8)
+    assert cli._side_by_side(_args(multi_gpu="kpoints"), None, large, 8, 1)[0] is not None
+    _fake_gpus(monkeypatch, [0])
+    assert cli._side_by_side(_args(), None, small, 8, 4) == (None, 8)
+    with pytest.raises(ValueError, match="--multi-gpu kpoints needs two or more GPUs"):
+        cli._side_by_side(_args(multi_gpu="kpoints"), None, small, 8, 4)
+    _fake_gpus(monkeypatch, [0, 1], fits=False)
+    assert cli._side_by_side(_args(), None, small, 8, 4) == (None, 8)
+
+
+def test_cli_reports_stay_in_kpoint_order(monkeypatch, capsys):
+    """The CLI's k-point loop with two fake workers (CPU contexts) behind --multi-gpu: reports in k-point
+    order, each with the worker that built it, the file's H and S those of the plain run."""
+    cpu = [hb.Context("cpu"), hb.Context("cpu")]
+    plan = cli._plan
+
+    def with_workers(args, comm):
+        p = plan(args, comm)
+        p.workers = [(g, flapw.backends.get_backend("hybridblas", cpu[g])) for g in (0, 1)]
+        p.arrays = "host"
+        return p
+    monkeypatch.setattr(cli, "_plan", with_workers)
+    monkeypatch.setattr(cli, "_use_gpu", lambda g: None)
+    common = ["build", "--system", "NaCl", "--supercell", "1", "1", "1", "--kmax", "1.8", "--kpoints", "5",
+              "--interstitial", "--solve", "2", "--json"]
+    assert cli.main(common) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["multi_gpu"] == "kpoints"
+    assert [r["k_index"] for r in doc["reports"]] == [0, 1, 2, 3, 4]
+    assert [r["gpu"] for r in doc["reports"]] == [0, 1, 0, 1, 0]
+    monkeypatch.undo()
+    assert cli.main(common) == 0
+    plain = json.loads(capsys.readouterr().out)
+    for a, b in zip(doc["reports"], plain["reports"], strict=True):
+        np.testing.assert_allclose(a["eigenvalues"], b["eigenvalues"], rtol=0, atol=1e-12)
+
+
+@pytest.mark.multi_gpu
+def test_gpu_kpoints_side_by_side_equal_the_host_build(tmp_path, capsys):
+    out = tmp_path / "hs.npz"
+    rc = cli.main(["build", "--system", "NaCl", "--kmax", "2.0", "--kpoints", "4", "--interstitial", "--devices",
+                   "all", "--multi-gpu", "kpoints", "--solve", "4", "--output", str(out), "--json"])
+    assert rc == 0, capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["multi_gpu"] == "kpoints" and doc["arrays"] == "device"
+    assert [r["k_index"] for r in doc["reports"]] == [0, 1, 2, 3]
+    assert [r["gpu"] for r in doc["reports"]] == [0, 1, 0, 1]
+    data = flapw.read_hs(out)
+    cell = flapw.System.preset("NaCl", kmax=2.0)
+    for got, k in zip(data["kpoints"], cli._kpoints(4, cell.k), strict=True):
+        h, s = flapw.build_hs(cell.with_k(k), interstitial=True, context=hb.Context("cpu"))
+        assert np.abs(got["H"] - h).max() <= 1e-12 * np.abs(h).max()
+        assert np.abs(got["S"] - s).max() <= 1e-12 * np.abs(s).max()
+
+
+def test_started_runs_once_every_worker_is_ready():
+    events = []
+    lock = threading.Lock()
+
+    def start(worker):
+        with lock:
+            events.append(("start", worker))
+        return worker
+
+    def run(worker, j):
+        with lock:
+            events.append(("run", j))
+        return j
+    assert side_by_side(range(4), ["a", "b"], run, start, started=lambda: events.append(("started",))) == [0, 1, 2, 3]
+    first_run = min(i for i, e in enumerate(events) if e[0] == "run")
+    assert events.index(("started",)) < first_run
+    assert {e for e in events[:first_run] if e[0] == "start"} == {("start", "a"), ("start", "b")}
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--multi-gpu", "kpoints", "--kpoints", "2"], ["--multi-gpu kpoints needs two or more GPUs", "'cpu'"]),
+    (["--overlap", "on", "--method", "original"], ["--overlap on is for the refined method", "original"]),
+    (["--vectors", "--solve", "2"], ["--vectors", "--output None"]),
+])
+def test_cli_refuses_before_any_work(tmp_path, capsys, monkeypatch, extra, words):
+    def refuse(*a, **k):
+        raise AssertionError("a build started")
+    monkeypatch.setattr(cli, "build_hs_with_fallback", refuse)
+    monkeypatch.setattr(cli, "prepare", refuse)
+    rc = cli.main(["build", "--system", "NaCl", "--supercell", "1", "1", "1", "--kmax", "1.8", "--interstitial", *extra])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and "Traceback" not in err
+    for w in words:
+        assert w in err, (w, err)

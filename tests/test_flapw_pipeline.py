@@ -1,0 +1,278 @@
+"""How a build runs: the lower triangle only, the host work beside the BLAS calls (overlap), a workspace
+reused across k-points, the T products batched per run of one class (the GPU path, run here with numpy),
+and the whole device path on numpy standing in for cupy."""
+import numpy as np
+import pytest
+
+import flapw
+import hybridblas as hb
+from flapw import hsdla
+from flapw.reference import direct_hs
+
+
+def _rel(x, ref):
+    return np.abs(x - ref).max() / np.abs(ref).max()
+
+
+def _lower(m):
+    return np.tril(m)
+
+
+class _NumpyAsDevice:
+    """numpy under another name, with a stream to synchronise: build_hs's device path on the host."""
+
+    class cuda:
+        @staticmethod
+        def get_current_stream():
+            return type("Stream", (), {"synchronize": staticmethod(lambda: None)})()
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+@pytest.fixture(scope="module")
+def tio2():
+    cell = flapw.System.preset("TiO2", kmax=2.2, supercell=(1, 1, 1))       # 6 atoms in 3+ classes
+    return cell, flapw.build_hs(cell, interstitial=True)
+
+
+@pytest.mark.parametrize("method", flapw.METHODS)
+def test_lower_only_is_the_lower_triangle_of_the_full_build(tio2, method):
+    cell, (h_full, s_full) = tio2
+    if method == "original":
+        h_full, s_full = flapw.build_hs(cell, method=method, interstitial=True)
+    h, s, rep = flapw.build_hs(cell, method=method, interstitial=True, lower_only=True, return_report=True)
+    assert _rel(_lower(h), _lower(h_full)) <= 1e-13 and _rel(_lower(s), _lower(s_full)) <= 1e-13
+    assert not np.triu(s, 1).any()
+    if method == "refined":
+        assert not np.triu(h, 1).any()
+    assert "hermitian fill" not in rep.stages
+    np.testing.assert_array_equal(flapw.hermitian_fill(h.copy()) if method == "refined" else h_full, h_full)
+
+
+def test_batches_follow_the_classes_and_equal_the_entrywise_sums(tio2):
+    cell, _ = tio2
+    h_ref, s_ref = direct_hs(cell)
+    for nb in (1, 2, 4, 6):
+        h, s = flapw.build_hs(cell, batch_atoms=nb)
+        assert _rel(h, h_ref) <= 1e-12 and _rel(s, s_ref) <= 1e-12, nb
+
+
+def test_overlap_gives_the_same_matrices_and_an_honest_total(tio2):
+    """The host work beside the BLAS calls (forced on here, on the CPU): same H and S, the host stages
+    reported as overlapped and left out of the total, their waits counted instead."""
+    cell, (h_ref, s_ref) = tio2
+    h, s, rep = flapw.build_hs(cell, interstitial=True, overlap=True, batch_atoms=4, return_report=True)
+    assert _rel(h, h_ref) <= 1e-13 and _rel(s, s_ref) <= 1e-13
+    side = {n for n, st in rep.stages.items() if st.overlapped}
+    assert side == {"matching B, X=UB", "T·A, T·B (zgemm)", "T^AA·A (zgemm)"}
+    assert rep.stages["waiting for the host"].calls == 3 * 2                 # three joins per batch, 2 batches
+    assert rep.total_seconds == pytest.approx(sum(st.seconds for n, st in rep.stages.items() if n not in side))
+    assert rep.peak_temp_bytes == 4 * 16 * cell.n_g * 4 * cell.n_l                 # A, B, X, Y
+    d = rep.as_dict()
+    assert {s["name"] for s in d["stages"] if s["overlapped"]} == side
+    assert "beside the BLAS calls" in rep.table()
+
+
+def test_overlap_is_automatic_only_beside_gpus(tio2, monkeypatch):
+    cell, _ = tio2
+    _, _, rep = flapw.build_hs(cell, context=hb.Context("cpu"), return_report=True)
+    assert "waiting for the host" not in rep.stages
+    monkeypatch.setattr(hsdla, "_runs_on_gpu", lambda backend: True)
+    _, _, rep = flapw.build_hs(cell, context=hb.Context("cpu"), return_report=True)
+    assert "waiting for the host" in rep.stages
+    monkeypatch.setattr(hb.memory, "host_available", lambda: hsdla.build_bytes(cell, "refined", 6) / 0.9 + 1)
+    _, _, rep = flapw.build_hs(cell, context=hb.Context("cpu"), return_report=True)    # 4 buffers do not fit
+    assert "waiting for the host" not in rep.stages
+
+
+def test_workspace_is_reused_and_poison_is_overwritten(tio2):
+    """k-points through one workspace: the same matrices as fresh builds, H and S are the workspace's, the
+    third build (no larger than the first two) allocates nothing; NaN left in every buffer beforehand
+    does not reach the lower triangles."""
+    cell, _ = tio2
+    ws = flapw.Workspace()
+
+    def build(kc):
+        for buf in ws._buffers.values():
+            buf[...] = np.nan
+        h, s = flapw.build_hs(kc, interstitial=True, lower_only=True, workspace=ws)
+        h_ref, s_ref = flapw.build_hs(kc, interstitial=True, lower_only=True)
+        np.testing.assert_allclose(_lower(h), h_ref, rtol=0, atol=1e-13 * np.abs(h_ref).max())
+        np.testing.assert_allclose(_lower(s), s_ref, rtol=0, atol=1e-13 * np.abs(s_ref).max())
+        assert np.shares_memory(h, ws._buffers["H"]) and np.shares_memory(s, ws._buffers["S"])
+    build(cell)
+    build(cell.with_k((0.31, -0.12, 0.27)))
+    ids = {k: id(v) for k, v in ws._buffers.items()}
+    assert set(ids) == {"A", "B", "X", "H", "S"}
+    build(cell)
+    assert ids == {k: id(v) for k, v in ws._buffers.items()}
+    h, s = flapw.build_hs(cell, interstitial=True, workspace=ws)              # full: the fill covers the poison
+    assert np.isfinite(h).all() and np.array_equal(h, h.conj().T)
+    ws.release()
+    assert ws.held_bytes() == 0
+
+
+def test_workspace_counts_against_the_memory_check(tio2, monkeypatch):
+    cell, _ = tio2
+    ws = flapw.Workspace()
+    flapw.build_hs(cell, workspace=ws)
+    need = hsdla.build_bytes(cell, "refined", cell.n_atoms)
+    monkeypatch.setattr(hb.memory, "host_available", lambda: (need - ws.held_bytes()) / 0.9 + 1e6)
+    flapw.build_hs(cell, workspace=ws)                                      # what it holds is reused
+    with pytest.raises(hb.InsufficientMemory):
+        flapw.build_hs(cell)
+
+
+@pytest.mark.parametrize("order", ["C", "F", "strided"])
+@pytest.mark.parametrize("piece", [1 << 30, 2 * 37 * 5 * 16])
+def test_batched_products_per_run_equal_the_per_atom_ones(order, piece, rng, monkeypatch):
+    """The GPU path of the T products (one batched product per run of atoms with one T set, in pieces of
+    at most DEVICE_PRODUCT_BYTES: here whole runs, or two atoms) equals the host path (per atom, in
+    tiles), for runs of several lengths and any layout of the inputs."""
+    monkeypatch.setattr(hsdla, "DEVICE_PRODUCT_BYTES", piece)
+    n_g, n_l = 37, 5
+    t_index = np.array([2, 2, 0, 0, 0, 1, 2])
+    n = len(t_index)
+    dev_t = {c: {k: rng.standard_normal((n_l, n_l)) + 1j * rng.standard_normal((n_l, n_l))
+                 for k in ("tba_t", "half_tbb_t")} for c in range(3)}
+
+    def operand():
+        x = rng.standard_normal((n_g, 2 * n * n_l)) + 1j * rng.standard_normal((n_g, 2 * n * n_l))
+        return {"C": np.ascontiguousarray(x[:, :n * n_l]), "F": np.asfortranarray(x[:, :n * n_l]),
+                "strided": x[:, ::2]}[order]
+    a, b = operand(), operand()
+    blocks = [slice(j * n_l, (j + 1) * n_l) for j in range(n)]
+    want = np.hstack([a[:, sl] @ dev_t[c]["tba_t"] + b[:, sl] @ dev_t[c]["half_tbb_t"] for sl, c in zip(blocks, t_index)])
+    runs = hsdla._runs(t_index)
+    assert runs == [(0, 2, 2), (2, 5, 0), (5, 6, 1), (6, 7, 2)]
+    for xp in (np, _NumpyAsDevice()):
+        out = np.full((n_g, n * n_l), np.nan, complex)
+        hsdla._products(xp, out, [(a, "tba_t"), (b, "half_tbb_t")], runs, dev_t, n_l)
+        np.testing.assert_allclose(out, want, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("method", flapw.METHODS)
+def test_device_path_on_numpy_equals_the_host_path(tio2, method, monkeypatch):
+    """build_hs with arrays='device' and numpy standing in for cupy: matching, X = UB, the batched T
+    products and the interstitial blocks as queued on a GPU give the host build's lower triangles."""
+    cell, _ = tio2
+    h_ref, s_ref = flapw.build_hs(cell, method=method, interstitial=True, lower_only=True, batch_atoms=4)
+    real = hsdla._array_module
+    monkeypatch.setattr(hsdla, "_array_module", lambda arrays: _NumpyAsDevice() if arrays == "device"
+                        else real(arrays))
+    h, s = flapw.build_hs(cell, method=method, interstitial=True, lower_only=True, batch_atoms=4, arrays="device")
+    assert _rel(_lower(h), _lower(h_ref)) <= 1e-13 and _rel(_lower(s), _lower(s_ref)) <= 1e-13
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", flapw.METHODS)
+def test_gpu_device_lower_build_equals_host(tio2, method):
+    import cupy
+    cell, _ = tio2
+    h_ref, s_ref = flapw.build_hs(cell, method=method, interstitial=True, lower_only=True,
+                                  context=hb.Context("cpu"))
+    h, s, rep = flapw.build_hs(cell, method=method, interstitial=True, lower_only=True, arrays="device",
+                               context=hb.Context(devices=["cuda:0"]), batch_atoms=4, return_report=True)
+    assert isinstance(h, cupy.ndarray)
+    assert _rel(np.tril(h.get()), np.tril(h_ref)) <= 1e-12 and _rel(np.tril(s.get()), np.tril(s_ref)) <= 1e-12
+
+
+@pytest.mark.gpu
+def test_gpu_batched_products_equal_host(rng):
+    import cupy
+    n_g, n_l, t_index = 301, 9, np.array([1, 1, 1, 0, 0, 2])
+    n = len(t_index)
+    dev_t = {c: {"taa_t": rng.standard_normal((n_l, n_l)) + 1j * rng.standard_normal((n_l, n_l))} for c in range(3)}
+    a = rng.standard_normal((n_g, n * n_l)) + 1j * rng.standard_normal((n_g, n * n_l))
+    want = np.empty_like(a)
+    runs = hsdla._runs(t_index)
+    hsdla._products(np, want, [(a, "taa_t")], runs, dev_t, n_l)
+    out = cupy.full(a.shape, cupy.nan, complex)
+    hsdla._products(cupy, out, [(cupy.asarray(a), "taa_t")], runs,
+                    {c: {k: cupy.asarray(v) for k, v in t.items()} for c, t in dev_t.items()}, n_l)
+    np.testing.assert_allclose(out.get(), want, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.gpu
+def test_gpu_interstitial_equals_host(rng):
+    import cupy
+    from flapw.interstitial import add_interstitial
+    cell = flapw.System.preset("NaCl", kmax=2.5)
+    n = cell.n_g
+    start = np.asfortranarray(rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n)))
+    want = [start.copy(order="F"), start.copy(order="F")]
+    add_interstitial(*want, cell)
+    got = [cupy.asarray(start, order="F"), cupy.asarray(start, order="F")]
+    add_interstitial(*got, cell, xp=cupy)
+    np.testing.assert_allclose(got[0].get(), want[0], rtol=0, atol=1e-13 * np.abs(want[0]).max())
+    np.testing.assert_allclose(got[1].get(), want[1], rtol=0, atol=1e-13 * np.abs(want[1]).max())
+    np.testing.assert_array_equal(np.triu(got[0].get(), 1), np.triu(start, 1))
+
+
+@pytest.mark.gpu
+def test_gpu_overlap_beside_the_gpu_blas_equals_plain(tio2):
+    cell, _ = tio2
+    ctx = hb.Context(devices=["cuda:0"])
+    h0, s0 = flapw.build_hs(cell, interstitial=True, context=ctx, overlap=False)
+    h1, s1, rep = flapw.build_hs(cell, interstitial=True, context=ctx, return_report=True)       # auto: on
+    assert "waiting for the host" in rep.stages
+    assert _rel(h1, h0) <= 1e-13 and _rel(s1, s0) <= 1e-13
+
+
+def test_workspace_reserve_takes_what_the_build_uses(tio2):
+    cell, _ = tio2
+    ws = flapw.Workspace()
+    ws.reserve(cell, "refined", 4, overlap=True)
+    n_g, width = cell.n_g, 4 * cell.n_l
+    assert {k: v.size for k, v in ws._buffers.items()} == dict(A=n_g * width, B=n_g * width, X=n_g * width,
+                                                                Y=n_g * width, H=n_g * n_g, S=n_g * n_g)
+    ids = {k: id(v) for k, v in ws._buffers.items()}
+    flapw.build_hs(cell, batch_atoms=4, overlap=True, workspace=ws)
+    assert ids == {k: id(v) for k, v in ws._buffers.items()}
+
+
+def test_with_kmax_shares_the_k_independent_data(tio2):
+    cell, _ = tio2
+    small = cell.with_kmax(1.5)
+    assert small.kmax == 1.5 and small.n_g < cell.n_g and small.k == cell.k
+    assert small.tmats is cell.tmats and small.step_table is cell.step_table
+    h, s = flapw.build_hs(small, interstitial=True)
+    h_ref, s_ref = flapw.build_hs(flapw.System.preset("TiO2", kmax=1.5, supercell=(1, 1, 1)), interstitial=True)
+    assert _rel(h, h_ref) <= 1e-13 and _rel(s, s_ref) <= 1e-13
+    with pytest.raises(ValueError, match="kmax must not exceed this system's 2.2, got 3.0"):
+        cell.with_kmax(3.0)
+
+
+def test_warm_up_pays_the_first_calls(tio2, monkeypatch, caplog):
+    """prepare: the workspace for host arrays, a small build through the backend; beside GPUs (faked) one
+    product of SPLIT_EDGE through the backend; out of memory only skips it, with a note."""
+    from flapw import warmup
+    cell, _ = tio2
+    calls = []
+
+    class Spy:
+        name = "hybridblas"
+        context = hb.Context("cpu")
+
+        def __getattr__(self, routine):
+            def call(*args, **kw):
+                calls.append((routine, args[1].shape))
+                return getattr(flapw.backends.get_backend("hybridblas", self.context), routine)(*args, **kw)
+            return call
+    ws = flapw.Workspace()
+    spent = warmup.prepare(cell, Spy(), "host", "refined", 6, interstitial=True, nev=3, workspace=ws)
+    assert set(spent) == {"workspace", "warm-up"} and ws.held_bytes() >= 2 * 16 * cell.n_g ** 2
+    assert {r for r, _ in calls} == {"herk", "her2k", "herkx"}
+    calls.clear()
+    monkeypatch.setattr(warmup, "_runs_on_gpu", lambda backend: True)
+    monkeypatch.setattr(warmup, "SPLIT_EDGE", 64)
+    warmup.prepare(cell, Spy(), "host", "refined", 6)
+    assert calls[-1] == ("herk", (64, 64))
+
+    def full(*a, **kw):
+        raise MemoryError("stand-in: GPU full")
+    monkeypatch.setattr(warmup, "build_hs", full)
+    with caplog.at_level("INFO", logger="flapw"):
+        assert "warm-up" in warmup.prepare(cell, Spy(), "host", "refined", 6)
+    assert any("warm-up skipped: out of memory" in r.getMessage() for r in caplog.records)
