@@ -1,5 +1,6 @@
 """Observables through compute_spectrum and the cisolver command: options checked before any work, the text
 table, the JSON, and the JSON drawn by 'cisolver plot'."""
+import importlib.util
 import json
 
 import numpy as np
@@ -53,6 +54,7 @@ def test_cli_text_shows_labels_occupations_and_transitions(capsys):
 
 
 @needs_data
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib not installed (the plot extra)")
 def test_cli_json_and_plot(tmp_path, capsys):
     assert main(["spectrum", "--interaction", "usdb", "--protons", "2", "--neutrons", "3", "--nev", "3", "--json",
                  "--eff-charge", "1.3", "0.7", "--gs", "4.19", "-2.87", "--hbar-omega", "14"]) == 0
