@@ -153,7 +153,4 @@ def _body(args):
 
 
 def main(argv=None):
-    try:
-        return console.run_main(PROG, _body, argv, _parser())
-    except SystemExit as exc:        # argparse: --help, --version, or a bad option (its message is printed)
-        return exc.code if isinstance(exc.code, int) else 2
+    return console.run_main(PROG, _body, argv, _parser())

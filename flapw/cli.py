@@ -457,10 +457,7 @@ def _body(args):
 
 def main(argv=None):
     """``flapw build ...``; returns the exit code (0 done, 1 failed, 2 bad input or refused, 130 Ctrl-C)."""
-    try:
-        return console.run_main(PROG, _body, argv, _parser())
-    except SystemExit as exc:        # argparse: --help, --version, or a bad option (its message is printed)
-        return exc.code if isinstance(exc.code, int) else 2
+    return console.run_main(PROG, _body, argv, _parser())
 
 
 if __name__ == "__main__":

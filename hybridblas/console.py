@@ -120,8 +120,12 @@ def run_main(prog, body, argv=None, parser=None):
     """Parse ``argv`` with ``parser`` (if given), configure logging, run ``body(args)`` and turn every
     outcome into an exit code: errors of input and refusals (ValueError, TypeError, file errors,
     MemoryError, CLIError) print 'prog: error: message' and return 2; Ctrl-C returns 130; anything else
-    prints its type and message (the traceback with -v) and returns 1."""
-    args = parser.parse_args(argv) if parser is not None else None
+    prints its type and message (the traceback with -v) and returns 1. argparse's own exits (--help,
+    --version, a bad option, whose message it has printed) return their code too."""
+    try:
+        args = parser.parse_args(argv) if parser is not None else None
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
     verbose = getattr(args, "verbose", 0)
     configure_logging(prog, getattr(args, "quiet", False), verbose)
     try:
