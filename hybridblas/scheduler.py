@@ -3,9 +3,6 @@
 This module decides which devices take part and what each gets (``static_assignment``, ``dynamic_tasks``);
 ``engine.Engine`` runs the tasks, one worker per device, and survives a device that fails.
 """
-import queue
-import threading
-
 from . import blas_threads, plan
 from .engine import Engine
 from .triangle import reduce_partials
@@ -138,42 +135,3 @@ def dynamic_tasks(problem, devices, ctx):
         return plan.k_chunks(problem, max(1, pieces))
     nb = ctx.block_size_for(problem, devices) or min(d.preferred_block(problem) for d in devices)
     return plan.dynamic_order(problem, plan.tiles(problem, nb), ctx.tail_fraction)
-
-
-# ---------------------------------------------------------------- worker threads
-
-class _Runner:
-    """A long-lived thread that runs one device worker at a time, then waits for the next: starting and
-    joining a thread per device on every call cost 1 ms each on a small VM, more than a 28503 x 24 Gram
-    split over two CPU workers saves (5.2 ms against 1.8 ms on one). Runners are not tied to a device:
-    a call takes idle ones (or starts new ones), so calls from several caller threads never share one."""
-
-    _idle = queue.SimpleQueue()
-
-    def __init__(self):
-        self.jobs = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name="hybridblas-worker", daemon=True).start()
-
-    @classmethod
-    def take(cls):
-        try:
-            return cls._idle.get_nowait()
-        except queue.Empty:
-            return cls()
-
-    def start(self, fn, *args):
-        """Run fn(*args) on this runner; returns an event set when it has finished."""
-        done = threading.Event()
-        self.jobs.put((fn, args, done))
-        return done
-
-    def _loop(self):
-        while True:
-            fn, args, done = self.jobs.get()
-            try:
-                fn(*args)
-            except BaseException:      # _worker reports its own errors; nothing may kill the runner
-                pass
-            finally:
-                _Runner._idle.put(self)
-                done.set()
