@@ -21,11 +21,6 @@ DEFAULT_CPU_RATE_PER_CORE = {4: 40e9, 8: 20e9}      # by real itemsize: single, 
 DEFAULT_GPU_RATE = {4: 40e12, 8: 40e12}
 
 
-def cuda_device_count():
-    """GPUs CuPy can see; 0 without cupy or a driver. Touches no GPU when cupy is absent."""
-    return gpu_count()
-
-
 def _cuda_devices(spec):
     """The CUDA devices a device string names ('gpu', '0,1', 'cpu,cuda:1': its GPUs only), from the
     registered device factory, which says clearly when CuPy or a GPU is missing."""
@@ -169,7 +164,7 @@ class Context:
     def _resolve_devices(devices):
         if isinstance(devices, str):
             cpu, every_gpu, optional, ids = device_words(devices)
-            if every_gpu and optional and not cuda_device_count():
+            if every_gpu and optional and not gpu_count():
                 return [CPUDevice(0)]                  # 'all' on a node without GPUs: the cores
             gpus = _cuda_devices(devices) if every_gpu or ids else []
             return ([CPUDevice(0)] if cpu else []) + gpus

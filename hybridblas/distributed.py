@@ -200,9 +200,9 @@ def node_context(comm, devices="all", **kwargs):
     """A hybridblas Context for this rank: its share of the node's GPUs (local rank -> device) and cores."""
     import hybridblas as hb
     from .blas_threads import available_cores
-    from .context import cuda_device_count
+    from .devspec import gpu_count
     lrank, lsize = local_rank(comm)
-    n_gpu = cuda_device_count() if devices in ("all", "gpu") else 0
+    n_gpu = gpu_count() if devices in ("all", "gpu") else 0
     specs = []
     if devices in ("all", "cpu"):
         specs.append("cpu")

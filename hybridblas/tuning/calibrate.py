@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import hybridblas as hb
 
 from .. import blas_threads
-from ..context import Context, cuda_device_count
+from ..context import Context
+from ..devspec import gpu_count
 from ..profile import BLOCK_SIZE_RANGE, FORMAT, current_fingerprint, fingerprint_id, gpu_inventory, save_profile
 from .measure import ROUTINES, Call, _operands, bench, combos, transfer_rates
 from .progress import Progress
@@ -64,7 +65,7 @@ class Settings:
 
 
 def default_devices():
-    return ["cpu"] + [f"cuda:{i}" for i in range(cuda_device_count())]
+    return ["cpu"] + [f"cuda:{i}" for i in range(gpu_count())]
 
 
 def _kind(name):
