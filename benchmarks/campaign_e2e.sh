@@ -4,7 +4,8 @@
 #   usage (device machine, repo root):  OUT=dir bash benchmarks/campaign_e2e.sh [stage ...]
 # Stages: ci48 (48Cr with the CLI defaults: the first run of a fresh machine is the cold one), ciprof (where
 # a warm 48Cr run spends its time, cProfile), cimpi (two ranks), flapw (the FLAPW builds of docs/performance.md,
-# device and host arrays, one and two GPUs, 8 k-points), gputests. MPI: the machine's own mpiexec when it has
+# device and host arrays, one and two GPUs, 8 k-points), flapwpeak (TiO2 Kmax 4.0's BLAS part against Σ device
+# cuBLAS zherk), gputests. MPI: the machine's own mpiexec when it has
 # one, else the mpich and mpi4py wheels carried in .whl/.
 set -o pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -45,6 +46,9 @@ flapw)
   $B --json $OUT/flapw.json --label TiO2-4.0-device-1gpu -- $FL --system TiO2 --kmax 4.0 --devices 0 --interstitial --arrays device
   $B --json $OUT/flapw.json --label NaCl-3.0-k8-1gpu -- python3 -m flapw build --json --kpoints 8 --system NaCl --kmax 3.0 --devices 0
   $B --json $OUT/flapw.json --label NaCl-3.0-k8-2gpu -- python3 -m flapw build --json --kpoints 8 --system NaCl --kmax 3.0 --devices all ;;
+flapwpeak)
+  python3 benchmarks/bench_flapw.py --devices all --blas hybridblas --systems TiO2 --kmax 4.0 --arrays device \
+      --cublas-peak --out $OUT/flapw-peak 2>&1 | tail -15 ;;
 gputests)
   mpi_setup
   timeout ${TESTS_LIMIT:-420} python3 -m pytest -q -p no:cacheprovider -m "gpu or multi_gpu" -rf --durations=10 \

@@ -41,8 +41,6 @@ __all__ = ["build_hs", "build_hs_with_fallback", "build_bytes", "fitting_batch",
 METHODS = ("refined", "original")
 _C16 = 16
 TILE_ROWS = 1024              # rows of one host T product (N_L columns): its temporary stays in the caches
-DEVICE_PRODUCT_BYTES = 128 << 20   # the blocks of one batched T product on a GPU; CuPy copies them to contiguous
-DEVICE_TEMP_BYTES = 4 * DEVICE_PRODUCT_BYTES   # and holds about four such temporaries at once
 log = logging.getLogger("flapw")
 
 
@@ -95,13 +93,13 @@ def build_bytes(cell, method, batch_atoms, interstitial=False, *, overlap=False,
     matching factors (three N_G x N_L per species: A, B and UB, with Y*_lm and a temporary), one batch's
     buffers (A, B, X, and Y with ``overlap``, or the original method's four) with its phases, and with
     ``interstitial`` the step-function table and the scratch of the interstitial part (host tiles, or
-    ``on_device`` GPU blocks), and ``on_device`` the temporaries of the batched T products. Against traced
+    ``on_device`` GPU blocks); the T products need no temporaries (hybridblas.gemm_batched). Against traced
     host peaks of NaCl builds at N_G 880-1862 it came 2.5 % low to 1.7 % high (radial meshes and T are left
     out)."""
     n_g, n_l = cell.n_g, cell.n_l
     n_species = len({sp.symbol for sp in cell.structure.species})
     batch = (_C16 * buffers_per_atom(method, overlap) * n_l + 24) * batch_atoms * n_g     # + the batch's phases
-    fixed = _C16 * n_g * (2 * n_g + (3 * n_species + 2) * n_l) + (DEVICE_TEMP_BYTES if on_device else 0)
+    fixed = _C16 * n_g * (2 * n_g + (3 * n_species + 2) * n_l)
     if not interstitial:
         return fixed + batch
     table = _C16 * int(np.prod(2 * table_span(cell.structure.lattice, cell.kmax) + 1)) + 16 * n_g
@@ -511,20 +509,16 @@ def _device_t(taa, tab, tbb, u, used, xp):
 def _products(xp, out, terms, runs, dev_t, n_l):
     """out[:, atom j] = Σ_(src, key) src[:, atom j] @ dev_t[set of j][key] for every atom (N_G x N_L blocks).
 
-    GPU: one batched product per run of atoms with one T set (the run's blocks as an (atoms, N_G, N_L)
-    strided view), cut into pieces of DEVICE_PRODUCT_BYTES (CuPy's matmul copies strided operands and its
-    result to contiguous temporaries). Host: each atom on a core of its own, in tiles of TILE_ROWS rows
-    written straight into out, so that the second term's temporary stays in the caches (whole-block
-    temporaries doubled the memory traffic of these products)."""
+    GPU: one strided batched product per run of atoms with one T set and term (hybridblas.gemm_batched on
+    the run's blocks as an (atoms, N_G, N_L) strided view, read and written in place; CuPy's matmul copied
+    them to contiguous temporaries and ran at under 1 TF/s). Host: each atom on a core of its own, in tiles
+    of TILE_ROWS rows written straight into out, so that the second term's temporary stays in the caches
+    (whole-block temporaries doubled the memory traffic of these products)."""
     if xp is not np:
-        step = max(1, DEVICE_PRODUCT_BYTES // (16 * n_l * max(1, out.shape[0])))
         for j0, j1, c in runs:
-            for p0 in range(j0, j1, step):
-                p1 = min(j1, p0 + step)
-                o = _atom_blocks(xp, out, p0, p1, n_l)
-                xp.matmul(_atom_blocks(xp, terms[0][0], p0, p1, n_l), dev_t[c][terms[0][1]], out=o)
-                for src, key in terms[1:]:
-                    o += xp.matmul(_atom_blocks(xp, src, p0, p1, n_l), dev_t[c][key])
+            o = _atom_blocks(xp, out, j0, j1, n_l)
+            for i, (src, key) in enumerate(terms):
+                hb.gemm_batched(1.0, _atom_blocks(xp, src, j0, j1, n_l), dev_t[c][key], 1.0 if i else 0.0, o)
         return
     set_of = {j: c for j0, j1, c in runs for j in range(j0, j1)}
     n_g = out.shape[0]

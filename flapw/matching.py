@@ -20,7 +20,7 @@ from .potential import lm_index
 
 __all__ = ["species_factors", "fill_coefficients", "ylm_conj", "k_only_factors"]
 
-CHUNK_MIN = 2048            # G vectors per thread, at least
+CHUNK_MIN = 512             # G vectors per thread, at least
 
 
 def ylm_conj(basis, lmax):

@@ -9,6 +9,7 @@ chooses devices, strategy and block size. Importing this package touches no GPU.
 """
 from . import console, devspec, memory, testing
 from ._version import __version__
+from .batched import gemm_batched
 from .context import Context, default_context, set_default_context
 from .devspec import DeviceSpec, gpu_count, parse_devices
 from .faults import DeviceFailure, DeviceFailureWarning
@@ -16,7 +17,7 @@ from .memory import InsufficientMemory
 from .profile import load_profile
 from .routines import gemm, gemmt, her2k, herk, herkx, syr2k, syrk
 
-__all__ = ["herk", "her2k", "gemmt", "herkx", "syrk", "syr2k", "gemm",
+__all__ = ["herk", "her2k", "gemmt", "herkx", "syrk", "syr2k", "gemm", "gemm_batched",
            "Context", "default_context", "set_default_context", "load_profile",
            "DeviceSpec", "parse_devices", "gpu_count", "InsufficientMemory",
            "DeviceFailure", "DeviceFailureWarning",

@@ -131,12 +131,10 @@ def test_workspace_counts_against_the_memory_check(tio2, monkeypatch):
 
 
 @pytest.mark.parametrize("order", ["C", "F", "strided"])
-@pytest.mark.parametrize("piece", [1 << 30, 2 * 37 * 5 * 16])
-def test_batched_products_per_run_equal_the_per_atom_ones(order, piece, rng, monkeypatch):
-    """The GPU path of the T products (one batched product per run of atoms with one T set, in pieces of
-    at most DEVICE_PRODUCT_BYTES: here whole runs, or two atoms) equals the host path (per atom, in
-    tiles), for runs of several lengths and any layout of the inputs."""
-    monkeypatch.setattr(hsdla, "DEVICE_PRODUCT_BYTES", piece)
+def test_batched_products_per_run_equal_the_per_atom_ones(order, rng):
+    """The GPU path of the T products (one batched product per run of atoms with one T set and term,
+    hybridblas.gemm_batched on strided views) equals the host path (per atom, in tiles), for runs of
+    several lengths and any layout of the inputs."""
     n_g, n_l = 37, 5
     t_index = np.array([2, 2, 0, 0, 0, 1, 2])
     n = len(t_index)
