@@ -20,7 +20,7 @@ from .potential import lm_index
 
 __all__ = ["species_factors", "fill_coefficients", "ylm_conj", "k_only_factors"]
 
-CHUNK_MIN = 512             # G vectors per thread, at least
+CHUNK = 1024                # G vectors per task of the k-only stage
 
 
 def ylm_conj(basis, lmax):
@@ -47,38 +47,48 @@ def radial_matching(basis, radial, lmax):
     return a, b
 
 
+def _prefactor(ylm_c, lmax, omega):
+    """(4π/√Ω) i^l Y*_lm(K̂), in place of ``ylm_c`` (Y*_lm): the species-independent part of A and B."""
+    ylm_c *= (4 * np.pi / np.sqrt(omega)) * (1j ** lm_index(lmax))[None, :]
+    return ylm_c
+
+
 def species_factors(basis, radial, lmax, omega, ylm_c=None):
     """(fa, fb), each (N_G, N_L): (4π/√Ω) i^l Y*_lm(K̂) a_l(|K|) and the same with b_l."""
-    ylm_c = ylm_conj(basis, lmax) if ylm_c is None else ylm_c
+    pref = _prefactor(ylm_conj(basis, lmax) if ylm_c is None else ylm_c.copy(), lmax, omega)
     ls = lm_index(lmax)
     a, b = radial_matching(basis, radial, lmax)
-    pref = (4 * np.pi / np.sqrt(omega)) * (1j ** ls)[None, :] * ylm_c
     return pref * a[:, ls], pref * b[:, ls]
 
 
 def k_only_factors(basis, radials, lmax, omega, threads=None):
-    """[species_factors(basis, r, ...) for r in radials], the k-only stage of a build, computed over
-    chunks of G vectors on ``threads`` threads (default: every core). scipy's Y_lm and j_l release the
-    GIL and work element by element, so the result is the same, bit for bit, as in one piece."""
+    """[species_factors(basis, r, ...) for r in radials], the k-only stage of a build, computed in chunks of
+    CHUNK G vectors on ``threads`` threads (default: every core), each chunk's prefactor once for all species
+    and written straight into the results (no whole-array temporaries: on 32 cores their allocation and first
+    touch made more threads slower). scipy's Y_lm and j_l work element by element and release the GIL, so the
+    result is the same, bit for bit, for any chunks and threads."""
     from concurrent.futures import ThreadPoolExecutor
     from hybridblas.blas_threads import available_cores
-    n_g = basis.n_g
-    threads = threads or available_cores()
-    pieces = max(1, min(threads, n_g // CHUNK_MIN))
-    if pieces == 1:
-        ylm_c = ylm_conj(basis, lmax)
-        return [species_factors(basis, r, lmax, omega, ylm_c) for r in radials]
-    n_l = (lmax + 1) ** 2
+    n_g, n_l = basis.n_g, (lmax + 1) ** 2
+    ls = lm_index(lmax)
     out = [(np.empty((n_g, n_l), complex), np.empty((n_g, n_l), complex)) for _ in radials]
-    edges = [n_g * p // pieces for p in range(pieces + 1)]
+    edges = list(range(0, n_g, CHUNK)) + [n_g]
 
-    def piece(r0, r1):
+    def chunk(r0, r1):
         part = basis.rows(r0, r1)
-        ylm_c = ylm_conj(part, lmax)
+        pref = _prefactor(ylm_conj(part, lmax), lmax, omega)
         for (fa, fb), radial in zip(out, radials):
-            fa[r0:r1], fb[r0:r1] = species_factors(part, radial, lmax, omega, ylm_c)
-    with ThreadPoolExecutor(pieces) as pool:
-        list(pool.map(piece, edges[:-1], edges[1:]))
+            a, b = radial_matching(part, radial, lmax)
+            np.multiply(pref, a[:, ls], out=fa[r0:r1])
+            np.multiply(pref, b[:, ls], out=fb[r0:r1])
+    jobs = list(zip(edges[:-1], edges[1:]))
+    threads = min(threads or available_cores(), len(jobs))
+    if threads <= 1:
+        for r0, r1 in jobs:
+            chunk(r0, r1)
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda job: chunk(*job), jobs))
     return out
 
 

@@ -127,11 +127,12 @@ def test_with_k_reuses_k_independent_data():
 
 def test_k_only_factors_in_threaded_chunks_equal_one_piece(monkeypatch):
     from flapw import matching
-    monkeypatch.setattr(matching, "CHUNK_MIN", 256)              # NaCl at Kmax 2.5: 2561 G, 3 chunks
+    monkeypatch.setattr(matching, "CHUNK", 1000)                 # NaCl at Kmax 2.5: 2561 G, 3 chunks
     cell = flapw.System.preset("NaCl", kmax=2.5)
     radials = [cell.radial[s] for s in sorted(cell.radial)]
-    whole = matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, threads=1)
-    split = matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, threads=3)
-    for (wa, wb), (sa, sb) in zip(whole, split, strict=True):
-        np.testing.assert_array_equal(sa, wa)
-        np.testing.assert_array_equal(sb, wb)
+    whole = [matching.species_factors(cell.basis, r, cell.lmax, cell.omega) for r in radials]   # one piece
+    for threads in (1, 3):
+        split = matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, threads=threads)
+        for (wa, wb), (sa, sb) in zip(whole, split, strict=True):
+            np.testing.assert_array_equal(sa, wa)
+            np.testing.assert_array_equal(sb, wb)
