@@ -355,8 +355,8 @@ class ShellModelProblem:
                 fut.result()
                 if progress:
                     progress(done, len(futures))
-        h = sp.csr_matrix((data, indices, indptr.astype(index_dtype, copy=False)), shape=(len(indptr) - 1, self.dimension),
-                          copy=False)
+        h = sp.csr_matrix((data, indices, indptr.astype(index_dtype, copy=False)),
+                          shape=(len(indptr) - 1, self.dimension), copy=False)
         h.has_canonical_format = True          # sorted, each (row, column) once: by construction
         t2 = time.perf_counter()
         info = BuildInfo(self.dimension, nnz, storage, dict(self.setup_seconds, count=t1 - t0, fill=t2 - t1),

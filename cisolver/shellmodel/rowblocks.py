@@ -260,8 +260,12 @@ def _length(span):
 
 
 def _drop_zeros(keep, at, v):
-    """Mark the grid entries at ``at`` whose value ``v`` is an exact zero as dropped."""
-    keep[at] = v != 0
+    """Mark the grid entries at ``at`` whose value ``v`` is an exact zero as dropped (on a GPU without a
+    boolean index, which waits for the device to count the zeros)."""
+    if isinstance(keep, np.ndarray):
+        keep[at[v == 0]] = False
+    else:
+        keep[at] = v != 0
 
 
 def _compact(val, col, keep, data, indices, xp):
