@@ -6,8 +6,8 @@ from the jump lists and v̄'s pattern, the pieces of every row block), cuts them
 GROUP_ENTRIES stored entries (hamiltonian.row_groups) and the groups into one contiguous range per GPU of
 about equal entries (``device_ranges``). Each GPU gets its CSR arrays, then, driven by a host thread of its own
 while the others work, the pieces of the row blocks its range touches (rowblocks.RowBlock.to_device, one row
-block at a time) and fills its groups with the host's element formulas in the host's order (``fill_range``):
-its arrays are the host build's rows, bit for bit.
+block at a time) and fills its groups with the host's element formulas in the host's order (``fill_range``), so
+that its arrays equal the host build's rows bit for bit (tests/test_gpu_build.py checks that on GPUs).
 """
 import time
 import types
@@ -27,9 +27,9 @@ FILL_BYTES_PER_ENTRY = 64
 ADVICE = "use more GPUs, or float32 values (--dtype float32)"
 
 
-def fill_scratch_bytes():
+def fill_scratch_bytes(group_entries=None):
     """The most a GPU's fill takes beside its CSR arrays: one group's scratch."""
-    return GROUP_ENTRIES * FILL_BYTES_PER_ENTRY
+    return (group_entries or GROUP_ENTRIES) * FILL_BYTES_PER_ENTRY
 
 
 def part_entries(nnz, parts):
@@ -83,7 +83,6 @@ def build_rows_on_gpus(problem, devices, dtype, n_threads=None, group_entries=No
     pieces on ``n_threads`` threads, "allocation", "fill": the GPUs at once). group_entries: stored entries of a
     group filled at once (default GROUP_ENTRIES). Raises ValueError where a GPU's part needs more than int32
     indices and hybridblas.InsufficientMemory where it does not fit, before anything is filled."""
-    import cupy
     from hybridblas import memory
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
@@ -94,15 +93,17 @@ def build_rows_on_gpus(problem, devices, dtype, n_threads=None, group_entries=No
     n = problem.dimension
     t0 = time.perf_counter()
     plans, indptr = problem.plan_rows("full", n_threads)
-    ranges = device_ranges(plans, hamiltonian.row_groups(plans, indptr, group_entries or GROUP_ENTRIES),
-                           len(devices))
-    for dev, (_, r0, r1, s0, s1) in zip(devices, ranges):
+    group_entries = group_entries or GROUP_ENTRIES
+    ranges = device_ranges(plans, hamiltonian.row_groups(plans, indptr, group_entries), len(devices))
+    for _, r0, r1, s0, s1 in ranges:
         if max(s1 - s0, n) > INT32_MAX:
             raise ValueError(f"rows {r0}:{r1} of H ({s1 - s0} nonzeros, dimension {n}) need more than the int32 "
                              f"indices a GPU's rows hold; use more GPUs")
-        memory.require(csr_bytes(r1 - r0, s1 - s0, dtype.itemsize) + fill_scratch_bytes(), where=dev,
+    for dev, (_, r0, r1, s0, s1) in zip(devices, ranges):
+        memory.require(csr_bytes(r1 - r0, s1 - s0, dtype.itemsize) + fill_scratch_bytes(group_entries), where=dev,
                        what=f"rows {r0}:{r1} of H built on GPU {dev}", advice=ADVICE, fraction=PEAK_FRACTION)
     t1 = time.perf_counter()
+    import cupy
     arrays = []
     for dev, (_, r0, r1, s0, s1) in zip(devices, ranges):
         with cupy.cuda.Device(dev):

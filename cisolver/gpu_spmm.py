@@ -504,11 +504,11 @@ class MultiDeviceCsr:
         """H (n x n) from full rows already on their GPUs: ``parts`` [(device, r0, r1, (indptr, indices, data))]
         with CuPy arrays on that device (int32 indptr and indices, values in ``dtype``), the row ranges
         following each other from 0 to n (cisolver.gpu_build.build_rows_on_gpus); nothing is copied."""
-        import cupy
         ranges = [(r0, r1) for _, r0, r1, _ in parts]
         bounds = [0] + [r for pair in ranges for r in pair] + [n]
         if not parts or bounds[0::2] != bounds[1::2] or any(r1 < r0 for r0, r1 in ranges):
             raise ValueError(f"parts must hold rows 0..{n} in order, got the row ranges {ranges}")
+        import cupy
         self = cls.__new__(cls)
         self.devices = [dev for dev, _, _, _ in parts]
         self.dtype = np.dtype(dtype)

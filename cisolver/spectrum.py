@@ -36,7 +36,7 @@ BUILD_THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaff
 def parse_devices(devices, name="devices"):
     """The GPU ids to run on (a list), or "cpu": ``devices`` in hybridblas' syntax (cpu, gpu, all, 0,1,
     cuda:0,cuda:1, a list of ids) or None (cpu). 'all' is every GPU, the host's cores where there is none.
-    The host builds H in any case, so a 'cpu' next to GPUs adds nothing to the solve."""
+    A 'cpu' next to GPUs adds nothing to the solve (the GPUs hold H)."""
     spec = hb.parse_devices("cpu" if devices is None else devices, name=name)
     return list(spec.gpus) if spec.gpus else "cpu"
 
