@@ -51,12 +51,15 @@ def _parser():
     s.add_argument("--devices", default="cpu",
                    help="cpu, gpu, all (every GPU, else the cores), GPU ids like 0,1 or cuda:0,cuda:1")
     s.add_argument("--dtype", choices=["float64", "float32"], default="float64")
-    s.add_argument("--storage", choices=["upper", "full"], default="upper")
+    s.add_argument("--storage", choices=["upper", "full"], default="upper",
+                   help="how the host stores H: its upper triangle or full rows. With --devices on GPUs (no MPI, "
+                        "--precond none) the GPUs build and hold H's full rows themselves where they fit")
     s.add_argument("--precond", choices=["none", "tiles"], default="none")
     s.add_argument("--layout", choices=["rows", "triangular"], default="rows",
                    help="under mpiexec: 1-D row blocks, or MFDn's triangular layout (n_d(n_d+1)/2 ranks)")
     s.add_argument("--seed", type=console.nonnegative_int, default=0)
-    s.add_argument("--threads", type=console.positive_int, default=None, help="threads for the Hamiltonian build")
+    s.add_argument("--threads", type=console.positive_int, default=None,
+                   help="threads for the Hamiltonian build (its counting on the host when the GPUs build H)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.add_argument("--output", metavar="FILE",
                    help="also write the results to FILE: .json (the --json object) or .csv (one row per state)")

@@ -26,6 +26,8 @@ import numpy as np
 
 import hybridblas as hb
 
+from .gpu_build import fill_scratch_bytes
+
 __all__ = ["Counts", "count", "allowed_twice_m", "MemoryEstimate", "memory", "check_memory"]
 
 
@@ -189,6 +191,9 @@ def count(interaction, n_protons, n_neutrons, twice_m, nonzeros=True):
 # and the CSR conversion (measured on 2 threads: 51 B on 46Cr in gxpf1a and 45 B on 46V in kb3g, upper
 # float64; 37 B on 27Si in usdb, upper float32)
 BUILD_BYTES_PER_ENTRY = 64
+# the row blocks' pieces and row counts the host keeps while the GPUs build H (measured, full storage: 1.3 B per
+# stored entry in gxpf1a 2+4, 0.8 in usdb 4+4, 0.4 in gxpf1a 3+3)
+PLAN_BYTES_PER_ENTRY = 1.5
 J2_BYTES_PER_ENTRY = 72        # J+ as COO pieces, concatenated, then CSR (cisolver.shellmodel.angmom)
 
 
@@ -220,10 +225,15 @@ class MemoryEstimate:
 
 
 def memory(counts, *, nev, block_size, dtype, storage, gpus=(), ranks=1, layout="rows", n_threads=1,
-           n_particles=0):
+           n_particles=0, on_gpus=False):
     """The estimate for one process of a run over ``ranks`` MPI ranks (1: no MPI) on ``gpus`` (this process's
     GPU ids; empty: the host). Under MPI H is stored full by rows (``layout`` "rows") or by triangular
-    blocks, each rank about 1/ranks of it, and every rank gathers whole blocks for the products and <J^2>."""
+    blocks, each rank about 1/ranks of it, and every rank gathers whole blocks for the products and <J^2>.
+    ``on_gpus``: the GPUs build H's full rows themselves (cisolver.gpu_build), the host holds no H."""
+    if on_gpus and (not gpus or ranks > 1):
+        raise ValueError(f"on_gpus=True needs GPUs and one process, got gpus={gpus!r}, ranks={ranks}")
+    if on_gpus:
+        storage = "full"
     v = np.dtype(dtype).itemsize
     dim = counts.dimension
     if ranks > 1:
@@ -243,7 +253,12 @@ def memory(counts, *, nev, block_size, dtype, storage, gpus=(), ranks=1, layout=
     vectors = _block_bytes(rows, nev, block_size, v) + gathered
     j2 = dim * max(1, n_particles) * J2_BYTES_PER_ENTRY + 3 * dim * nev * 8
     gpu = {}
-    if gpus:
+    if on_gpus:        # each GPU its share of H and the fill's scratch; the host plans the rows, then <J^2>
+        per = h / len(gpus) + fill_scratch_bytes()
+        gpu = {g: per + (vectors if i == 0 else 2 * dim * block_size * v) for i, g in enumerate(gpus)}
+        build = stored * PLAN_BYTES_PER_ENTRY
+        host = max(build, j2)
+    elif gpus:
         per = h * (2 if upper else 1) / len(gpus)      # upper storage: the rows and their transpose
         gpu = {g: per + (vectors if i == 0 else 2 * dim * block_size * v) for i, g in enumerate(gpus)}
         host = max(build, (3 if upper else 2) * h, h + j2)   # the host keeps H, cuts it for the GPUs, then <J^2>

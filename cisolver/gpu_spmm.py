@@ -17,8 +17,9 @@ how they hold H when the host holds its upper triangle U (H = U + U^T - D):
 - "upper": each GPU uploads its rows of U and transposes them there; the product is U_p x + U_p^T x_p per
   part, the U_p^T x_p partial sums added on the first GPU, less D x (as before, when U_p^T was built on
   the host: 25 s of scipy's single-threaded csr_tocsc and 16.5 s of row and column slicing at 48Cr).
-A full host matrix goes to the GPUs as it is, in row blocks. The products of "full" and "upper" differ by
-the order of their sums only.
+A full host matrix goes to the GPUs as it is, in row blocks; rows that the GPUs built themselves
+(cisolver.gpu_build) stay where they are (``MultiDeviceCsr.from_parts``). The products of "full" and "upper"
+differ by the order of their sums only.
 """
 import sys
 
@@ -477,7 +478,6 @@ class MultiDeviceCsr:
     memory); ``self.storage`` says which they do."""
 
     def __init__(self, h, devices, dtype, upper, storage=None):
-        import cupy
         from hybridblas import memory
         self.devices = list(devices)
         self.dtype = np.dtype(dtype)
@@ -497,9 +497,37 @@ class MultiDeviceCsr:
             self.parts = _assembled_parts(h, self.devices, self.dtype)
         else:
             self.parts = _upper_parts(h, self.devices, self.dtype)
+        self._connect(h.diagonal() if self.upper else None)
+
+    @classmethod
+    def from_parts(cls, parts, n, dtype):
+        """H (n x n) from full rows already on their GPUs: ``parts`` [(device, r0, r1, (indptr, indices, data))]
+        with CuPy arrays on that device (int32 indptr and indices, values in ``dtype``), the row ranges
+        following each other from 0 to n (cisolver.gpu_build.build_rows_on_gpus); nothing is copied."""
+        ranges = [(r0, r1) for _, r0, r1, _ in parts]
+        bounds = [0] + [r for pair in ranges for r in pair] + [n]
+        if not parts or bounds[0::2] != bounds[1::2] or any(r1 < r0 for r0, r1 in ranges):
+            raise ValueError(f"parts must hold rows 0..{n} in order, got the row ranges {ranges}")
+        import cupy
+        self = cls.__new__(cls)
+        self.devices = [dev for dev, _, _, _ in parts]
+        self.dtype = np.dtype(dtype)
+        self.n = n
+        self.storage, self.upper = "full", False
+        self.parts = []
+        for dev, r0, r1, csr in parts:
+            with cupy.cuda.Device(dev):
+                self.parts.append(_Part(dev, r0, r1, DeviceCsr(csr, dev, self.dtype, shape=(r1 - r0, n))))
+        self._connect(None)
+        return self
+
+    def _connect(self, diag):
+        """Peer access between the devices, the first device's event for the block and, for upper storage,
+        H's diagonal (a host array) there."""
+        import cupy
         _enable_peer_access(self.devices)
         with cupy.cuda.Device(self.devices[0]):
-            self.diag = cupy.asarray(h.diagonal().astype(self.dtype, copy=False)) if self.upper else None
+            self.diag = None if diag is None else cupy.asarray(diag.astype(self.dtype, copy=False))
             self.x_ready = cupy.cuda.Event(disable_timing=True)
         self.home = {}
 

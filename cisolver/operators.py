@@ -27,6 +27,13 @@ def _check_square(h):
                         f"{getattr(h, 'shape', None)}")
 
 
+def _float_dtype(dtype):
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+    return dtype
+
+
 class SymmetricOperator:
     """y = H x for blocks of vectors (n x k, C order), H stored full or as its upper triangle.
 
@@ -37,6 +44,7 @@ class SymmetricOperator:
     backend (CPU): "mkl" (Intel MKL, error if not installed), "scipy" (row pieces on ``threads``
     threads), or "auto": MKL when installed and ``threads`` is not given (``threads`` sizes the scipy
     path only; MKL's threads follow MKL_NUM_THREADS / threadpoolctl).
+    ``SymmetricOperator.on_gpus`` holds full rows that the GPUs built themselves, without a host matrix.
     """
 
     def __init__(self, h, storage="full", devices="cpu", dtype=None, threads=None, backend="auto",
@@ -52,9 +60,7 @@ class SymmetricOperator:
             raise ValueError(f"backend must be 'auto', 'scipy' or 'mkl', got {backend!r}")
         self.storage = storage
         self.shape = h.shape
-        self.dtype = np.dtype(dtype or h.dtype)
-        if self.dtype not in (np.float32, np.float64):
-            raise TypeError(f"dtype must be float32 or float64, got {self.dtype}")
+        self.dtype = _float_dtype(dtype or h.dtype)
         h = h.tocsr().astype(self.dtype, copy=False)
         self.nnz = int(h.nnz)
         self.mkl = None
@@ -77,6 +83,22 @@ class SymmetricOperator:
                 raise ValueError("backend='mkl' is for devices='cpu'")
             self._to_devices(h, list(devices), None if gpu_storage == "auto" else gpu_storage)
         self.backend = "mkl" if self.mkl is not None else ("scipy" if self.devices is None else "cupy")
+
+    @classmethod
+    def on_gpus(cls, parts, n, dtype):
+        """H (n x n) as the full rows that the GPUs built themselves (``parts``: one per device, the first
+        device's rows first, from cisolver.gpu_build.build_rows_on_gpus); nothing is copied."""
+        import cupy
+        from . import cuda_modules
+        from .gpu_spmm import MultiDeviceCsr
+        self = cls.__new__(cls)
+        self.storage, self.shape, self.dtype = "full", (n, n), _float_dtype(dtype)
+        self.xp, self.mkl, self.backend = cupy, None, "cupy"
+        cuda_modules.prepare(cupy, self.dtype, [dev for dev, _, _, _ in parts])
+        self.gpu = MultiDeviceCsr.from_parts(parts, n, self.dtype)
+        self.devices = self.gpu.devices
+        self.nnz = sum(part.rows.nnz for part in self.gpu.parts)
+        return self
 
     def _cpu_pieces(self, h, threads):
         """Row pieces of equal nonzeros for ``threads`` threads (default: the cores, at most 16)."""

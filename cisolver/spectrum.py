@@ -3,6 +3,11 @@
 ``prepare`` checks every argument, counts the M-scheme dimension and the nonzeros of H (cisolver.estimate)
 and refuses a run that would not fit in the chosen devices' memory, all within a second or so and before
 anything is built; ``run`` then does the work. ``compute_spectrum`` is the two in one call.
+
+Where H goes: on the CPU the host builds it with the chosen storage. On GPUs (not under MPI, no
+preconditioner, not a space small enough for the dense solver) the GPUs build H's full rows themselves, each
+its own row range (cisolver.gpu_build), when those fit in their free memory; else the host builds it and
+uploads it (cisolver.gpu_spmm).
 """
 import math
 import numbers
@@ -14,7 +19,7 @@ import numpy as np
 
 import hybridblas as hb
 
-from . import estimate
+from . import estimate, gpu_build
 from . import solver as _lobpcg
 from .arrays import to_host
 from .data import resolve_interaction
@@ -31,7 +36,7 @@ BUILD_THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaff
 def parse_devices(devices, name="devices"):
     """The GPU ids to run on (a list), or "cpu": ``devices`` in hybridblas' syntax (cpu, gpu, all, 0,1,
     cuda:0,cuda:1, a list of ids) or None (cpu). 'all' is every GPU, the host's cores where there is none.
-    The host builds H in any case, so a 'cpu' next to GPUs adds nothing to the solve."""
+    A 'cpu' next to GPUs adds nothing to the solve (the GPUs hold H)."""
     spec = hb.parse_devices("cpu" if devices is None else devices, name=name)
     return list(spec.gpus) if spec.gpus else "cpu"
 
@@ -60,6 +65,7 @@ class SpectrumRequest:
     counts: estimate.Counts
     memory: estimate.MemoryEstimate
     started: float
+    on_gpus: bool = False        # the GPUs build H's full rows themselves (cisolver.gpu_build)
 
 
 def _integer(value):
@@ -171,14 +177,18 @@ def prepare(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8
         rank_on_node, local_ranks = local_rank(comm)
         if gpus != "cpu":              # one GPU per rank: local rank -> device
             gpus = [gpus[rank_on_node % len(gpus)]]
+    on_gpus = (comm is None and gpus != "cpu" and precond == "none"
+               and not _dense_size(counts.dimension, block_size, nev)
+               and gpu_build.fits(counts.dimension, counts.nnz("full"), dt.itemsize,
+                                  [hb.memory.gpu_free(g) for g in gpus]))
     mem = estimate.memory(counts, nev=nev, block_size=block_size or nev + 3, dtype=dt, storage=storage,
                           gpus=() if gpus == "cpu" else tuple(gpus), ranks=ranks, layout=layout,
-                          n_particles=n_protons + n_neutrons, n_threads=n_threads)
+                          n_particles=n_protons + n_neutrons, n_threads=n_threads, on_gpus=on_gpus)
     estimate.check_memory(mem, advice=_advice(ck, dt, storage, asked, ranks, mem), local_ranks=local_ranks,
                           comm=comm)
     return SpectrumRequest(inter, n_protons, n_neutrons, twice_m, nev, float(tol), maxiter, gpus, dt, storage,
                            precond, block_size, seed, n_threads, layout, comm, return_vectors, opts, counts, mem,
-                           started)
+                           started, on_gpus)
 
 
 def _advice(ck, dtype, storage, gpus, ranks, mem):
@@ -195,9 +205,14 @@ def _advice(ck, dtype, storage, gpus, ranks, mem):
     return "try " + ", ".join(tips)
 
 
+def _dense_size(dim, block_size, nev):
+    """Whether the space is small enough for a dense diagonalisation (the right tool there)."""
+    return dim < 3 * (block_size or nev + 3)
+
+
 def run(request, progress=None):
     """Do what ``request`` (from ``prepare``) asks: build H, solve, <J^2>. ``progress(done, total)`` is called
-    as row blocks of H are built (not under MPI)."""
+    as groups of H's rows are built on the host (not under MPI, not when the GPUs build H)."""
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
     rq = request
@@ -208,15 +223,23 @@ def run(request, progress=None):
     problem = hamiltonian.ShellModelProblem(rq.interaction, rq.n_protons, rq.n_neutrons, rq.twice_m)
     if rq.comm is not None:
         return _distributed_spectrum(rq, problem)
-    h, info = problem.build(storage=rq.storage, dtype=rq.dtype, n_threads=rq.n_threads, progress=progress)
-    t1 = time.perf_counter()
-    op = SymmetricOperator(h, storage=rq.storage, devices=rq.devices)
+    if rq.on_gpus:
+        parts, stages = gpu_build.build_rows_on_gpus(problem, rq.devices, rq.dtype, rq.n_threads)
+        t1 = time.perf_counter()
+        op = SymmetricOperator.on_gpus(parts, problem.dimension, rq.dtype)
+        h, nnz, storage = None, op.nnz, "full (built on the GPUs)"
+        build_detail = dict(problem.setup_seconds, **stages)
+    else:
+        h, info = problem.build(storage=rq.storage, dtype=rq.dtype, n_threads=rq.n_threads, progress=progress)
+        t1 = time.perf_counter()
+        op = SymmetricOperator(h, storage=rq.storage, devices=rq.devices)
+        nnz, storage, build_detail = info.nnz_stored, rq.storage, info.seconds
     pc = None
     if rq.precond == "tiles":
         pc = TilePreconditioner(h, configuration_labels(problem), upper=rq.storage == "upper", xp=op.xp)
     t2 = time.perf_counter()
     dim = problem.dimension
-    if dim < 3 * (rq.block_size or rq.nev + 3):      # tiny spaces: dense diagonalisation is the right tool
+    if _dense_size(dim, rq.block_size, rq.nev):
         res = _dense(h, rq.storage, rq.nev)
     else:
         res = _lobpcg.lobpcg(op, rq.nev, block_size=rq.block_size, tol=rq.tol, maxiter=rq.maxiter, precond=pc,
@@ -229,10 +252,10 @@ def run(request, progress=None):
         j2 = angmom.expectation_j2(problem, res.eigenvectors)
     t4 = time.perf_counter()
     vecs = to_host(res.eigenvectors) if rq.return_vectors else None
-    out = _result(rq, problem, res, j2, vecs, dim=dim, nnz=info.nnz_stored, storage=rq.storage, devices=rq.devices)
+    out = _result(rq, problem, res, j2, vecs, dim=dim, nnz=nnz, storage=storage, devices=rq.devices)
     out.update(queued=res.queued,
                seconds={"read+build": t1 - rq.started, "setup": t2 - t1, "solve": t3 - t2, "j2": t4 - t3,
-                        "build_detail": info.seconds, "solve_detail": res.seconds})
+                        "build_detail": build_detail, "solve_detail": res.seconds})
     return _with_observables(out, problem, res.eigenvectors, rq.observables)     # on the GPU when they are there
 
 
@@ -255,7 +278,10 @@ def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None,
     energies (MeV), J and <J^2>, relative residuals, iterations, ``converged`` and timings.
 
     devices: hybridblas' syntax ("cpu", "gpu", "all", "0,1", "cuda:0", a list of ids). dtype: float64 or float32.
-    storage: "upper" (the upper triangle, H = U + U^T - D) or "full". precond: "none" or "tiles".
+    storage: how the host stores H: "upper" (the upper triangle, H = U + U^T - D) or "full". On GPUs H is
+    held as full rows that the GPUs build themselves where they fit (result["storage"] "full (built on the
+    GPUs)"; not under MPI, not with precond "tiles"); else the host builds it with ``storage`` and uploads it.
+    precond: "none" or "tiles".
     return_vectors: also give "eigenvectors", a numpy (dimension x nev) array (under MPI gathered, on every rank).
     observables: add ``result["observables"]`` (cisolver.observables.compute_observables: occupations, T and
     parity, B(E2), B(M1), Q and mu) with effective charges, g-factors (proton, neutron) and the oscillator

@@ -9,7 +9,8 @@ H = H_p ⊗ 1 + 1 ⊗ H_n + Σ v̄_pn(αβ,γδ) (c†_α c_γ)_p (c†_β c_δ)
 so no element is generated twice. ``build`` writes the rows straight into CSR arrays (shellmodel.rowblocks):
 it counts every row's stored entries first (from the jump lists and v̄'s nonzero pattern, no values), lays
 out indptr, allocates data and indices once, and fills groups of rows on a thread pool, each group into its
-own slice; no COO, no per-block conversion, no stacking.
+own slice; no COO, no per-block conversion, no stacking. ``plan_rows`` gives the counts and the row blocks'
+pieces without filling, for GPUs to fill the rows there (cisolver.gpu_build).
 
 Sizes before building, for memory checks:
   * ``m_scheme_dimension(interaction, n_protons, n_neutrons, twice_m=None)``: the exact M-scheme dimension,
@@ -289,6 +290,22 @@ class ShellModelProblem:
         with _one_blas_thread():
             return list(pool.map(lambda part: self._row_block(*part, upper, products[part[0]]), parts))
 
+    def _planned(self, upper, blocks, rows, pool):
+        """The RowBlocks of the rows asked for and the starts of every row's stored entries (int64, from 0)."""
+        plans = self._plans(upper, blocks, rows, pool)
+        counts = np.concatenate([pl.counts for pl in plans]) if plans else np.zeros(0, dtype=np.int64)
+        indptr = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        return plans, indptr
+
+    def plan_rows(self, storage="full", n_threads=None, blocks=None, rows=None):
+        """What ``build`` with these arguments works from, without filling: (the RowBlock of every part of the
+        rows, on the host, in row order; the int64 starts of every row's stored entries, from 0). A GPU fills
+        the same rows from them (cisolver.gpu_build)."""
+        upper = _check_storage(storage)
+        with ThreadPoolExecutor(max_workers=_threads(n_threads)) as pool:
+            return self._planned(upper, blocks, rows, pool)
+
     def stored_nonzeros(self, storage="upper", n_threads=None, blocks=None, rows=None):
         """Exact stored nonzeros of every row block (int64, one per row block built, in build order) that
         ``build`` with the same arguments stores, counted from the jump lists and v̄'s nonzero pattern
@@ -324,16 +341,13 @@ class ShellModelProblem:
         n_threads = _threads(n_threads)
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=n_threads) as pool:
-            plans = self._plans(upper, blocks, rows, pool)
-            counts = np.concatenate([pl.counts for pl in plans]) if plans else np.zeros(0, dtype=np.int64)
-            indptr = np.zeros(len(counts) + 1, dtype=np.int64)
-            np.cumsum(counts, out=indptr[1:])
+            plans, indptr = self._planned(upper, blocks, rows, pool)
             nnz = int(indptr[-1])
             index_dtype = np.int32 if max(nnz, self.dimension) <= np.iinfo(np.int32).max else np.int64
             data = np.empty(nnz, dtype=dtype)
             indices = np.empty(nnz, dtype=index_dtype)
             t1 = time.perf_counter()
-            groups = _row_groups(plans, indptr)
+            groups = row_groups(plans, indptr)
             scratch = threading.local()
             futures = [pool.submit(plans[i].fill, g0, g1, q0, q1, data[s0:s1], indices[s0:s1], scratch)
                        for i, g0, g1, q0, q1, s0, s1 in groups]
@@ -341,8 +355,8 @@ class ShellModelProblem:
                 fut.result()
                 if progress:
                     progress(done, len(futures))
-        h = sp.csr_matrix((data, indices, indptr.astype(index_dtype, copy=False)), shape=(len(counts), self.dimension),
-                          copy=False)
+        h = sp.csr_matrix((data, indices, indptr.astype(index_dtype, copy=False)),
+                          shape=(len(indptr) - 1, self.dimension), copy=False)
         h.has_canonical_format = True          # sorted, each (row, column) once: by construction
         t2 = time.perf_counter()
         info = BuildInfo(self.dimension, nnz, storage, dict(self.setup_seconds, count=t1 - t0, fill=t2 - t1),
@@ -377,11 +391,13 @@ def _threads(n_threads):
     return int(n_threads)
 
 
-def _row_groups(plans, indptr):
+def row_groups(plans, indptr, group_entries=None):
     """Cut every row block into groups of contiguous rows filled by one task: one proton determinant's
     rows (its pieces then write each row's entries close together), runs of determinants while they hold
-    at most _GROUP_MIN entries, and a determinant's neutron rows cut into parts of at most _GROUP_MAX.
-    Yields (plan, g0, g1, q0, q1, s0, s1) with s0:s1 the group's entries in the CSR arrays."""
+    at most _GROUP_MIN entries, and a determinant's neutron rows cut into parts of at most _GROUP_MAX (both
+    ``group_entries`` where given: a GPU fills far larger groups). A list of (plan, g0, g1, q0, q1, s0, s1),
+    in row order, with s0:s1 the group's entries in the CSR arrays."""
+    group_min, group_max = (_GROUP_MIN, _GROUP_MAX) if group_entries is None else (group_entries, group_entries)
     groups = []
     row0 = 0
     for i, pl in enumerate(plans):
@@ -390,16 +406,16 @@ def _row_groups(plans, indptr):
         g0 = 0
         while g0 < n_t:
             first = row0 + g0 * n_n
-            if per_proton[g0] > _GROUP_MAX:
+            if per_proton[g0] > group_max:
                 edges = indptr[first:first + n_n + 1]
-                cuts = np.searchsorted(edges, edges[0] + _GROUP_MAX * np.arange(1, per_proton[g0] // _GROUP_MAX + 1))
+                cuts = np.searchsorted(edges, edges[0] + group_max * np.arange(1, per_proton[g0] // group_max + 1))
                 bounds = np.unique(np.concatenate([[0], np.minimum(cuts, n_n), [n_n]]))
                 groups += [(i, g0, g0 + 1, int(q0), int(q1), int(edges[q0]), int(edges[q1]))
                            for q0, q1 in zip(bounds[:-1], bounds[1:])]
                 g0 += 1
                 continue
             g1, total = g0 + 1, per_proton[g0]
-            while g1 < n_t and total + per_proton[g1] <= _GROUP_MIN:
+            while g1 < n_t and total + per_proton[g1] <= group_min:
                 total += per_proton[g1]
                 g1 += 1
             groups.append((i, g0, g1, 0, n_n, int(indptr[first]), int(indptr[row0 + g1 * n_n])))

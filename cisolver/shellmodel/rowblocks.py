@@ -20,8 +20,18 @@ grid entry at its place), scatters values and columns there and compresses the d
 caller's CSR arrays (straight into them where the group drops none). Every product and sum is the one of
 the element formulas above, in the same order, so the matrix does not depend on how the rows are grouped
 or on the number of threads.
+
+The fill runs on numpy or CuPy arrays alike (each step uses the array module of the arrays it is given, each
+product and sum the same operation in the same order, so a GPU fills the same bits): ``RowBlock.to_device``
+copies a row block's pieces to the current GPU, keeping on the host the run starts (``ptr``) that cut a
+group's slices. A GPU's fill waits for nothing: a group's size and its kept entries come from those host
+arrays and the caller's counts, and it returns its kept count as a device scalar for the caller to check.
 """
+import copy
+
 import numpy as np
+
+from ..arrays import module_of
 
 
 def _ranked(keys, n):
@@ -36,7 +46,21 @@ def _per_source(by_target, target):
     return by_target if by_target.shape[1] == 1 else by_target.take(target, axis=1)
 
 
-class _Sources:
+class _Arrays:
+    """Arrays that ``on_device`` copies to the current GPU, but those named in _HOST (kept on the host)."""
+    _HOST = ("ptr",)
+
+    def on_device(self, xp):
+        out = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, _Arrays):
+                setattr(out, name, value.on_device(xp))
+            elif isinstance(value, np.ndarray) and name not in self._HOST:
+                setattr(out, name, xp.asarray(value))
+        return out
+
+
+class _Sources(_Arrays):
     """Proton sources of a piece, sorted by (target row p' of the block range, source): for each the column
     base (column block offset + p n_n of that block) and the rank inside its target row."""
 
@@ -48,7 +72,7 @@ class _Sources:
         return slice(int(self.ptr[g0]), int(self.ptr[g1]))
 
 
-class _Columns:
+class _Columns(_Arrays):
     """Neutron columns of a piece, sorted by (target neutron row n', source n): for each the source and its
     place inside the row's list."""
 
@@ -61,7 +85,7 @@ class _Columns:
         return slice(int(self.ptr[q0]), int(self.ptr[q1]))
 
 
-class OwnColumn:
+class OwnColumn(_Arrays):
     """Column n' itself for the proton sources p of lo / hi (H_p's pattern and the proton jumps inside the
     block, sorted by (target, source)): the proton-move element H_p(p',p) + s_p Σ_β v̄(αβ,γβ), kept even
     where it is 0. base: H_p's value (0 where absent); sign: the jump's (0: no jump); column: the jump's
@@ -74,7 +98,7 @@ class OwnColumn:
         self.jumps_before = jumps[:-1] - jumps[self.src.ptr[target]]   # jump sources ahead in the row
 
 
-class JumpGrid:
+class JumpGrid(_Arrays):
     """One piece whose grid entries are s_p s_n v̄ (exact zeros dropped) over proton jumps (sources) x
     neutron jumps (columns); for lo / hi also the column n' itself (``own``, an OwnColumn, over every
     source: a jump source's grid row then holds its neutron jumps and n' in column order, another source
@@ -100,10 +124,16 @@ class JumpGrid:
 
     def sizes(self, g0, g1, q0, q1):
         """Grid entries (dropped ones included) of each (neutron row, target row)."""
-        size = np.multiply.outer(self.cols.b[q0:q1], self.src.a[g0:g1])
+        size = self.cols.b[q0:q1, None] * self.src.a[g0:g1]
         if self.own is not None:
             size += self.own.src.a[g0:g1]
         return size
+
+    def entries(self, g0, g1, q0, q1):
+        """The sum of ``sizes``, from the host's run starts."""
+        s, e = self.src.span(g0, g1), self.cols.span(q0, q1)
+        own = 0 if self.own is None else (q1 - q0) * _length(self.own.src.span(g0, g1))
+        return _length(e) * _length(s) + own
 
     def kept(self):
         """Stored entries of every (target row, neutron row): P · [v̄ != 0] · Nᵀ (+ the column n')."""
@@ -123,7 +153,7 @@ class JumpGrid:
         s = self.src.span(g0, g1)
         e = self.cols.span(q0, q1)
         if s.start < s.stop and e.start < e.stop:
-            at = np.multiply.outer(self.cols.width[e], self.src.rank[s])
+            at = self.cols.width[e, None] * self.src.rank[s]
             at += _per_source(offsets[self.cols.target[e] - q0] + self.cols.place[e, None], self.src.target[s] - g0)
             if self.own is not None:
                 at += self.lead[s]
@@ -131,21 +161,22 @@ class JumpGrid:
             val[at] = v
             col[at] = self.cols.source[e, None] + self.src.col_base[s]
             if keep is not None:
-                keep[at[v == 0]] = False
+                _drop_zeros(keep, at, v)
         if self.own is not None:
             own = self.own
             s = own.src.span(g0, g1)
             if s.start == s.stop:
                 return
-            at = np.multiply.outer(self.cols.b[q0:q1], own.jumps_before[s])
+            at = self.cols.b[q0:q1, None] * own.jumps_before[s]
             at += _per_source(offsets, own.src.target[s] - g0)
             at += own.src.rank[s]
-            at += np.multiply.outer(self.own_place[q0:q1], own.is_jump[s])
+            at += self.own_place[q0:q1, None] * own.is_jump[s]
             val[at] = own.base[s] + own.sign[s] * own.y[q0:q1].take(own.column[s], axis=1)
-            col[at] = np.arange(q0, q1, dtype=own.src.col_base.dtype)[:, None] + own.src.col_base[s]
+            xp = module_of(val)
+            col[at] = xp.arange(q0, q1, dtype=own.src.col_base.dtype)[:, None] + own.src.col_base[s]
 
 
-class OwnPiece:
+class OwnPiece(_Arrays):
     """p' itself: the diagonal at n' and the neutron-move elements H_n(n',n) + s_n Σ_α v̄(αβ,αδ), all stored.
     Columns: H_n's pattern, the neutron jumps and n' (``is_own``), with H_n's value (base), the jump's sign
     (0: none) and its column of y_n (pair used, proton row: the spectator sums); diag: (neutron row, proton
@@ -159,7 +190,10 @@ class OwnPiece:
         self.a = np.ones(diag.shape[1], dtype=np.int64)
 
     def sizes(self, g0, g1, q0, q1):
-        return np.repeat(self.cols.b[q0:q1, None], g1 - g0, axis=1)
+        return module_of(self.cols.b).repeat(self.cols.b[q0:q1, None], g1 - g0, axis=1)
+
+    def entries(self, g0, g1, q0, q1):
+        return _length(self.cols.span(q0, q1)) * (g1 - g0)
 
     def kept(self):
         return np.broadcast_to(self.cols.b, (len(self.a), len(self.cols.b)))
@@ -185,36 +219,74 @@ class RowBlock:
             kept += piece.kept()
         self.counts = kept.ravel()
 
+    def to_device(self, xp):
+        """A copy whose pieces' arrays are ``xp`` arrays (CuPy: on the current GPU), the run starts and the
+        counts kept on the host."""
+        out = copy.copy(self)
+        out.pieces = [piece.on_device(xp) for piece in self.pieces]
+        return out
+
     def fill(self, g0, g1, q0, q1, data, indices, scratch):
         """Rows of protons g0..g1-1 and neutrons q0..q1-1 (one proton, or every neutron, so that the rows are
-        contiguous) into ``data`` / ``indices``, which hold exactly their stored entries. ``scratch``: a
-        threading.local whose buffers this thread reuses from group to group."""
+        contiguous) into ``data`` / ``indices``, which hold exactly their stored entries (arrays of the pieces'
+        module). ``scratch``: an object (a threading.local) whose buffers this thread reuses from group to
+        group. Returns the entries kept; where that is not len(data) numpy raises RuntimeError, while on a
+        GPU it is a device scalar that the caller checks (no wait here)."""
+        xp = module_of(data)
         sizes = [p.sizes(g0, g1, q0, q1) for p in self.pieces]                 # (neutron row, proton row)
-        total = np.sum(sizes, axis=0).T.ravel()                               # rows in CSR order
-        offsets = (np.cumsum(total) - total).reshape(g1 - g0, q1 - q0).T
-        n_all = int(total.sum())
+        total = xp.stack(sizes).sum(axis=0).T.ravel()                         # rows in CSR order
+        offsets = (xp.cumsum(total) - total).reshape(g1 - g0, q1 - q0).T
+        n_all = sum(p.entries(g0, g1, q0, q1) for p in self.pieces)
         if n_all == len(data):          # no zero dropped: straight into the caller's arrays
             val, col, keep = data, indices, None
         else:
-            val, col, keep = _buffers(scratch, n_all, data.dtype, indices.dtype)
+            val, col, keep = _buffers(scratch, n_all, data.dtype, indices.dtype, xp)
             keep[:] = True
         for piece, size in zip(self.pieces, sizes):
             piece.scatter(offsets, g0, g1, q0, q1, val, col, keep)
             offsets = offsets + size
         if keep is None:
-            return
-        n_kept = int(np.count_nonzero(keep))
-        if n_kept != len(data):
+            return len(data)
+        kept = xp.count_nonzero(keep)
+        if xp is np and kept != len(data):
             raise RuntimeError(f"row count mismatch in a Hamiltonian row group: counted {len(data)} entries, "
-                               f"built {n_kept}")
+                               f"built {kept}")
+        _compact(val, col, keep, data, indices, xp)
+        return kept
+
+
+def _length(span):
+    return span.stop - span.start
+
+
+def _drop_zeros(keep, at, v):
+    """Mark the grid entries at ``at`` whose value ``v`` is an exact zero as dropped (on a GPU without a
+    boolean index, which waits for the device to count the zeros)."""
+    if isinstance(keep, np.ndarray):
+        keep[at[v == 0]] = False
+    else:
+        keep[at] = v != 0
+
+
+def _compact(val, col, keep, data, indices, xp):
+    """The kept entries of val and col, in order, into data and indices (as many as they hold). On a GPU
+    without a boolean index, which waits for the device to count: the k-th kept entry is the first whose
+    running count of kept entries reaches k."""
+    if xp is np:
         data[:] = val[keep]
         indices[:] = col[keep]
+        return
+    running = xp.cumsum(keep, dtype=np.int64)
+    source = xp.searchsorted(running, xp.arange(1, len(data) + 1, dtype=np.int64))
+    xp.take(val, source, out=data)
+    xp.take(col, source, out=indices)
 
 
-def _buffers(scratch, n, data_dtype, index_dtype):
-    """Views of n entries of this thread's uncompacted value, column and keep buffers (grown as needed)."""
+def _buffers(scratch, n, data_dtype, index_dtype, xp=np):
+    """Views of n entries of this thread's uncompacted value, column and keep buffers (grown as needed; ``xp``'s
+    arrays, on the current GPU for CuPy)."""
     have = getattr(scratch, "buffers", None)
     if have is None or len(have[0]) < n:
         size = max(n, 2 * len(have[0]) if have is not None else 0)
-        have = scratch.buffers = (np.empty(size, data_dtype), np.empty(size, index_dtype), np.empty(size, bool))
+        have = scratch.buffers = (xp.empty(size, data_dtype), xp.empty(size, index_dtype), xp.empty(size, bool))
     return tuple(b[:n] for b in have)

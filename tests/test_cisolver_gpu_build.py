@@ -1,0 +1,158 @@
+"""The GPU build's host side, on numpy (cisolver.gpu_build): the rows cut into one range per device (equal
+nonzeros, at group edges), each range filled by the array-generic fill into arrays of its own equals the
+host build's rows byte for byte (full and upper, float64 and float32, several group sizes), the GPU's
+compaction route, the fit test and the memory estimate of a run whose GPUs build H."""
+import types
+
+import numpy as np
+import pytest
+
+from cisolver import estimate, gpu_build
+from cisolver.gpu_spmm import MultiDeviceCsr
+from cisolver.shellmodel import hamiltonian, rowblocks, snt
+from ci_data import DATA, needs_data
+
+pytestmark = needs_data
+
+
+@pytest.fixture(scope="module")
+def problems():
+    """24Mg in usdb (4 protons, 4 neutrons) and 45V in kb3g (3 protons, 2 neutrons)."""
+    return {name: hamiltonian.ShellModelProblem(snt.read_snt(DATA / f"{name}.snt"), z, n)
+            for name, z, n in (("usdb", 4, 4), ("kb3g", 3, 2))}
+
+
+def _filled_parts(problem, storage, dtype, group_entries, parts):
+    """Each part's rows filled into arrays of its own (poisoned first), as a GPU fills them."""
+    plans, indptr = problem.plan_rows(storage, n_threads=2)
+    out = []
+    for groups, r0, r1, s0, s1 in gpu_build.device_ranges(
+            plans, hamiltonian.row_groups(plans, indptr, group_entries), parts):
+        data, indices = np.full(s1 - s0, np.nan, dtype), np.full(s1 - s0, -1, np.int32)
+        gpu_build.fill_range(plans, groups, s0, data, indices, types.SimpleNamespace())
+        out.append((r0, r1, indptr[r0:r1 + 1] - s0, indices, data))
+    return out
+
+
+@pytest.mark.parametrize("name", ["usdb", "kb3g"])
+@pytest.mark.parametrize("storage", ["full", "upper"])
+def test_ranges_filled_apart_are_the_host_rows(problems, name, storage):
+    problem = problems[name]
+    for dtype in (np.float64, np.float32):
+        h = problem.build(storage, dtype=dtype, n_threads=2)[0]
+        for group_entries, parts in ((5_000, 3), (300_000, 2), (1 << 24, 1), (1 << 24, 2)):
+            got = _filled_parts(problem, storage, dtype, group_entries, parts)
+            assert got[0][0] == 0 and got[-1][1] == problem.dimension
+            assert all(a[1] == b[0] for a, b in zip(got, got[1:]))
+            for r0, r1, ptr, indices, data in got:
+                rows = h[r0:r1]
+                assert np.array_equal(ptr, rows.indptr) and np.array_equal(indices, rows.indices)
+                assert data.dtype == dtype and data.tobytes() == rows.data.tobytes(), (group_entries, parts, r0)
+
+
+def test_device_ranges_share_the_nonzeros_at_group_edges(problems):
+    problem = problems["usdb"]
+    plans, indptr = problem.plan_rows("full", n_threads=2)
+    nnz = int(indptr[-1])
+    for group_entries in (20_000, 400_000):
+        groups = hamiltonian.row_groups(plans, indptr, group_entries)
+        starts = {g[5] for g in groups}
+        largest = max(g[6] - g[5] for g in groups)
+        for parts in (1, 2, 3):
+            ranges = gpu_build.device_ranges(plans, groups, parts)
+            assert len(ranges) == parts
+            assert [g for rng in ranges for g in rng[0]] == groups             # every group once, in order
+            assert ranges[0][1] == ranges[0][3] == 0 and ranges[-1][2] == problem.dimension
+            assert ranges[-1][4] == nnz
+            for (_, _, r1, _, s1), (_, r0, _, s0, _) in zip(ranges, ranges[1:]):
+                assert (r1, s1) == (r0, s0) and s0 in starts
+            for grp, r0, r1, s0, s1 in ranges:
+                assert s0 == indptr[r0] and s1 == indptr[r1]
+                assert abs((s1 - s0) - nnz / parts) <= largest               # equal shares, to one group
+                assert grp and (grp[0][5], grp[-1][6]) == (s0, s1)
+
+
+def test_a_device_gets_no_rows_when_there_are_few(tmp_path):
+    """One proton in usdb at 2M = 5: a single row (the d5/2 m = 5/2 state), one group, three devices."""
+    problem = hamiltonian.ShellModelProblem(snt.read_snt(DATA / "usdb.snt"), 1, 0, 5)
+    assert problem.dimension == 1
+    plans, indptr = problem.plan_rows("full")
+    ranges = gpu_build.device_ranges(plans, hamiltonian.row_groups(plans, indptr, 1 << 24), 3)
+    assert [(r0, r1, s0, s1) for _, r0, r1, s0, s1 in ranges] == [(0, 1, 0, 1), (1, 1, 1, 1), (1, 1, 1, 1)]
+    assert ranges[1][0] == ranges[2][0] == []
+    h = problem.build("full")[0]
+    data, indices = np.full(0, np.nan), np.full(0, -1, np.int32)
+    gpu_build.fill_range(plans, [], 1, data, indices, types.SimpleNamespace())        # nothing to do
+    data, indices = np.full(1, np.nan), np.full(1, -1, np.int32)
+    gpu_build.fill_range(plans, ranges[0][0], 0, data, indices, types.SimpleNamespace())
+    assert indices.tolist() == [0] and data.tobytes() == h.data.tobytes()
+
+
+def test_gathered_compaction_equals_the_boolean_one(rng):
+    """The GPU's route (k-th kept entry: the first whose running count reaches k), run on numpy functions."""
+    xp = types.SimpleNamespace(cumsum=np.cumsum, searchsorted=np.searchsorted, arange=np.arange, take=np.take)
+    for n, p in ((1000, 0.7), (1000, 1.0), (1000, 0.0), (1, 1.0), (7, 0.5)):
+        val, col = rng.standard_normal(n), rng.integers(0, 10 ** 6, n).astype(np.int32)
+        keep = rng.random(n) < p
+        if 0 < p < 1:
+            keep[0], keep[-1] = False, True          # a dropped first entry, a kept last one
+        want = (val[keep], col[keep])
+        data, indices = np.full(len(want[0]), np.nan), np.full(len(want[0]), -1, np.int32)
+        rowblocks._compact(val, col, keep, data, indices, xp)
+        assert data.tobytes() == want[0].tobytes() and np.array_equal(indices, want[1])
+
+
+def test_a_miscounted_group_is_refused(problems):
+    problem = problems["kb3g"]
+    plans, indptr = problem.plan_rows("full", n_threads=2)
+    groups = hamiltonian.row_groups(plans, indptr, 1 << 24)[:1]
+    i, g0, g1, q0, q1, s0, s1 = groups[0]
+    short = [(i, g0, g1, q0, q1, s0, s1 - 1)]         # one entry fewer than the rows hold
+    data, indices = np.empty(s1 - s0 - 1), np.empty(s1 - s0 - 1, np.int32)
+    with pytest.raises(RuntimeError, match="row count mismatch"):
+        gpu_build.fill_range(plans, short, s0, data, indices, types.SimpleNamespace())
+
+
+def test_fits_follows_the_free_memory_and_int32():
+    n, nnz = 10 ** 6, 4 * 10 ** 8
+    need = gpu_build.csr_bytes(n, gpu_build.part_entries(nnz, 2), 8)
+    assert gpu_build.fits(n, nnz, 8, [2 * need, 2 * need])
+    assert not gpu_build.fits(n, nnz, 8, [2 * need, need])              # one GPU short
+    assert not gpu_build.fits(n, nnz, 8, [1.5 * need] * 2)              # the part fits, not with the fill's scratch
+    assert gpu_build.fits(n, nnz, 4, [1.5 * need] * 2)                  # float32 values: less than float64's
+    assert not gpu_build.fits(n, 2 ** 32, 4, [1e15])                    # one GPU's part beyond int32 indices
+    assert gpu_build.fits(n, 2 ** 32, 4, [1e15] * 3)
+    assert not gpu_build.fits(2 ** 31, 2 ** 31, 4, [1e15] * 8)           # columns beyond int32
+
+
+def test_memory_estimate_of_a_gpu_build():
+    """The host holds no H (only the plans, then <J^2>); each GPU its share of the full rows and the fill's
+    scratch."""
+    c = estimate.Counts(10 ** 6, 0, 4e8, {"full": 5e7, "upper": 3e7}, [(0, 1000, 1000)])
+    kw = dict(nev=5, block_size=8, dtype=np.float64, storage="upper", gpus=(0, 1))
+    host_path, on_gpus = estimate.memory(c, **kw), estimate.memory(c, **kw, on_gpus=True)
+    assert on_gpus.nnz == c.nnz_full and on_gpus.host < host_path.host / 2
+    assert on_gpus.host >= on_gpus.parts["j2"] and on_gpus.host >= c.nnz_full * estimate.PLAN_BYTES_PER_ENTRY
+    share = on_gpus.h_bytes / 2 + gpu_build.fill_scratch_bytes()
+    assert on_gpus.gpu[1] == pytest.approx(share + 2 * c.dimension * 8 * 8)
+    assert on_gpus.gpu[0] == pytest.approx(share + on_gpus.vectors)
+    with pytest.raises(ValueError, match=r"on_gpus=True needs GPUs and one process, got gpus=\(\), ranks=1"):
+        estimate.memory(c, nev=5, block_size=8, dtype=np.float64, storage="full", on_gpus=True)
+
+
+def test_parts_that_do_not_tile_the_rows_are_refused():
+    csr = (None, None, None)
+    for ranges in ([(0, 5), (6, 10)], [(0, 5)], [(0, 7), (7, 5), (5, 10)], []):
+        with pytest.raises(ValueError, match=r"parts must hold rows 0..10 in order, got the row ranges"):
+            MultiDeviceCsr.from_parts([(d, r0, r1, csr) for d, (r0, r1) in enumerate(ranges)], 10, np.float64)
+
+
+def test_int32_limit_is_refused_before_any_gpu_work(problems, monkeypatch):
+    monkeypatch.setattr(gpu_build, "INT32_MAX", 1000)
+    with pytest.raises(ValueError, match=r"rows 0:\d+ of H \(\d+ nonzeros, dimension \d+\) need more than the "
+                                         r"int32 indices a GPU's rows hold; use more GPUs"):
+        gpu_build.build_rows_on_gpus(problems["kb3g"], [0], np.float64, n_threads=1)
+    with pytest.raises(TypeError, match="dtype must be float32 or float64, got int32"):
+        gpu_build.build_rows_on_gpus(problems["kb3g"], [0], np.int32)
+    with pytest.raises(ValueError, match="devices must name at least one GPU, got none"):
+        gpu_build.build_rows_on_gpus(problems["kb3g"], [], np.float64)
