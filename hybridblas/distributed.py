@@ -4,6 +4,7 @@ is imported by ``import hybridblas``, and every function works with ``comm=None`
 The pattern is MFDn's: vectors are distributed by rows, a Gram matrix is a local hybridblas split-K
 product over the local rows followed by one Allreduce.
 """
+import os
 import threading
 
 import numpy as np
@@ -12,8 +13,16 @@ __all__ = ["world", "local_rank", "block_range", "allreduce", "allgather_rows", 
            "device_collectives", "gram", "node_context", "rank_print"]
 
 
+# set in every rank's environment by the MPI launchers: Open MPI, MPICH/Hydra and Intel MPI, PMIx, MVAPICH
+LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+
+
 def world():
-    """mpi4py's COMM_WORLD when running under MPI with more than one rank, else None."""
+    """mpi4py's COMM_WORLD when running under MPI with more than one rank, else None. mpi4py (0.6 s to import
+    and initialise MPI on a GPU node) is imported only when an MPI launcher started this process (one of
+    LAUNCHER_VARIABLES is set) or HYBRIDBLAS_MPI=1 asks for it."""
+    if os.environ.get("HYBRIDBLAS_MPI") != "1" and not any(v in os.environ for v in LAUNCHER_VARIABLES):
+        return None
     try:
         from mpi4py import MPI
     except ImportError:

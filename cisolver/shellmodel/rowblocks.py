@@ -50,14 +50,40 @@ class _Arrays:
     """Arrays that ``on_device`` copies to the current GPU, but those named in _HOST (kept on the host)."""
     _HOST = ("ptr",)
 
-    def on_device(self, xp):
+    def host_arrays(self):
+        """(owner, name, array) of every array ``on_device`` copies, this object's and its parts'."""
+        for name, value in vars(self).items():
+            if isinstance(value, _Arrays):
+                yield from value.host_arrays()
+            elif isinstance(value, np.ndarray) and name not in self._HOST:
+                yield self, name, value
+
+    def on_device(self, xp, moved=None):
+        """A copy whose arrays are ``xp``'s: ``moved`` maps id(host array) -> its device array (made here one
+        by one where not given)."""
         out = copy.copy(self)
         for name, value in vars(self).items():
             if isinstance(value, _Arrays):
-                setattr(out, name, value.on_device(xp))
+                setattr(out, name, value.on_device(xp, moved))
             elif isinstance(value, np.ndarray) and name not in self._HOST:
-                setattr(out, name, xp.asarray(value))
+                setattr(out, name, moved[id(value)] if moved is not None else xp.asarray(value))
         return out
+
+
+def _upload_packed(arrays, xp):
+    """{id(a): a on the current GPU} for host arrays ``arrays``, sent in one copy: packed into one host buffer
+    (each at a 16-byte aligned offset, C order) and cut into views there (thousands of small copies took 0.8 s
+    for 48Cr's pieces)."""
+    unique = list({id(a): a for a in arrays}.values())
+    offsets, size = [], 0
+    for a in unique:
+        offsets.append(size)
+        size += -(-a.nbytes // 16) * 16
+    host = np.empty(max(size, 16), np.uint8)
+    for a, off in zip(unique, offsets):
+        host[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    dev = xp.asarray(host)
+    return {id(a): dev[off:off + a.nbytes].view(a.dtype).reshape(a.shape) for a, off in zip(unique, offsets)}
 
 
 class _Sources(_Arrays):
@@ -223,7 +249,8 @@ class RowBlock:
         """A copy whose pieces' arrays are ``xp`` arrays (CuPy: on the current GPU), the run starts and the
         counts kept on the host."""
         out = copy.copy(self)
-        out.pieces = [piece.on_device(xp) for piece in self.pieces]
+        moved = _upload_packed([a for piece in self.pieces for _, _, a in piece.host_arrays()], xp)
+        out.pieces = [piece.on_device(xp, moved) for piece in self.pieces]
         return out
 
     def fill(self, g0, g1, q0, q1, data, indices, scratch):
