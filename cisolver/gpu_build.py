@@ -19,7 +19,11 @@ from .arrays import module_of
 from .gpu_spmm import INT32_MAX, PEAK_FRACTION, RESERVE_FRACTION, balanced_bounds, csr_bytes
 from .shellmodel import hamiltonian
 
-GROUP_ENTRIES = 1 << 24        # stored entries of a group of rows that a GPU fills at once
+# stored entries of a group of rows that a GPU fills at once: the largest that leaves room (fewer, larger groups
+# cost less host time: 48Cr's fill is 89 groups of at most 2^24 entries, 34 of 2^26); GROUP_ENTRIES, the
+# smallest, is what a build needs at least
+GROUP_CHOICES = (1 << 26, 1 << 25, 1 << 24)
+GROUP_ENTRIES = GROUP_CHOICES[-1]
 # a group's scratch per stored entry: the fill's uncompacted values, columns, flags and the pieces' index
 # arithmetic (their peak under numpy: 22 B for float64 with groups of 4M entries in gxpf1a 2+4, usdb 4+4, kb3g
 # 3+2) and the GPU's compaction positions (24 B), rounded up
@@ -75,14 +79,25 @@ def fill_range(plans, groups, s0, data, indices, scratch):
                            "more or fewer than counted")
 
 
+def _checked_ranges(plans, indptr, group_entries, parts, n):
+    """device_ranges over groups of ``group_entries``; ValueError where a part needs more than int32 indices."""
+    ranges = device_ranges(plans, hamiltonian.row_groups(plans, indptr, group_entries), parts)
+    for _, r0, r1, s0, s1 in ranges:
+        if max(s1 - s0, n) > INT32_MAX:
+            raise ValueError(f"rows {r0}:{r1} of H ({s1 - s0} nonzeros, dimension {n}) need more than the int32 "
+                             f"indices a GPU's rows hold; use more GPUs")
+    return ranges
+
+
 def build_rows_on_gpus(problem, devices, dtype, n_threads=None, group_entries=None):
     """The full rows of ``problem``'s H (a ShellModelProblem) built on ``devices`` (CUDA ids, a contiguous row
     range of about equal nonzeros each, the first rows on the first): ([(device, r0, r1, (indptr, indices,
     data))], seconds), CuPy arrays on that device (int32 indptr and indices, values in ``dtype``: the rows
     ``problem.build("full", dtype)`` gives, bit for bit), and the stage times ("plans": the host's counts and
     pieces on ``n_threads`` threads, "allocation", "fill": the GPUs at once). group_entries: stored entries of a
-    group filled at once (default GROUP_ENTRIES). Raises ValueError where a GPU's part needs more than int32
-    indices and hybridblas.InsufficientMemory where it does not fit, before anything is filled."""
+    group filled at once (default: the largest of GROUP_CHOICES that leaves room). Raises ValueError where a
+    GPU's part needs more than int32 indices and hybridblas.InsufficientMemory where it does not fit, before
+    anything is filled."""
     from hybridblas import memory
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
@@ -93,12 +108,14 @@ def build_rows_on_gpus(problem, devices, dtype, n_threads=None, group_entries=No
     n = problem.dimension
     t0 = time.perf_counter()
     plans, indptr = problem.plan_rows("full", n_threads)
-    group_entries = group_entries or GROUP_ENTRIES
-    ranges = device_ranges(plans, hamiltonian.row_groups(plans, indptr, group_entries), len(devices))
-    for _, r0, r1, s0, s1 in ranges:
-        if max(s1 - s0, n) > INT32_MAX:
-            raise ValueError(f"rows {r0}:{r1} of H ({s1 - s0} nonzeros, dimension {n}) need more than the int32 "
-                             f"indices a GPU's rows hold; use more GPUs")
+    ranges = _checked_ranges(plans, indptr, group_entries or GROUP_ENTRIES, len(devices), n)
+    if group_entries is None:           # larger groups where the GPUs have room for their scratch
+        part = max(csr_bytes(r1 - r0, s1 - s0, dtype.itemsize) for _, r0, r1, s0, s1 in ranges)
+        free = min(memory.gpu_free(d) for d in devices)
+        group_entries = next(g for g in GROUP_CHOICES
+                             if g == GROUP_ENTRIES or part + fill_scratch_bytes(g) <= PEAK_FRACTION * free)
+        if group_entries != GROUP_ENTRIES:
+            ranges = _checked_ranges(plans, indptr, group_entries, len(devices), n)
     for dev, (_, r0, r1, s0, s1) in zip(devices, ranges):
         memory.require(csr_bytes(r1 - r0, s1 - s0, dtype.itemsize) + fill_scratch_bytes(group_entries), where=dev,
                        what=f"rows {r0}:{r1} of H built on GPU {dev}", advice=ADVICE, fraction=PEAK_FRACTION)
