@@ -6,6 +6,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -473,6 +474,36 @@ def test_cpu_share_and_cpu_helps_drive_the_hybrid_split(profile_dir, rng):
     # ... unless the caller forces a CPU rate
     forced = hb.Context(devices=[hb.devices.CPUDevice(0), _fake_gpu(0)], profile=prof_no, rates={"cpu": 1.0})
     assert [d.name for d in forced.devices_for(prob)] == ["cpu", "cuda:0"]
+
+
+def test_a_short_call_times_the_operands_trip_at_the_measured_transfer_rate(rng):
+    """A call too short to share runs on the device that finishes first, the operands' trip to a GPU
+    counted at the profile's pinned host-to-GPU rate of that GPU; without one, at scheduler.TRANSFER_RATE."""
+    prob = herk_problem(64, 32, rng)
+    moved = prob.c.nbytes + prob.factors[0].base.nbytes
+    devices = [hb.devices.CPUDevice(0), _fake_gpu(0)]
+    slow = scheduler.TRANSFER_RATE / 100
+    # the CPU takes as long as the trip at 10 x slow: it wins against the slow link only; the GPU computes at once
+    rates = [prob.flops() / (scheduler.REMOTE_LATENCY + moved / (10 * slow)), prob.flops() * 1e6]
+    data = make_profile({"cpu": 1e10, "cuda:0": 1e12})
+    data["devices"]["cuda:0"]["transfer"] = {"h2d_pinned": slow, "h2d_pageable": slow / 2,
+                                             "d2h_pinned": 3 * slow, "d2h_pageable": slow / 3}
+    measured = hb.Context(devices=devices, profile=Profile(data))
+    unmeasured = hb.Context(devices=devices, profile=Profile(make_profile({"cpu": 1e10, "cuda:0": 1e12})))
+    bare = hb.Context(devices=devices, profile=False)
+
+    def chosen(ctx):
+        return [d.name for d in scheduler._one_device_if_small(prob, devices, rates, ctx)[0]]
+    assert scheduler._transfer_rate(prob, devices[1], measured) == slow
+    assert chosen(measured) == ["cpu"]
+    for ctx in (unmeasured, bare):
+        assert scheduler._transfer_rate(prob, devices[1], ctx) == scheduler.TRANSFER_RATE
+        assert chosen(ctx) == ["cuda:0"]
+    # operands on cuda:0: a CPU worker gets them at that GPU's GPU-to-host rate; another GPU at the constant
+    on_gpu = SimpleNamespace(xp=SimpleNamespace(__name__="cupy"), c=SimpleNamespace(device=SimpleNamespace(id=0)))
+    assert scheduler._transfer_rate(on_gpu, devices[0], measured) == 3 * slow
+    assert scheduler._transfer_rate(on_gpu, devices[0], bare) == scheduler.TRANSFER_RATE
+    assert scheduler._transfer_rate(on_gpu, _fake_gpu(1), measured) == scheduler.TRANSFER_RATE
 
 
 def test_block_size_from_profile(profile_dir, rng):
