@@ -14,7 +14,7 @@ from .context import Context, default_context, set_default_context
 from .devspec import DeviceSpec, gpu_count, parse_devices
 from .faults import DeviceFailure, DeviceFailureWarning
 from .memory import InsufficientMemory
-from .profile import load_profile
+from .profile.store import load_profile
 from .routines import gemm, gemmt, her2k, herk, herkx, syr2k, syrk
 
 __all__ = ["herk", "her2k", "gemmt", "herkx", "syrk", "syr2k", "gemm", "gemm_batched",

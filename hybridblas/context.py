@@ -12,7 +12,7 @@ from .devices import CPUDevice, Device, registered
 from .devspec import device_words, gpu_count
 
 if TYPE_CHECKING:
-    from .profile import Profile
+    from .profile.model import Profile
 
 STRATEGIES = ("static", "dynamic", "auto")
 
@@ -94,7 +94,7 @@ def _rates(rates):
 
 
 def _profile_arg(profile):
-    from .profile import Profile
+    from .profile.model import Profile
     if profile is None or profile is False or isinstance(profile, Profile):
         return profile
     raise TypeError(f"profile must be a loaded profile (hybridblas.load_profile()), None or False, "
@@ -193,7 +193,7 @@ class Context:
     @property
     def profile(self):
         if self._profile is None:
-            from .profile import load_profile
+            from .profile.store import load_profile
             # the notice of a missing profile matters only where several devices could share a call
             self._profile = load_profile(tell_missing=len(self.devices) > 1) or False
         return self._profile or None

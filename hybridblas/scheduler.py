@@ -66,8 +66,23 @@ def _without_idle_cpus(devices, rates, min_share):
     return [devices[i] for i in keep], [rates[i] for i in keep]
 
 
-TRANSFER_RATE = 25e9     # bytes/s to move operands to a device that does not hold them (pinned staging)
+TRANSFER_RATE = 25e9     # bytes/s to move operands to a device that does not hold them, where no profile measured it
 REMOTE_LATENCY = 1e-4    # s: streams, staging and the copy back on a device that does not hold the data
+
+
+def _transfer_rate(problem, device, ctx):
+    """bytes/s at which the operands reach ``device``, which does not hold them: the profile's pinned
+    host-to-GPU rate of that GPU for host operands, the pinned GPU-to-host rate of their GPU for a CPU worker;
+    TRANSFER_RATE where the profile has none, and between GPUs (profiles do not measure those copies)."""
+    if problem.xp.__name__ == "numpy":
+        gpu, key = device.name, "h2d_pinned"
+    elif device.kind == "cpu":
+        gpu, key = f"cuda:{problem.c.device.id}", "d2h_pinned"
+    else:
+        return TRANSFER_RATE
+    prof = ctx.profile
+    measured = prof.transfer(gpu) if prof is not None else None
+    return (measured or {}).get(key, TRANSFER_RATE)
 
 
 def _one_device_if_small(problem, devices, rates, ctx):
@@ -83,7 +98,8 @@ def _one_device_if_small(problem, devices, rates, ctx):
     else:
         home = {i for i, d in enumerate(devices) if d.name == f"cuda:{problem.c.device.id}"}
     moved = problem.c.nbytes + sum({id(f.base): f.base.nbytes for f in problem.factors}.values())
-    cost = [flops / r + (0.0 if i in home else REMOTE_LATENCY + moved / TRANSFER_RATE) for i, r in enumerate(rates)]
+    cost = [flops / r + (0.0 if i in home else REMOTE_LATENCY + moved / _transfer_rate(problem, devices[i], ctx))
+            for i, r in enumerate(rates)]
     i = min(range(len(devices)), key=cost.__getitem__)
     return [devices[i]], [rates[i]]
 

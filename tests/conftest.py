@@ -57,14 +57,15 @@ def rng():
 @pytest.fixture
 def profile_dir(tmp_path, monkeypatch):
     """An empty profile directory as the only place hybridblas looks; notices reset around the test."""
-    from hybridblas import profile as pm
-    monkeypatch.setenv(pm.ENV_DIR, str(tmp_path))
-    monkeypatch.delenv(pm.ENV_FILE, raising=False)
+    from hybridblas.profile.search import ENV_DIR, ENV_FILE
+    from hybridblas.profile.store import reset_notices
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
+    monkeypatch.delenv(ENV_FILE, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))    # a profile of the machine stays out
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    pm.reset_notices()
+    reset_notices()
     yield tmp_path
-    pm.reset_notices()
+    reset_notices()
 
 
 @pytest.fixture(autouse=True)

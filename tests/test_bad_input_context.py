@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import hybridblas as hb
-from hybridblas import profile as pm
+from hybridblas.profile.model import FORMAT, Profile
+from hybridblas.profile.node import current_fingerprint
 
 CASES = [
     # devices (parsed by hybridblas.devspec)
@@ -98,7 +99,7 @@ def test_pin_host_environment_checked(monkeypatch):
 
 def test_good_values_of_every_kind_accepted(profile_dir):
     table = {"rates": {"herk": {"complex128": {64: 1e9, 4096: 2e9}}}}
-    prof = pm.Profile({"format": pm.FORMAT, "fingerprint": dict(pm.current_fingerprint()),
+    prof = Profile({"format": FORMAT, "fingerprint": dict(current_fingerprint()),
                        "devices": {"cpu": dict(table, kind="cpu")}})
     ctx = hb.Context(devices=["cpu", "cpu"], strategy="dynamic", block_size=np.int64(64), cpu_threads=np.int32(2),
                      rates={"cpu": np.float64(1e9), "cpu#1": 5}, profile=prof, sync=np.True_,

@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from hybridblas import console, profile as pm
+from hybridblas import console
+from hybridblas.profile.node import profile_filename
+from hybridblas.profile.search import ENV_DIR
 from hybridblas.tuning import cli
 
 LOGGERS = ("hybridblas", cli.PROG, "py.warnings")
@@ -107,10 +109,10 @@ def test_output_onto_a_file(no_work, capsys):
 
 
 def test_output_onto_a_folder_in_the_profiles_place(no_work, capsys):
-    (no_work / "out" / pm.profile_filename()).mkdir(parents=True)
+    (no_work / "out" / profile_filename()).mkdir(parents=True)
     code, out, err = run_tune(["calibrate", "--sizes", "32", "--output", str(no_work / "out")], capsys)
-    _refused(code, err, "--output", str(no_work / "out" / pm.profile_filename()), "is a folder")
-    assert _files(no_work) == ["out", f"out/{pm.profile_filename()}"]
+    _refused(code, err, "--output", str(no_work / "out" / profile_filename()), "is a folder")
+    assert _files(no_work) == ["out", f"out/{profile_filename()}"]
 
 
 def test_output_into_a_read_only_folder(no_work, capsys, monkeypatch):
@@ -132,7 +134,7 @@ def test_output_into_a_read_only_folder(no_work, capsys, monkeypatch):
 def test_default_folder_that_cannot_be_made(no_work, capsys, monkeypatch):
     blocker = no_work / "a-file"
     blocker.write_text("")
-    monkeypatch.setenv(pm.ENV_DIR, str(blocker / "profiles"))
+    monkeypatch.setenv(ENV_DIR, str(blocker / "profiles"))
     code, out, err = run_tune(["calibrate", "--sizes", "32"], capsys)
     _refused(code, err, str(blocker / "profiles"), "--output DIR")
     assert _files(no_work) == ["a-file"]

@@ -6,14 +6,21 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import yaml
 
 import hybridblas as hb
-from hybridblas import plan, profile as pm, scheduler
+from hybridblas import plan, scheduler
 from hybridblas.problem import build_problem, N
+from hybridblas.profile.model import (BLOCK_SIZE_RANGE, DTYPES, FORMAT, ROUTINE_KINDS, TRANSFER_KEYS, Profile,
+                                     ProfileError)
+from hybridblas.profile.node import FINGERPRINT_KEYS, blas_libraries, current_fingerprint, profile_filename
+from hybridblas.profile.search import ENV_DIR, ENV_FILE, search_dirs
+from hybridblas.profile.store import (MAX_FILE_BYTES, RANK_VARIABLES, ProfileWarning, launcher_rank, reset_notices,
+                                     save_profile)
 
 
 def make_profile(rates, static=None, fingerprint=None, blocks=None):
@@ -25,7 +32,7 @@ def make_profile(rates, static=None, fingerprint=None, blocks=None):
         devices[name] = {"kind": kind, "rates": {k: {"complex128": dict(table)} for k in ("herk", "gemm")}}
         if blocks:
             devices[name]["block_size"] = {"herk": {"complex128": blocks[name]}, "default": blocks[name]}
-    data = {"format": pm.FORMAT, "fingerprint": dict(fingerprint or pm.current_fingerprint()),
+    data = {"format": FORMAT, "fingerprint": dict(fingerprint or current_fingerprint()),
             "devices": devices}
     if static:
         data["static"] = static
@@ -39,48 +46,49 @@ def herk_problem(n, k, rng):
 
 def test_fingerprint_names_the_file_not_the_host(monkeypatch):
     import socket
-    fp = pm.current_fingerprint()
-    name = pm.profile_filename(fp)
+    fp = current_fingerprint()
+    name = profile_filename(fp)
     assert name.endswith(".yaml") and socket.gethostname().lower() not in name.lower()
-    assert set(pm.FINGERPRINT_KEYS) <= set(fp)
+    assert set(FINGERPRINT_KEYS) <= set(fp)
     other = dict(fp, gpus=["NVIDIA H200"], gpu_count=1)
-    assert pm.profile_filename(other) != name          # another node, another file
+    assert profile_filename(other) != name          # another node, another file
 
 
 def test_blas_name_ignores_a_blas_loaded_for_other_work(monkeypatch):
     """MKL loaded by cisolver's sparse products next to scipy's OpenBLAS must not rename the profile."""
     from hybridblas import blas_threads
+    from hybridblas.profile import node
     libs = [{"internal_api": "openblas", "version": "0.3.30"}, {"internal_api": "mkl", "version": "2026.2"}]
     monkeypatch.setattr(blas_threads, "blas_info", lambda: libs)
-    monkeypatch.setattr(pm, "_scipy_blas_api", lambda: "openblas")
-    assert pm.blas_libraries() == ["openblas 0.3.30"]
-    monkeypatch.setattr(pm, "_scipy_blas_api", lambda: None)          # unknown: every library, as before
-    assert pm.blas_libraries() == ["mkl 2026.2", "openblas 0.3.30"]
+    monkeypatch.setattr(node, "_scipy_blas_api", lambda: "openblas")
+    assert blas_libraries() == ["openblas 0.3.30"]
+    monkeypatch.setattr(node, "_scipy_blas_api", lambda: None)          # unknown: every library, as before
+    assert blas_libraries() == ["mkl 2026.2", "openblas 0.3.30"]
 
 
 def test_search_order(tmp_path, monkeypatch):
-    monkeypatch.setenv(pm.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(ENV_DIR, str(tmp_path))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    dirs = pm.search_dirs()
+    dirs = search_dirs()
     assert dirs[0] == tmp_path
     assert dirs[1] == Path.home() / ".config" / "hybridblas" / "profiles"
     assert dirs[2].parts[-2:] == ("etc", "hybridblas")
     monkeypatch.setenv("XDG_CONFIG_HOME", "relative/config")      # not absolute: ignored, as the XDG rules say
-    assert pm.search_dirs()[1] == Path.home() / ".config" / "hybridblas" / "profiles"
+    assert search_dirs()[1] == Path.home() / ".config" / "hybridblas" / "profiles"
 
 
 def test_xdg_config_home_holds_the_user_profiles(tmp_path, monkeypatch):
-    monkeypatch.delenv(pm.ENV_DIR, raising=False)
-    monkeypatch.delenv(pm.ENV_FILE, raising=False)
+    monkeypatch.delenv(ENV_DIR, raising=False)
+    monkeypatch.delenv(ENV_FILE, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     folder = tmp_path / "hybridblas" / "profiles"
-    assert pm.search_dirs()[0] == folder
-    path = pm.save_profile(make_profile({"cpu": 3e10}))       # calibrate's default folder, made if missing
-    assert path == folder / pm.profile_filename()
-    pm.reset_notices()
+    assert search_dirs()[0] == folder
+    path = save_profile(make_profile({"cpu": 3e10}))       # calibrate's default folder, made if missing
+    assert path == folder / profile_filename()
+    reset_notices()
     prof = hb.load_profile()
     assert prof is not None and prof.path == path
-    pm.reset_notices()
+    reset_notices()
 
 
 @pytest.fixture
@@ -135,15 +143,15 @@ def test_missing_profile_notice_only_where_devices_could_share(profile_dir, noti
     assert len(_missing(notices)) == 1
 
 
-@pytest.mark.parametrize("variable", pm.RANK_VARIABLES)
+@pytest.mark.parametrize("variable", RANK_VARIABLES)
 def test_missing_profile_notice_only_on_rank_zero(profile_dir, notices, monkeypatch, rng, variable):
-    for name in pm.RANK_VARIABLES:
+    for name in RANK_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(variable, "3")
-    assert pm.launcher_rank() == 3
+    assert launcher_rank() == 3
     _herk_is_right(hb.Context(devices=["cpu", "cpu"]), rng)
     assert _missing(notices) == []
-    pm.reset_notices()
+    reset_notices()
     monkeypatch.setenv(variable, "0")
     _herk_is_right(hb.Context(devices=["cpu", "cpu"]), rng)
     assert len(_missing(notices)) == 1
@@ -160,9 +168,9 @@ def test_missing_profile_says_nothing_to_a_library_user_by_default(profile_dir):
 
 
 def test_save_and_load_roundtrip(profile_dir):
-    path = pm.save_profile(make_profile({"cpu": 3e10}))
-    assert path.parent == profile_dir and path.name == pm.profile_filename()
-    assert yaml.safe_load(path.read_text())["format"] == pm.FORMAT
+    path = save_profile(make_profile({"cpu": 3e10}))
+    assert path.parent == profile_dir and path.name == profile_filename()
+    assert yaml.safe_load(path.read_text())["format"] == FORMAT
     prof = hb.load_profile()
     assert prof is not None and prof.path == path
     assert prof.rate("cpu", "herk", np.complex128, 4096) == pytest.approx(3e10)
@@ -181,7 +189,7 @@ def valid_profile():
     static = {"herk": {"complex128": {4096: {"cpu_share": 0.2, "cpu_helps": True}}}}
     data = make_profile({"cpu": 3e10, "cpu#1": 1e10, "cuda:0": 4e12}, static=static,
                         blocks={"cpu": 64, "cpu#1": 96, "cuda:0": 2048})
-    data["devices"]["cuda:0"]["transfer"] = {k: 2.5e10 for k in pm.TRANSFER_KEYS}
+    data["devices"]["cuda:0"]["transfer"] = {k: 2.5e10 for k in TRANSFER_KEYS}
     data["devices"]["cpu"]["threads"] = 2
     return data
 
@@ -222,7 +230,7 @@ CORRUPTIONS = {     # name: (the file's bytes, or a change to valid_profile()), 
     "not YAML": (b"format: [unclosed\n  devices: {", "not valid YAML"),
     "a list": (b"- just\n- a list\n", "YAML mapping"),
     "empty": (b"", "YAML mapping"),
-    "too large": (b"#" * (pm.MAX_FILE_BYTES + 1), "larger than"),
+    "too large": (b"#" * (MAX_FILE_BYTES + 1), "larger than"),
     "other format": (_set("format", "something-else/9"), "format must be"),
     "no devices": (_set("devices", {}), "devices must be a non-empty mapping"),
     "devices a list": (_set("devices", ["cpu"]), "devices must be"),
@@ -273,7 +281,7 @@ CORRUPTIONS = {     # name: (the file's bytes, or a change to valid_profile()), 
 
 def test_the_valid_profile_of_these_tests_loads_and_is_used(profile_dir, rng):
     """The control for the corruptions below: unchanged, it loads without a word and sets the rates."""
-    (profile_dir / pm.profile_filename()).write_text(yaml.safe_dump(valid_profile()))
+    (profile_dir / profile_filename()).write_text(yaml.safe_dump(valid_profile()))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ctx = hb.Context(devices=["cpu", "cpu"])
@@ -288,9 +296,9 @@ def test_the_valid_profile_of_these_tests_loads_and_is_used(profile_dir, rng):
 def test_corrupt_profile_warns_once_and_calls_still_work(profile_dir, rng, name):
     change, reason = CORRUPTIONS[name]
     content = change if isinstance(change, bytes) else yaml.safe_dump(change(valid_profile())).encode()
-    path = profile_dir / pm.profile_filename()
+    path = profile_dir / profile_filename()
     path.write_bytes(content)
-    with pytest.warns(pm.ProfileWarning, match=reason) as record:
+    with pytest.warns(ProfileWarning, match=reason) as record:
         for _ in range(3):                                  # every call and Context: still one warning
             ctx = hb.Context(devices=["cpu", "cpu"])
             _herk_is_right(ctx, rng)
@@ -303,10 +311,21 @@ def test_corrupt_profile_warns_once_and_calls_still_work(profile_dir, rng, name)
     assert [ctx.rate(d, prob) for d in ctx.devices] == [bare.rate(d, prob) for d in bare.devices]
 
 
+def test_the_documented_warning_category_filters_the_warning(profile_dir):
+    """``hybridblas.profile.ProfileWarning``, the name docs/tuning.md gives for warning filters, is the
+    category of the warning an unusable file gives."""
+    import hybridblas.profile
+    (profile_dir / profile_filename()).write_text("format: [unclosed\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=hybridblas.profile.ProfileWarning)
+        assert hb.load_profile() is None
+
+
 def test_a_rewritten_profile_is_judged_again(profile_dir):
-    path = profile_dir / pm.profile_filename()
+    path = profile_dir / profile_filename()
     path.write_bytes(b"\xff")
-    with pytest.warns(pm.ProfileWarning, match="not UTF-8"):
+    with pytest.warns(ProfileWarning, match="not UTF-8"):
         assert hb.load_profile() is None
     path.write_text(yaml.safe_dump(valid_profile()))
     stat = path.stat()
@@ -315,25 +334,25 @@ def test_a_rewritten_profile_is_judged_again(profile_dir):
 
 
 def test_an_unreadable_profile_path_warns(profile_dir, monkeypatch, rng):
-    monkeypatch.setenv(pm.ENV_FILE, str(profile_dir))                 # a folder, not a file
-    with pytest.warns(pm.ProfileWarning, match="cannot read") as record:
+    monkeypatch.setenv(ENV_FILE, str(profile_dir))                 # a folder, not a file
+    with pytest.warns(ProfileWarning, match="cannot read") as record:
         _herk_is_right(hb.Context(devices=["cpu", "cpu"]), rng)
         _herk_is_right(hb.Context(devices=["cpu", "cpu"]), rng)
     assert len(record) == 1
 
 
 def test_block_size_range_edges_are_accepted():
-    lo, hi = pm.BLOCK_SIZE_RANGE
+    lo, hi = BLOCK_SIZE_RANGE
     for size in (lo, hi):
         data = valid_profile()
         data["devices"]["cpu"]["block_size"] = {"herk": {"complex128": size}, "default": size}
-        assert pm.Profile(data).block_size("cpu", "herk", np.complex128) == size
-        assert pm.Profile(data).block_size("cpu", "gemm", np.float32) == size
+        assert Profile(data).block_size("cpu", "herk", np.complex128) == size
+        assert Profile(data).block_size("cpu", "gemm", np.float32) == size
     for size in (lo - 1, hi + 1):
         data = valid_profile()
         data["devices"]["cpu"]["block_size"]["default"] = size
-        with pytest.raises(pm.ProfileError, match=rf"block_size\['default'\] = {size}: want an integer"):
-            pm.Profile(data)
+        with pytest.raises(ProfileError, match=rf"block_size\['default'\] = {size}: want an integer"):
+            Profile(data)
 
 
 def _places(node, path=()):
@@ -348,8 +367,8 @@ def _lookups(prof):
     """Every lookup the library makes, over routines, dtypes, sizes and device names."""
     for name in ("cpu", "cpu#1", "cpu#2", "cuda:0", "cuda:1"):
         prof.covers(name), prof.has_device(name), prof.transfer(name)
-        for kind in pm.ROUTINE_KINDS:
-            for dt in pm.DTYPES:
+        for kind in ROUTINE_KINDS:
+            for dt in DTYPES:
                 prof.block_size(name, kind, dt)
                 for size in (1, 64, 100, 4096, 10**6):
                     prof.rate(name, kind, dt, size)
@@ -366,8 +385,8 @@ def test_any_value_anywhere_is_refused_or_harmless(bad):
     refused = 0
     for path in places:
         try:
-            prof = pm.Profile(_set(*path, bad)(valid_profile()))
-        except pm.ProfileError:
+            prof = Profile(_set(*path, bad)(valid_profile()))
+        except ProfileError:
             refused += 1
             continue
         _lookups(prof)
@@ -377,30 +396,30 @@ def test_any_value_anywhere_is_refused_or_harmless(bad):
 def test_bad_values_are_rejected_with_their_place(profile_dir):
     data = make_profile({"cpu": 3e10})
     data["devices"]["cpu"]["rates"]["herk"]["complex128"][4096] = -1.0
-    (profile_dir / pm.profile_filename()).write_text(yaml.safe_dump(data))
-    with pytest.warns(pm.ProfileWarning, match=r"devices\['cpu'\]\.rates\['herk'\]"):
+    (profile_dir / profile_filename()).write_text(yaml.safe_dump(data))
+    with pytest.warns(ProfileWarning, match=r"devices\['cpu'\]\.rates\['herk'\]"):
         assert hb.load_profile() is None
 
 
 def test_foreign_profile_is_ignored_with_one_warning(profile_dir, monkeypatch):
-    other = dict(pm.current_fingerprint(), cpu_model="AMD EPYC 9654 96-Core Processor",
+    other = dict(current_fingerprint(), cpu_model="AMD EPYC 9654 96-Core Processor",
                  gpus=["NVIDIA H200", "NVIDIA H200"], gpu_count=2)
-    (profile_dir / pm.profile_filename()).write_text(yaml.safe_dump(make_profile({"cpu": 3e10}, fingerprint=other)))
-    with pytest.warns(pm.ProfileWarning, match="another node") as record:
+    (profile_dir / profile_filename()).write_text(yaml.safe_dump(make_profile({"cpu": 3e10}, fingerprint=other)))
+    with pytest.warns(ProfileWarning, match="another node") as record:
         assert hb.load_profile() is None
         assert hb.load_profile() is None
     assert len(record) == 1 and "cpu_model" in str(record[0].message)
     # named explicitly through $HYBRIDBLAS_PROFILE: still refused
     explicit = profile_dir / "copied.yaml"
     explicit.write_text(yaml.safe_dump(make_profile({"cpu": 3e10}, fingerprint=other)))
-    monkeypatch.setenv(pm.ENV_FILE, str(explicit))
-    with pytest.warns(pm.ProfileWarning, match="another node"):
+    monkeypatch.setenv(ENV_FILE, str(explicit))
+    with pytest.warns(ProfileWarning, match="another node"):
         assert hb.load_profile() is None
 
 
 def test_static_splitter_follows_profile_rates(profile_dir, rng):
     """Two CPU workers with different measured rates: the bands follow the ratio 1 : 3."""
-    pm.save_profile(make_profile({"cpu": 1e10, "cpu#1": 3e10}))
+    save_profile(make_profile({"cpu": 1e10, "cpu#1": 3e10}))
     ctx = hb.Context(devices=["cpu", "cpu"], strategy="auto")
     prob = herk_problem(400, 60, rng)
     devices = ctx.devices_for(prob)
@@ -441,7 +460,7 @@ def _fake_gpu(index):
 def test_cpu_share_and_cpu_helps_drive_the_hybrid_split(profile_dir, rng):
     share = 0.2
     static = {"herk": {"complex128": {4096: {"cpu_share": share, "cpu_helps": True}}}}
-    prof = pm.Profile(make_profile({"cpu": 1e11, "cuda:0": 4e12}, static=static))
+    prof = Profile(make_profile({"cpu": 1e11, "cuda:0": 4e12}, static=static))
     ctx = hb.Context(devices=[hb.devices.CPUDevice(0), _fake_gpu(0)], profile=prof)
     prob = herk_problem(300, 40, rng)
     cpu, gpu = ctx.devices_for(prob)
@@ -449,7 +468,7 @@ def test_cpu_share_and_cpu_helps_drive_the_hybrid_split(profile_dir, rng):
     assert r_cpu / (r_cpu + r_gpu) == pytest.approx(share)      # the calibrated share, not the raw rate
     # a profile that found the CPU useless leaves it out of CPU+GPU calls
     static_no = {"herk": {"complex128": {4096: {"cpu_share": 0.0, "cpu_helps": False}}}}
-    prof_no = pm.Profile(make_profile({"cpu": 1e11, "cuda:0": 4e12}, static=static_no))
+    prof_no = Profile(make_profile({"cpu": 1e11, "cuda:0": 4e12}, static=static_no))
     ctx_no = hb.Context(devices=[hb.devices.CPUDevice(0), _fake_gpu(0)], profile=prof_no)
     assert [d.name for d in ctx_no.devices_for(prob)] == ["cuda:0"]
     # ... unless the caller forces a CPU rate
@@ -457,8 +476,38 @@ def test_cpu_share_and_cpu_helps_drive_the_hybrid_split(profile_dir, rng):
     assert [d.name for d in forced.devices_for(prob)] == ["cpu", "cuda:0"]
 
 
+def test_a_short_call_times_the_operands_trip_at_the_measured_transfer_rate(rng):
+    """A call too short to share runs on the device that finishes first, the operands' trip to a GPU
+    counted at the profile's pinned host-to-GPU rate of that GPU; without one, at scheduler.TRANSFER_RATE."""
+    prob = herk_problem(64, 32, rng)
+    moved = prob.c.nbytes + prob.factors[0].base.nbytes
+    devices = [hb.devices.CPUDevice(0), _fake_gpu(0)]
+    slow = scheduler.TRANSFER_RATE / 100
+    # the CPU takes as long as the trip at 10 x slow: it wins against the slow link only; the GPU computes at once
+    rates = [prob.flops() / (scheduler.REMOTE_LATENCY + moved / (10 * slow)), prob.flops() * 1e6]
+    data = make_profile({"cpu": 1e10, "cuda:0": 1e12})
+    data["devices"]["cuda:0"]["transfer"] = {"h2d_pinned": slow, "h2d_pageable": slow / 2,
+                                             "d2h_pinned": 3 * slow, "d2h_pageable": slow / 3}
+    measured = hb.Context(devices=devices, profile=Profile(data))
+    unmeasured = hb.Context(devices=devices, profile=Profile(make_profile({"cpu": 1e10, "cuda:0": 1e12})))
+    bare = hb.Context(devices=devices, profile=False)
+
+    def chosen(ctx):
+        return [d.name for d in scheduler._one_device_if_small(prob, devices, rates, ctx)[0]]
+    assert scheduler._transfer_rate(prob, devices[1], measured) == slow
+    assert chosen(measured) == ["cpu"]
+    for ctx in (unmeasured, bare):
+        assert scheduler._transfer_rate(prob, devices[1], ctx) == scheduler.TRANSFER_RATE
+        assert chosen(ctx) == ["cuda:0"]
+    # operands on cuda:0: a CPU worker gets them at that GPU's GPU-to-host rate; another GPU at the constant
+    on_gpu = SimpleNamespace(xp=SimpleNamespace(__name__="cupy"), c=SimpleNamespace(device=SimpleNamespace(id=0)))
+    assert scheduler._transfer_rate(on_gpu, devices[0], measured) == 3 * slow
+    assert scheduler._transfer_rate(on_gpu, devices[0], bare) == scheduler.TRANSFER_RATE
+    assert scheduler._transfer_rate(on_gpu, _fake_gpu(1), measured) == scheduler.TRANSFER_RATE
+
+
 def test_block_size_from_profile(profile_dir, rng):
-    prof = pm.Profile(make_profile({"cpu": 1e10, "cpu#1": 1e10}, blocks={"cpu": 96, "cpu#1": 64}))
+    prof = Profile(make_profile({"cpu": 1e10, "cpu#1": 1e10}, blocks={"cpu": 96, "cpu#1": 64}))
     ctx = hb.Context(devices=["cpu", "cpu"], profile=prof)
     prob = herk_problem(200, 30, rng)
     assert ctx.block_size_for(prob, ctx.devices_for(prob)) == 64
@@ -468,7 +517,7 @@ def test_block_size_from_profile(profile_dir, rng):
 
 def test_partial_coverage_falls_back_to_defaults_for_all(rng):
     """A profile without one device's numbers must not mix measured rates with guesses."""
-    prof = pm.Profile(make_profile({"cpu": 1e10}))
+    prof = Profile(make_profile({"cpu": 1e10}))
     ctx = hb.Context(devices=[hb.devices.CPUDevice(0), _fake_gpu(0)], profile=prof)
     bare = hb.Context(devices=[hb.devices.CPUDevice(0), _fake_gpu(0)], profile=False)
     prob = herk_problem(100, 20, rng)

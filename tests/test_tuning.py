@@ -9,9 +9,12 @@ import pytest
 import yaml
 
 import hybridblas as hb
-from hybridblas import profile as pm, scheduler
+from hybridblas import scheduler
 from hybridblas.devices import CPUDevice, base
 from hybridblas.problem import N, build_problem
+from hybridblas.profile.model import BLOCK_SIZE_RANGE, TRANSFER_KEYS
+from hybridblas.profile.node import current_fingerprint, profile_filename
+from hybridblas.profile.store import read_profile
 from hybridblas.tuning import Settings, calibrate_to
 from hybridblas.tuning.measure import Call, combos, flops
 from hybridblas.tuning.progress import Progress
@@ -61,8 +64,8 @@ def test_call_computes_the_right_thing():
 
 def test_tiny_cpu_calibration_is_reloaded_and_used(profile_dir, rng):
     path, log_path, data = calibrate_to(None, ["cpu"], tiny())
-    assert path.parent == profile_dir and path.name == pm.profile_filename()
-    assert data["fingerprint"] == pm.current_fingerprint()
+    assert path.parent == profile_dir and path.name == profile_filename()
+    assert data["fingerprint"] == current_fingerprint()
     records = json.loads(log_path.read_text())["records"]
     assert {r["step"] for r in records} == {"rate", "block"}
     prof = hb.load_profile()
@@ -109,7 +112,7 @@ def test_cli_calibrate_show_info_json(profile_dir, capsys):
                                "--sizes", "32", "64", "--output", str(out_dir), "--json"], capsys)
     assert code == 0, err
     result = json.loads(out)
-    assert result["profile_path"] == str(out_dir / pm.profile_filename())
+    assert result["profile_path"] == str(out_dir / profile_filename())
     assert "calibration of cpu" in err                      # the note on stderr, no progress off a terminal
     assert "GFLOP/s" not in err and "\r" not in err
     code, out, err = run_tune(["show", "--file", result["profile_path"], "--json"], capsys)
@@ -127,7 +130,7 @@ def test_cli_calibrate_show_info_json(profile_dir, capsys):
     code, out, err = run_tune(["calibrate", "--quick", "--devices", "cpu", "--routines", "gemm", "--dtypes",
                                "float64", "--sizes", "32", "--output", str(out_dir), "-v"], capsys)
     assert code == 0 and "cpu gemm float64" in err and "GFLOP/s" in err
-    assert out.startswith(f"wrote {out_dir / pm.profile_filename()}")
+    assert out.startswith(f"wrote {out_dir / profile_filename()}")
     code, out, err = run_tune(["calibrate", "--quick", "--devices", "cpu", "--routines", "gemm", "--dtypes",
                                "float64", "--sizes", "32", "--output", str(out_dir), "-q"], capsys)
     assert code == 0 and err == "" and out.startswith("wrote ")
@@ -161,7 +164,7 @@ def test_progress_only_on_a_terminal(monkeypatch, terminal):
 
 
 def test_module_entry_point(profile_dir):
-    (profile_dir / pm.profile_filename()).write_text("format: [unclosed\n  devices: {")
+    (profile_dir / profile_filename()).write_text("format: [unclosed\n  devices: {")
     out = subprocess.run([sys.executable, "-m", "hybridblas.tuning", "info", "--json"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -200,9 +203,9 @@ def test_cli_calibrates_a_gpu_into_a_valid_profile(profile_dir, capsys):
     assert code == 0, err
     result = json.loads(out)
     assert result["devices"] == ["cpu", "cuda:0"]
-    prof = pm.read_profile(result["profile_path"])
-    lo, hi = pm.BLOCK_SIZE_RANGE
+    prof = read_profile(result["profile_path"])
+    lo, hi = BLOCK_SIZE_RANGE
     assert prof.rate("cuda:0", "gemm", np.float64, 1024) > 0
     assert lo <= prof.block_size("cuda:0", "gemm", np.float64) <= hi
-    assert set(prof.transfer("cuda:0")) == set(pm.TRANSFER_KEYS)
+    assert set(prof.transfer("cuda:0")) == set(TRANSFER_KEYS)
     assert hb.load_profile() is not None

@@ -14,7 +14,9 @@ import hybridblas as hb
 from .. import blas_threads
 from ..context import Context
 from ..devspec import gpu_count
-from ..profile import BLOCK_SIZE_RANGE, FORMAT, current_fingerprint, fingerprint_id, gpu_inventory, save_profile
+from ..profile.model import BLOCK_SIZE_RANGE, FORMAT, interp_log
+from ..profile.node import current_fingerprint, fingerprint_id, gpu_inventory
+from ..profile.store import save_profile
 from .measure import ROUTINES, Call, _operands, bench, combos, transfer_rates
 from .progress import Progress
 
@@ -215,13 +217,12 @@ def _interleaved(call, contexts, settings):
 
 def _shares(cpu, gpus, work, entries, settings, prog, log):
     """The CPU's static share per routine/dtype: time GPU-only vs hybrid around the predicted share."""
-    from ..profile import _interp_log
     out = {}
     for routine, dt in work:
         n = min(max(entries[g]["rates"][routine][dt]) for g in gpus)
-        g_rates = {g: _interp_log(entries[g]["rates"][routine][dt], n) for g in gpus}
+        g_rates = {g: interp_log(entries[g]["rates"][routine][dt], n) for g in gpus}
         g_sum = sum(g_rates.values())
-        cpu_rate = _interp_log(entries[cpu]["rates"][routine][dt], n)
+        cpu_rate = interp_log(entries[cpu]["rates"][routine][dt], n)
         cores = blas_threads.available_cores()
         cpu_rate *= max(1, cores - len(gpus)) / cores      # in a hybrid call each GPU keeps a core
         seed = cpu_rate / (cpu_rate + g_sum)

@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 from .. import __version__, blas_threads, memory
-from .. import profile as prof_mod
 from ..console import CLIError, add_common_options, check_output_path, positive_int, run_main
 from ..devspec import parse_devices
+from ..profile import node, search
+from ..profile.model import ProfileError
+from ..profile.store import read_profile
 from .calibrate import Settings, calibrate_to, default_devices
 from .measure import ROUTINES, combos, host_bytes
 
@@ -24,12 +26,12 @@ log = logging.getLogger(PROG)
 
 def _profile_status():
     """(path or None, status line, Profile or None) without raising or warning."""
-    path = prof_mod.find_profile()
+    path = search.find_profile()
     if path is None:
         return None, "none (defaults in use)", None
     try:
-        p = prof_mod.read_profile(path)
-    except prof_mod.ProfileError as exc:
+        p = read_profile(path)
+    except ProfileError as exc:
         return str(path), f"ignored: {exc}", None
     if not p.matches():
         return str(path), f"ignored: measured on another node ({p.id})", None
@@ -37,7 +39,7 @@ def _profile_status():
 
 
 def node_info():
-    fp = prof_mod.current_fingerprint()
+    fp = node.current_fingerprint()
     path, status, _ = _profile_status()
     devices = [{"name": "cpu", "kind": "cpu", "model": fp["cpu_model"], "cores": fp["cpu_cores"],
                 "usable_cores": blas_threads.available_cores()}]
@@ -45,7 +47,7 @@ def node_info():
     return {"hybridblas": __version__, "python": platform.python_version(), "devices": devices,
             "gpus": {"count": fp["gpu_count"], "names": fp["gpus"], "driver": fp["driver"], "cuda": fp["cuda"]},
             "blas": blas_threads.blas_info(), "fingerprint": fp,
-            "profile": {"file_name": prof_mod.profile_filename(), "search_dirs": [str(d) for d in prof_mod.search_dirs()],
+            "profile": {"file_name": node.profile_filename(), "search_dirs": [str(d) for d in search.search_dirs()],
                         "active": path, "status": status}}
 
 
@@ -106,13 +108,13 @@ def _output_folder(output):
         if not folder.is_dir():
             raise CLIError(f"--output {output!r}: the folder does not exist (create it first)")
     else:
-        folder, option = prof_mod.default_output_dir(), "profile"
+        folder, option = search.default_output_dir(), "profile"
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CLIError(f"cannot create the profile folder {str(folder)!r} ({exc.strerror or exc}); "
                            f"choose one with --output DIR") from None
-    stem = prof_mod.fingerprint_id(prof_mod.current_fingerprint())
+    stem = node.fingerprint_id(node.current_fingerprint())
     for name in (stem + ".yaml", stem + ".calibration.json"):
         check_output_path(folder / name, option)
     return folder
@@ -141,8 +143,8 @@ def cmd_show(args):
     check_output_path(args.plot, "--plot")
     if args.file:
         try:
-            p = prof_mod.read_profile(args.file)
-        except prof_mod.ProfileError as exc:
+            p = read_profile(args.file)
+        except ProfileError as exc:
             raise CLIError(f"--file {args.file!r}: {exc}") from None
     else:
         _, status, p = _profile_status()
@@ -195,7 +197,7 @@ def build_parser():
     p.add_argument("--devices", nargs="+", metavar="DEV", help="devices to measure: cpu, gpu, all, 0,1, cuda:0 "
                    "(default: cpu and every GPU)")
     p.add_argument("--output", metavar="DIR", help=f"existing folder to write to (default: the first of "
-                   f"${prof_mod.ENV_DIR}, $XDG_CONFIG_HOME/hybridblas/profiles, ~/.config/hybridblas/profiles)")
+                   f"${search.ENV_DIR}, $XDG_CONFIG_HOME/hybridblas/profiles, ~/.config/hybridblas/profiles)")
     p.add_argument("--routines", nargs="+", choices=ROUTINES, help="routines to measure (default: all)")
     p.add_argument("--dtypes", nargs="+", choices=("float32", "float64", "complex64", "complex128"))
     p.add_argument("--sizes", nargs="+", type=positive_int, metavar="N",
