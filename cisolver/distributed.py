@@ -1,14 +1,17 @@
 """Distributed LOBPCG pieces (mpi4py): vectors distributed by rows, a 1-D row-block SpMM with
 Allgatherv, and Gram matrices as local hybridblas split-K products plus one Allreduce (MFDn's pattern).
 
-Each rank builds only the Hamiltonian rows it owns (whole proton-2M blocks), so neither the matrix nor
-the vectors need to fit on one node.
+Each rank builds only the Hamiltonian rows it owns (whole proton determinants), on the host or on its GPU, so
+neither the matrix nor the vectors need to fit on one node.
 """
 import numpy as np
 
 from hybridblas import distributed as _d
 
-__all__ = ["world", "block_ranges", "DistributedOperator", "build_local", "allreduce", "device_sum", "colnorms"]
+from . import gpu_build
+
+__all__ = ["world", "block_ranges", "DistributedOperator", "local_rows", "build_rows", "build_local", "allreduce",
+           "device_sum", "colnorms"]
 
 world = _d.world
 allreduce = _d.allreduce
@@ -45,21 +48,37 @@ def row_ranges(sizes, weights, n_ranks, granules=None):
     return list(zip(cuts, cuts[1:]))
 
 
-def build_local(problem, comm, dtype=np.float64, n_threads=None):
-    """This rank's rows of H (full storage), and its row range [lo, hi). The ranges give every rank about
-    the same number of nonzeros (ShellModelProblem.row_block_weights) and may cut a block between two of its
-    proton determinants; each rank builds only its own rows."""
+def local_rows(problem, comm):
+    """This rank's row range [lo, hi) of H. The ranges give every rank about the same number of nonzeros
+    (ShellModelProblem.row_block_weights) and may cut a block between two of its proton determinants."""
     blocks = problem.basis.blocks
     n_ranks, rank = (comm.Get_size(), comm.Get_rank()) if comm else (1, 0)
-    lo, hi = row_ranges([b.size for b in blocks], problem.row_block_weights(), n_ranks,
-                        granules=[b.n_n for b in blocks])[rank]
-    h, _ = problem.build(storage="full", dtype=dtype, n_threads=n_threads, rows=(lo, hi))
-    return h, lo, hi
+    return row_ranges([b.size for b in blocks], problem.row_block_weights(), n_ranks,
+                      granules=[b.n_n for b in blocks])[rank]
+
+
+def build_rows(problem, rows, dtype=np.float64, n_threads=None, device=None):
+    """Rows (lo, hi) of H (full storage) and the build's stage times: a scipy CSR matrix built on the host, or,
+    with ``device`` a CUDA id, (indptr, indices, data) CuPy arrays built on that GPU (cisolver.gpu_build)."""
+    if device is None:
+        h, info = problem.build(storage="full", dtype=dtype, n_threads=n_threads, rows=rows)
+        return h, info.seconds
+    (_, _, _, h), stages = gpu_build.build_rows_on_gpus(problem, [device], dtype, n_threads, rows=rows)
+    return h, dict(problem.setup_seconds, **stages)
+
+
+def build_local(problem, comm, dtype=np.float64, n_threads=None, device=None):
+    """This rank's rows of H (full storage, ``build_rows``: on the host, or on GPU ``device``), and its row range
+    [lo, hi) (``local_rows``); each rank builds only its own rows."""
+    lo, hi = local_rows(problem, comm)
+    return build_rows(problem, (lo, hi), dtype, n_threads, device)[0], lo, hi
 
 
 class DistributedOperator:
     """y_local = H[lo:hi, :] x for x distributed by rows: gather x (Allgatherv), multiply the local rows.
 
+    h_local: this rank's rows H[lo:hi, :], a scipy sparse matrix, or (indptr, indices, data) CuPy arrays on
+    ``device`` that it built there (``build_rows``), used as they are.
     device: a CUDA device id to hold this rank's rows and vectors there (cisolver.gpu_spmm). Where CuPy has
     NCCL (``queued``), x is gathered GPU to GPU into a full block kept for the next call, by NCCL broadcasts
     queued on the stream (hybridblas.distributed.gather_rows_into), and the product is written into ``out``:
@@ -68,10 +87,21 @@ class DistributedOperator:
     """
 
     def __init__(self, h_local, lo, hi, n, comm, dtype=None, device=None):
-        self.h = h_local.tocsr().astype(dtype or h_local.dtype, copy=False)
+        on_device = isinstance(h_local, tuple)       # rows built on the GPU (build_rows): they stay there
+        if on_device:
+            if device is None:
+                raise ValueError("DistributedOperator: rows given as device arrays (indptr, indices, data) need "
+                                 "their device, got device=None")
+            held, asked = (len(h_local[0]) - 1, h_local[2].dtype), (hi - lo, np.dtype(dtype or h_local[2].dtype))
+            if held != asked:
+                raise ValueError(f"DistributedOperator: h_local holds {held[0]} rows of {held[1]}, rows {lo}:{hi} "
+                                 f"of {asked[1]} asked")
+            self.h, self.dtype = None, np.dtype(h_local[2].dtype)
+        else:
+            self.h = h_local.tocsr().astype(dtype or h_local.dtype, copy=False)
+            self.dtype = self.h.dtype
         self.local = (lo, hi)
         self.shape = (n, n)
-        self.dtype = self.h.dtype
         self.comm = comm
         self.xp = np
         self.device = device
@@ -86,12 +116,14 @@ class DistributedOperator:
         if device is not None:
             import cupy
             from .gpu_spmm import DeviceCsr
-            self.gpu = DeviceCsr(self.h, device, self.dtype)     # row-major cuSPARSE products (gpu_spmm)
-            self.h = None                                        # the rows live on the GPU now
+            # row-major cuSPARSE products (gpu_spmm); host rows are uploaded, then live on the GPU only
+            self.gpu = DeviceCsr(h_local if on_device else self.h, device, self.dtype, shape=(hi - lo, n))
+            self.h = None
             self.xp = cupy
             self.devices = [device]
             with cupy.cuda.Device(device):
                 self.queued = _d.device_collectives(comm, cupy.empty(1, dtype=self.dtype))
+        self.nnz = (self.h if self.gpu is None else self.gpu).nnz     # this rank's stored entries
         self.comm_seconds = 0.0           # host time of gathers through host memory (queued gathers: none)
 
     def matmat(self, x_local, out=None):

@@ -229,9 +229,11 @@ def memory(counts, *, nev, block_size, dtype, storage, gpus=(), ranks=1, layout=
     """The estimate for one process of a run over ``ranks`` MPI ranks (1: no MPI) on ``gpus`` (this process's
     GPU ids; empty: the host). Under MPI H is stored full by rows (``layout`` "rows") or by triangular
     blocks, each rank about 1/ranks of it, and every rank gathers whole blocks for the products and <J^2>.
-    ``on_gpus``: the GPUs build H's full rows themselves (cisolver.gpu_build), the host holds no H."""
-    if on_gpus and (not gpus or ranks > 1):
-        raise ValueError(f"on_gpus=True needs GPUs and one process, got gpus={gpus!r}, ranks={ranks}")
+    ``on_gpus``: the GPUs build H's full rows themselves (cisolver.gpu_build; under MPI layout "rows", each rank
+    its rows on its one GPU), the host holds no H."""
+    if on_gpus and (not gpus or ranks > 1 and (layout != "rows" or len(gpus) != 1)):
+        raise ValueError(f"on_gpus=True needs GPUs (under MPI one per rank and layout 'rows'), got gpus={gpus!r}, "
+                         f"ranks={ranks}, layout={layout!r}")
     if on_gpus:
         storage = "full"
     v = np.dtype(dtype).itemsize

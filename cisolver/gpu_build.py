@@ -7,7 +7,8 @@ GROUP_ENTRIES stored entries (hamiltonian.row_groups) and the groups into one co
 about equal entries (``device_ranges``). Each GPU gets its CSR arrays, then, driven by a host thread of its own
 while the others work, the pieces of the row blocks its range touches (rowblocks.RowBlock.to_device, one row
 block at a time) and fills its groups with the host's element formulas in the host's order (``fill_range``), so
-that its arrays equal the host build's rows bit for bit (tests/test_gpu_build.py checks that on GPUs).
+that its arrays equal the host build's rows bit for bit (tests/test_gpu_build.py checks that on GPUs). The
+same works for a row range of H alone (``rows=``): under MPI each rank builds its own rows on its own GPU.
 """
 import time
 import types
@@ -79,25 +80,43 @@ def fill_range(plans, groups, s0, data, indices, scratch):
                            "more or fewer than counted")
 
 
-def _checked_ranges(plans, indptr, group_entries, parts, n):
-    """device_ranges over groups of ``group_entries``; ValueError where a part needs more than int32 indices."""
-    ranges = device_ranges(plans, hamiltonian.row_groups(plans, indptr, group_entries), parts)
-    for _, r0, r1, s0, s1 in ranges:
-        if max(s1 - s0, n) > INT32_MAX:
-            raise ValueError(f"rows {r0}:{r1} of H ({s1 - s0} nonzeros, dimension {n}) need more than the int32 "
-                             f"indices a GPU's rows hold; use more GPUs")
-    return ranges
+def plan_parts(problem, parts, n_threads=None, group_entries=None, rows=None, room=None):
+    """The host's plan of ``problem``'s full rows ``rows`` = (lo, hi) (default: all; ends between proton
+    determinants, as ShellModelProblem.build takes them) cut into ``parts`` device ranges: (plans, [(groups,
+    r0, r1, s0, s1, indptr)], group_entries) with rows r0:r1 of H, entries s0:s1 of the rows asked for and the
+    part's int64 indptr from 0. group_entries None: the largest of GROUP_CHOICES for which ``room(rows,
+    entries, scratch bytes)`` holds for every part (without ``room``: GROUP_ENTRIES). Raises ValueError where a
+    part needs more than int32 indices."""
+    plans, indptr = problem.plan_rows("full", n_threads, rows=rows)
+    lo, n = (0 if rows is None else int(rows[0])), problem.dimension
+
+    def cut(entries):
+        out = []
+        for groups, r0, r1, s0, s1 in device_ranges(plans, hamiltonian.row_groups(plans, indptr, entries), parts):
+            if max(s1 - s0, n) > INT32_MAX:
+                raise ValueError(f"rows {lo + r0}:{lo + r1} of H ({s1 - s0} nonzeros, dimension {n}) need more "
+                                 f"than the int32 indices a GPU's rows hold; use more GPUs")
+            out.append((groups, lo + r0, lo + r1, s0, s1, indptr[r0:r1 + 1] - s0))
+        return out
+    ranges = cut(group_entries or GROUP_ENTRIES)
+    if group_entries is None and room is not None:      # larger groups where the GPUs have room for their scratch
+        for entries in GROUP_CHOICES[:-1]:
+            if all(room(r1 - r0, s1 - s0, fill_scratch_bytes(entries)) for _, r0, r1, s0, s1, _ in ranges):
+                return plans, cut(entries), entries
+    return plans, ranges, group_entries or GROUP_ENTRIES
 
 
-def build_rows_on_gpus(problem, devices, dtype, n_threads=None, group_entries=None):
+def build_rows_on_gpus(problem, devices, dtype, n_threads=None, group_entries=None, rows=None):
     """The full rows of ``problem``'s H (a ShellModelProblem) built on ``devices`` (CUDA ids, a contiguous row
     range of about equal nonzeros each, the first rows on the first): ([(device, r0, r1, (indptr, indices,
-    data))], seconds), CuPy arrays on that device (int32 indptr and indices, values in ``dtype``: the rows
-    ``problem.build("full", dtype)`` gives, bit for bit), and the stage times ("plans": the host's counts and
-    pieces on ``n_threads`` threads, "allocation", "fill": the GPUs at once). group_entries: stored entries of a
-    group filled at once (default: the largest of GROUP_CHOICES that leaves room). Raises ValueError where a
-    GPU's part needs more than int32 indices and hybridblas.InsufficientMemory where it does not fit, before
-    anything is filled."""
+    data))], seconds), CuPy arrays on that device (int32 indptr from 0 and indices, values in ``dtype``: rows
+    r0:r1 of ``problem.build("full", dtype)``, bit for bit), and the stage times ("plans": the host's counts and
+    pieces on ``n_threads`` threads, "allocation", "fill": the GPUs at once). rows: (lo, hi), only those rows
+    (their ends between proton determinants; an MPI rank's, cisolver.distributed.local_rows), the parts then
+    holding ``problem.build("full", dtype, rows=(lo, hi))``'s rows with global column indices. group_entries:
+    stored entries of a group filled at once (default: the largest of GROUP_CHOICES that leaves room). Raises ValueError where a GPU's part
+    needs more than int32 indices and hybridblas.InsufficientMemory where it does not fit, before anything is
+    filled."""
     from hybridblas import memory
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
@@ -105,26 +124,23 @@ def build_rows_on_gpus(problem, devices, dtype, n_threads=None, group_entries=No
     devices = list(devices)
     if not devices:
         raise ValueError("devices must name at least one GPU, got none")
-    n = problem.dimension
     t0 = time.perf_counter()
-    plans, indptr = problem.plan_rows("full", n_threads)
-    ranges = _checked_ranges(plans, indptr, group_entries or GROUP_ENTRIES, len(devices), n)
-    if group_entries is None:           # larger groups where the GPUs have room for their scratch
-        part = max(csr_bytes(r1 - r0, s1 - s0, dtype.itemsize) for _, r0, r1, s0, s1 in ranges)
-        free = min(memory.gpu_free(d) for d in devices)
-        group_entries = next(g for g in GROUP_CHOICES
-                             if g == GROUP_ENTRIES or part + fill_scratch_bytes(g) <= PEAK_FRACTION * free)
-        if group_entries != GROUP_ENTRIES:
-            ranges = _checked_ranges(plans, indptr, group_entries, len(devices), n)
-    for dev, (_, r0, r1, s0, s1) in zip(devices, ranges):
+    free = []
+
+    def room(n_rows, nnz, scratch):              # asked only once the int32 checks have passed
+        if not free:
+            free.append(min(memory.gpu_free(d) for d in devices))
+        return csr_bytes(n_rows, nnz, dtype.itemsize) + scratch <= PEAK_FRACTION * free[0]
+    plans, ranges, group_entries = plan_parts(problem, len(devices), n_threads, group_entries, rows, room=room)
+    for dev, (_, r0, r1, s0, s1, _) in zip(devices, ranges):
         memory.require(csr_bytes(r1 - r0, s1 - s0, dtype.itemsize) + fill_scratch_bytes(group_entries), where=dev,
                        what=f"rows {r0}:{r1} of H built on GPU {dev}", advice=ADVICE, fraction=PEAK_FRACTION)
     t1 = time.perf_counter()
     import cupy
     arrays = []
-    for dev, (_, r0, r1, s0, s1) in zip(devices, ranges):
+    for dev, (_, _, _, s0, s1, indptr) in zip(devices, ranges):
         with cupy.cuda.Device(dev):
-            arrays.append((cupy.asarray((indptr[r0:r1 + 1] - s0).astype(np.int32)), cupy.empty(s1 - s0, np.int32),
+            arrays.append((cupy.asarray(indptr.astype(np.int32)), cupy.empty(s1 - s0, np.int32),
                            cupy.empty(s1 - s0, dtype)))
     t2 = time.perf_counter()
 
@@ -135,5 +151,5 @@ def build_rows_on_gpus(problem, devices, dtype, n_threads=None, group_entries=No
     with ThreadPoolExecutor(max_workers=len(devices)) as pool:
         list(pool.map(fill, devices, ranges, arrays))
     t3 = time.perf_counter()
-    parts = [(dev, r0, r1, csr) for dev, (_, r0, r1, _, _), csr in zip(devices, ranges, arrays)]
+    parts = [(dev, r0, r1, csr) for dev, (_, r0, r1, _, _, _), csr in zip(devices, ranges, arrays)]
     return parts, {"plans": t1 - t0, "allocation": t2 - t1, "fill": t3 - t2}

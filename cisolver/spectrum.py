@@ -4,10 +4,11 @@
 and refuses a run that would not fit in the chosen devices' memory, all within a second or so and before
 anything is built; ``run`` then does the work. ``compute_spectrum`` is the two in one call.
 
-Where H goes: on the CPU the host builds it with the chosen storage. On GPUs (not under MPI, no
-preconditioner, not a space small enough for the dense solver) the GPUs build H's full rows themselves, each
-its own row range (cisolver.gpu_build), when those fit in their free memory; else the host builds it and
-uploads it (cisolver.gpu_spmm).
+Where H goes: on the CPU the host builds it with the chosen storage. On GPUs (no preconditioner, not a space
+small enough for the dense solver) the GPUs build H's full rows themselves, each its own row range
+(cisolver.gpu_build), when those fit in their free memory; else the host builds it and uploads it
+(cisolver.gpu_spmm). Under MPI (layout "rows") each rank builds its own rows alike: on its GPU where every
+rank's share fits on its GPU, else on the host, then uploaded.
 """
 import math
 import numbers
@@ -65,7 +66,7 @@ class SpectrumRequest:
     counts: estimate.Counts
     memory: estimate.MemoryEstimate
     started: float
-    on_gpus: bool = False        # the GPUs build H's full rows themselves (cisolver.gpu_build)
+    on_gpus: bool = False        # the GPUs build H's full rows themselves (cisolver.gpu_build; MPI: the rank's)
 
 
 def _integer(value):
@@ -177,10 +178,7 @@ def prepare(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8
         rank_on_node, local_ranks = local_rank(comm)
         if gpus != "cpu":              # one GPU per rank: local rank -> device
             gpus = [gpus[rank_on_node % len(gpus)]]
-    on_gpus = (comm is None and gpus != "cpu" and precond == "none"
-               and not _dense_size(counts.dimension, block_size, nev)
-               and gpu_build.fits(counts.dimension, counts.nnz("full"), dt.itemsize,
-                                  [hb.memory.gpu_free(g) for g in gpus]))
+    on_gpus = _builds_on_gpus(counts, gpus, dt, comm, layout, precond, block_size, nev)
     mem = estimate.memory(counts, nev=nev, block_size=block_size or nev + 3, dtype=dt, storage=storage,
                           gpus=() if gpus == "cpu" else tuple(gpus), ranks=ranks, layout=layout,
                           n_particles=n_protons + n_neutrons, n_threads=n_threads, on_gpus=on_gpus)
@@ -189,6 +187,20 @@ def prepare(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8
     return SpectrumRequest(inter, n_protons, n_neutrons, twice_m, nev, float(tol), maxiter, gpus, dt, storage,
                            precond, block_size, seed, n_threads, layout, comm, return_vectors, opts, counts, mem,
                            started, on_gpus)
+
+
+def _builds_on_gpus(counts, gpus, dtype, comm, layout, precond, block_size, nev):
+    """Whether the GPUs build H's full rows themselves (cisolver.gpu_build): where they fit (gpu_build.fits).
+    One process: not with a preconditioner, nor for the dense solver. Under MPI (layout "rows"): each rank its
+    share of the rows on its GPU, decided alike on every rank (all GPUs must fit)."""
+    if comm is None:
+        return (gpus != "cpu" and precond == "none" and not _dense_size(counts.dimension, block_size, nev)
+                and gpu_build.fits(counts.dimension, counts.nnz("full"), dtype.itemsize,
+                                   [hb.memory.gpu_free(g) for g in gpus]))
+    fits = (gpus != "cpu" and layout == "rows"
+            and gpu_build.fits(counts.dimension, counts.nnz("full") / comm.Get_size(), dtype.itemsize,
+                               [hb.memory.gpu_free(gpus[0])]))
+    return all(comm.allgather(fits))
 
 
 def _advice(ck, dtype, storage, gpus, ranks, mem):
@@ -280,7 +292,8 @@ def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None,
     devices: hybridblas' syntax ("cpu", "gpu", "all", "0,1", "cuda:0", a list of ids). dtype: float64 or float32.
     storage: how the host stores H: "upper" (the upper triangle, H = U + U^T - D) or "full". On GPUs H is
     held as full rows that the GPUs build themselves where they fit (result["storage"] "full (built on the
-    GPUs)"; not under MPI, not with precond "tiles"); else the host builds it with ``storage`` and uploads it.
+    GPUs)", under MPI "full (row blocks built on the GPUs)"; not with precond "tiles"); else the host builds it
+    with ``storage`` and uploads it.
     precond: "none" or "tiles".
     return_vectors: also give "eigenvectors", a numpy (dimension x nev) array (under MPI gathered, on every rank).
     observables: add ``result["observables"]`` (cisolver.observables.compute_observables: occupations, T and
@@ -334,7 +347,7 @@ def _result(rq, problem, res, j2, vecs, *, dim, nnz, storage, devices):
 
 def _distributed_spectrum(rq, problem):
     from hybridblas.distributed import allgather_rows
-    from .distributed import DistributedOperator, build_local
+    from .distributed import DistributedOperator, build_rows, local_rows
     from .triangular import TriangularLayout, TriangularOperator, build_block
     comm, dtype = rq.comm, rq.dtype
     gpu = None
@@ -342,17 +355,20 @@ def _distributed_spectrum(rq, problem):
         gpu, = rq.devices
         import cupy
         cupy.cuda.Device(gpu).use()
-    if rq.layout == "rows":
-        h_local, lo, hi = build_local(problem, comm, dtype=dtype, n_threads=rq.n_threads)
+    if rq.layout == "rows":             # on this rank's GPU where prepare found they fit (rq.on_gpus)
+        lo, hi = local_rows(problem, comm)
+        h_local, build_detail = build_rows(problem, (lo, hi), dtype, rq.n_threads, gpu if rq.on_gpus else None)
         t1 = time.perf_counter()
         op = DistributedOperator(h_local, lo, hi, problem.dimension, comm, dtype=dtype, device=gpu)
-        comm.Barrier()                  # every rank's rows uploaded: "solve" starts together
-        storage = "full (row blocks)"
+        h_local, nnz = None, op.nnz     # the rows held by op alone (none on the host when op is on a GPU)
+        comm.Barrier()                  # every rank's rows on its device: "solve" starts together
+        storage = "full (row blocks built on the GPUs)" if rq.on_gpus else "full (row blocks)"
     else:
         grid = TriangularLayout([b.size for b in problem.basis.blocks], comm.Get_size())
         h_local = build_block(problem, grid, comm.Get_rank(), dtype=dtype, n_threads=rq.n_threads)
         t1 = time.perf_counter()
         op = TriangularOperator(h_local, grid, problem.dimension, comm, dtype=dtype)
+        nnz, build_detail = h_local.nnz, dict(problem.setup_seconds)
         storage = f"triangular blocks (n_d = {grid.n_d}; diagonal blocks in full)"
     t_setup = time.perf_counter()
     res = _lobpcg.lobpcg(op, rq.nev, block_size=rq.block_size, tol=rq.tol, maxiter=rq.maxiter, seed=rq.seed,
@@ -361,10 +377,11 @@ def _distributed_spectrum(rq, problem):
     vecs = to_host(allgather_rows(res.eigenvectors, comm))
     j2 = angmom.expectation_j2(problem, vecs)
     t3 = time.perf_counter()
-    nnz_local = comm.allgather(int(h_local.nnz))
+    nnz_local = comm.allgather(int(nnz))
     out = _result(rq, problem, res, j2, vecs, dim=problem.dimension, nnz=sum(nnz_local), storage=storage,
                   devices="cpu" if gpu is None else [gpu])
     out.update(ranks=comm.Get_size(), queued=res.queued, declined=res.declined, nnz_local=nnz_local,
                seconds={"read+build": t1 - rq.started, "setup": t_setup - t1, "solve": t2 - t_setup,
-                        "j2": t3 - t2, "solve_detail": dict(res.seconds, communication=op.comm_seconds)})
+                        "j2": t3 - t2, "build_detail": build_detail,
+                        "solve_detail": dict(res.seconds, communication=op.comm_seconds)})
     return _with_observables(out, problem, vecs, rq.observables)

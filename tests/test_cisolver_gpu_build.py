@@ -1,13 +1,16 @@
 """The GPU build's host side, on numpy (cisolver.gpu_build): the rows cut into one range per device (equal
 nonzeros, at group edges), each range filled by the array-generic fill into arrays of its own equals the
-host build's rows byte for byte (full and upper, float64 and float32, several group sizes), the GPU's
-compaction route, the fit test and the memory estimate of a run whose GPUs build H."""
+host build's rows byte for byte (full and upper, float64 and float32, several group sizes), and so does an MPI
+rank's row range planned alone; the GPU's compaction route, the fit test, the memory estimate of a run whose
+GPUs build H (one process, or each rank its rows), and DistributedOperator's checks of rows given on a GPU."""
+import re
 import types
 
 import numpy as np
 import pytest
 
 from cisolver import estimate, gpu_build
+from cisolver.distributed import DistributedOperator, local_rows
 from cisolver.gpu_spmm import MultiDeviceCsr
 from cisolver.shellmodel import hamiltonian, rowblocks, snt
 from ci_data import DATA, needs_data
@@ -34,6 +37,22 @@ def _filled_parts(problem, storage, dtype, group_entries, parts):
     return out
 
 
+def _filled_planned_parts(problem, dtype, group_entries, parts, rows=None):
+    """The parts of gpu_build.plan_parts (what build_rows_on_gpus fills), each filled apart on numpy."""
+    plans, ranges, _ = gpu_build.plan_parts(problem, parts, n_threads=2, group_entries=group_entries, rows=rows)
+    out = []
+    for groups, r0, r1, s0, s1, indptr in ranges:
+        data, indices = np.full(s1 - s0, np.nan, dtype), np.full(s1 - s0, -1, np.int32)
+        gpu_build.fill_range(plans, groups, s0, data, indices, types.SimpleNamespace())
+        out.append((r0, r1, indptr, indices, data))
+    return out
+
+
+def _rank(rank, size):
+    """A stand-in communicator: what distributed.local_rows asks of one."""
+    return types.SimpleNamespace(Get_rank=lambda: rank, Get_size=lambda: size)
+
+
 @pytest.mark.parametrize("name", ["usdb", "kb3g"])
 @pytest.mark.parametrize("storage", ["full", "upper"])
 def test_ranges_filled_apart_are_the_host_rows(problems, name, storage):
@@ -41,13 +60,65 @@ def test_ranges_filled_apart_are_the_host_rows(problems, name, storage):
     for dtype in (np.float64, np.float32):
         h = problem.build(storage, dtype=dtype, n_threads=2)[0]
         for group_entries, parts in ((5_000, 3), (300_000, 2), (1 << 24, 1), (1 << 24, 2)):
-            got = _filled_parts(problem, storage, dtype, group_entries, parts)
+            got = (_filled_planned_parts(problem, dtype, group_entries, parts) if storage == "full"
+                   else _filled_parts(problem, storage, dtype, group_entries, parts))
             assert got[0][0] == 0 and got[-1][1] == problem.dimension
             assert all(a[1] == b[0] for a, b in zip(got, got[1:]))
             for r0, r1, ptr, indices, data in got:
                 rows = h[r0:r1]
                 assert np.array_equal(ptr, rows.indptr) and np.array_equal(indices, rows.indices)
                 assert data.dtype == dtype and data.tobytes() == rows.data.tobytes(), (group_entries, parts, r0)
+
+
+@pytest.mark.parametrize("name", ["usdb", "kb3g"])
+@pytest.mark.parametrize("n_ranks", [2, 3])
+def test_a_ranks_rows_filled_apart_are_its_host_rows(problems, name, n_ranks):
+    """The rows of every MPI rank (distributed.local_rows, cut between proton determinants, inside blocks for
+    3 ranks), planned alone and filled on one device or two, byte for byte the host build of those rows."""
+    problem = problems[name]
+    ranges = [local_rows(problem, _rank(r, n_ranks)) for r in range(n_ranks)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == problem.dimension and all(hi > lo for lo, hi in ranges)
+    offsets = {b.offset for b in problem.basis.blocks}
+    if n_ranks == 3:
+        assert any(lo not in offsets for lo, _ in ranges[1:])        # a rank's rows start inside a block
+    for dtype in (np.float64, np.float32):
+        for lo, hi in ranges:
+            h = problem.build("full", dtype=dtype, n_threads=2, rows=(lo, hi))[0]
+            for group_entries, parts in ((5_000, 2), (1 << 24, 1)):
+                got = _filled_planned_parts(problem, dtype, group_entries, parts, rows=(lo, hi))
+                assert got[0][0] == lo and got[-1][1] == hi and all(a[1] == b[0] for a, b in zip(got, got[1:]))
+                for r0, r1, ptr, indices, data in got:
+                    rows = h[r0 - lo:r1 - lo]
+                    assert ptr.dtype == np.int64 and np.array_equal(ptr, rows.indptr)
+                    assert np.array_equal(indices, rows.indices)
+                    assert data.dtype == dtype and data.tobytes() == rows.data.tobytes(), (lo, hi, parts, r0)
+                    assert indices.max() >= hi or indices.min() < lo             # global columns
+
+
+def test_an_empty_row_range_plans_an_empty_part(problems):
+    problem = problems["kb3g"]
+    lo = problem.basis.blocks[1].offset
+    (groups, r0, r1, s0, s1, ptr), = gpu_build.plan_parts(problem, 1, n_threads=1, rows=(lo, lo))[1]
+    assert (groups, r0, r1, s0, s1, ptr.tolist()) == ([], lo, lo, 0, 0, [0])
+
+
+def test_distributed_operator_counts_its_rows_and_refuses_device_rows_it_cannot_use(problems, rng):
+    problem = problems["kb3g"]
+    lo, hi = local_rows(problem, _rank(1, 2))
+    h = problem.build("full", rows=(lo, hi))[0]
+    one_rank = types.SimpleNamespace(allgather=lambda x: [x])          # rank 0 of 1, given rows 0:hi - lo
+    op = DistributedOperator(h, 0, hi - lo, problem.dimension, one_rank)
+    assert op.nnz == h.nnz > 0 and op.h is h and op.gpu is None
+    csr = (h.indptr, h.indices, h.data)            # numpy arrays stand in for CuPy ones: refused before any use
+    with pytest.raises(ValueError, match=r"rows given as device arrays \(indptr, indices, data\) need their "
+                                         r"device, got device=None"):
+        DistributedOperator(csr, lo, hi, problem.dimension, one_rank)
+    with pytest.raises(ValueError, match=rf"h_local holds {hi - lo} rows of float64, rows {lo}:{hi + 1} of "
+                                         r"float64 asked"):
+        DistributedOperator(csr, lo, hi + 1, problem.dimension, one_rank, device=0)
+    with pytest.raises(ValueError, match=rf"h_local holds {hi - lo} rows of float64, rows {lo}:{hi} of "
+                                         r"float32 asked"):
+        DistributedOperator(csr, lo, hi, problem.dimension, one_rank, dtype=np.float32, device=0)
 
 
 def test_device_ranges_share_the_nonzeros_at_group_edges(problems):
@@ -136,8 +207,24 @@ def test_memory_estimate_of_a_gpu_build():
     share = on_gpus.h_bytes / 2 + gpu_build.fill_scratch_bytes()
     assert on_gpus.gpu[1] == pytest.approx(share + 2 * c.dimension * 8 * 8)
     assert on_gpus.gpu[0] == pytest.approx(share + on_gpus.vectors)
-    with pytest.raises(ValueError, match=r"on_gpus=True needs GPUs and one process, got gpus=\(\), ranks=1"):
-        estimate.memory(c, nev=5, block_size=8, dtype=np.float64, storage="full", on_gpus=True)
+    refusal = r"on_gpus=True needs GPUs \(under MPI one per rank and layout 'rows'\), got gpus=%s, ranks=%d, layout=%s"
+    for gpus, ranks, layout in (((), 1, "rows"), ((0, 1), 2, "rows"), ((0,), 3, "triangular")):
+        with pytest.raises(ValueError, match=refusal % (re.escape(repr(gpus)), ranks, repr(layout))):
+            estimate.memory(c, nev=5, block_size=8, dtype=np.float64, storage="full", gpus=gpus, ranks=ranks,
+                            layout=layout, on_gpus=True)
+
+
+def test_memory_estimate_of_a_rank_whose_gpu_builds_its_rows():
+    """Under MPI: the rank's GPU holds its share of the full rows, the fill's scratch and the vectors (the
+    gathered blocks included); its host the plans of its rows, then <J^2>, and no H."""
+    c = estimate.Counts(10 ** 6, 0, 4e8, {"full": 5e7, "upper": 3e7}, [(0, 1000, 1000)])
+    kw = dict(nev=5, block_size=8, dtype=np.float64, storage="upper", gpus=(1,), ranks=4, n_particles=8)
+    host_path, on_gpu = estimate.memory(c, **kw), estimate.memory(c, **kw, on_gpus=True)
+    assert on_gpu.nnz == host_path.nnz == c.nnz_full / 4 and on_gpu.h_bytes == host_path.h_bytes
+    assert on_gpu.gpu[1] == pytest.approx(on_gpu.h_bytes + gpu_build.fill_scratch_bytes() + on_gpu.vectors)
+    assert on_gpu.vectors >= 2 * c.dimension * 8 * 8                               # the gathered blocks
+    assert on_gpu.host == max(c.nnz_full / 4 * estimate.PLAN_BYTES_PER_ENTRY, on_gpu.parts["j2"])
+    assert on_gpu.host < host_path.host
 
 
 def test_parts_that_do_not_tile_the_rows_are_refused():
@@ -156,3 +243,20 @@ def test_int32_limit_is_refused_before_any_gpu_work(problems, monkeypatch):
         gpu_build.build_rows_on_gpus(problems["kb3g"], [0], np.int32)
     with pytest.raises(ValueError, match="devices must name at least one GPU, got none"):
         gpu_build.build_rows_on_gpus(problems["kb3g"], [], np.float64)
+
+
+def test_larger_groups_only_where_there_is_room(problems):
+    """plan_parts takes the largest group size whose scratch fits beside every part, else the smallest."""
+    problem = problems["kb3g"]
+    asked = []
+
+    def room(n_rows, nnz, scratch):
+        asked.append(scratch)
+        return scratch <= gpu_build.fill_scratch_bytes(gpu_build.GROUP_CHOICES[1])
+    *_, entries = gpu_build.plan_parts(problem, 2, n_threads=1, room=room)
+    assert entries == gpu_build.GROUP_CHOICES[1]
+    assert gpu_build.fill_scratch_bytes(gpu_build.GROUP_CHOICES[0]) in asked
+    *_, entries = gpu_build.plan_parts(problem, 2, n_threads=1, room=lambda *a: False)
+    assert entries == gpu_build.GROUP_ENTRIES
+    *_, entries = gpu_build.plan_parts(problem, 2, n_threads=1)
+    assert entries == gpu_build.GROUP_ENTRIES

@@ -1,10 +1,14 @@
-"""Run under mpiexec on a GPU node: the distributed LOBPCG with one GPU per rank gives the serial
-energies, with its iterations queued on the GPUs (NCCL sums and gathers) and waiting at every host trip;
-prints the time per iteration and the communication share."""
+"""Run under mpiexec on a GPU node: each rank's rows of H built on its GPU equal the host build of those rows
+and multiply like them; the distributed LOBPCG with one GPU per rank, its rows built there (and once built on
+the host and uploaded), gives the serial energies, with its iterations queued on the GPUs (NCCL sums and
+gathers) and waiting at every host trip; prints the build's stages, the time per iteration and the
+communication share."""
 import numpy as np
 
-from cisolver import gpu_grams, solver
-from cisolver.distributed import world
+from cisolver import cuda_modules, gpu_build, gpu_grams, solver
+from cisolver.data import resolve_interaction
+from cisolver.distributed import DistributedOperator, build_rows, local_rows, world
+from cisolver.shellmodel import hamiltonian, nushellx
 from cisolver.spectrum import compute_spectrum
 
 ROWS_LIMIT = gpu_grams.ROWS_LIMIT
@@ -31,16 +35,43 @@ for counts in ([3 + 2 * r for r in range(size)], [0] + [4] * (size - 1)):
         assert got.dtype == dtype and np.array_equal(got.get(), want), (counts, dtype)
     total = allreduce(cupy.arange(5.0) * (rank + 1), comm, wait=False)
     assert np.array_equal(total.get(), np.arange(5.0) * size * (size + 1) / 2)
-# serial float64 references on the CPU (23Na, USDB, dimension 13029)
+# this rank's rows of 23Na (USDB, dimension 13029) built on its GPU: the host build's arrays, the same product
+device = cupy.cuda.Device().id
+problem = hamiltonian.ShellModelProblem(nushellx.read_interaction(resolve_interaction("usdb")), 3, 4)
+n = problem.dimension
+lo, hi = local_rows(problem, comm)
+cuda_modules.prepare(cupy, np.float64, [device])
+host_rows, _ = build_rows(problem, (lo, hi), np.float64, n_threads=2)
+gpu_rows, stages = build_rows(problem, (lo, hi), np.float64, n_threads=2, device=device)
+assert 0 < hi - lo < n and {"plans", "allocation", "fill"} <= set(stages), (lo, hi, stages)
+assert all(a.device.id == device for a in gpu_rows)
+for got, want in zip(gpu_rows, (host_rows.indptr, host_rows.indices, host_rows.data)):
+    assert got.get().tobytes() == want.tobytes(), (lo, hi)
+x = np.random.default_rng(7).standard_normal((n, 6))
+products = []
+for h in (host_rows, gpu_rows):
+    op = DistributedOperator(h, lo, hi, n, comm, device=device)
+    assert op.nnz == host_rows.nnz
+    products.append(op.matmat(cupy.asarray(x[lo:hi])).get())
+ref = host_rows @ x
+scale = 1e-12 * abs(host_rows).sum(axis=1).max() * np.abs(x).max()
+assert all(np.abs(y - ref).max() <= scale for y in products), [np.abs(y - ref).max() for y in products]
+# serial float64 references on the CPU (23Na)
 refs = {nev: compute_spectrum("usdb", 3, 4, nev=nev, tol=1e-9) if rank == 0 else None for nev in (5, 10)}
 cases = (("float64", 1e-9, True, 5, ""), ("float32", 1e-5, True, 5, ""), ("float64", 1e-9, False, 5, ""),
          ("float64", 1e-9, True, 10, "S has 39 columns: Rayleigh-Ritz on the host path"),
-         ("float64", 1e-9, True, 5, "rank 0's Grams through hybridblas, rank 1's through gpu_grams"))
+         ("float64", 1e-9, True, 5, "rank 0's Grams through hybridblas, rank 1's through gpu_grams"),
+         ("float64", 1e-9, True, 5, "rows built on the host and uploaded"))
+fits = gpu_build.fits
 for dtype, tol, queued, nev, note in cases:
     solver.OVERLAP = queued
     gpu_grams.ROWS_LIMIT = 0 if "rank 0's" in note and rank == 0 else ROWS_LIMIT
+    gpu_build.fits = (lambda *args: False) if "on the host" in note else fits
     dist = compute_spectrum("usdb", 3, 4, nev=nev, tol=tol, comm=comm, devices="all", dtype=dtype)
-    gpu_grams.ROWS_LIMIT = ROWS_LIMIT
+    gpu_build.fits, gpu_grams.ROWS_LIMIT = fits, ROWS_LIMIT
+    want = "full (row blocks)" if "on the host" in note else "full (row blocks built on the GPUs)"
+    assert dist["storage"] == want, (dist["storage"], note)
+    assert ("plans" in dist["seconds"]["build_detail"]) == ("on the host" not in note), dist["seconds"]
     if comm.Get_rank() == 0:
         ref = refs[nev]
         e_d, e_s = np.array(dist["energies"]), np.array(ref["energies"])
@@ -54,6 +85,8 @@ for dtype, tol, queued, nev, note in cases:
         nnz = np.array(dist["nnz_local"])
         assert nnz.max() <= 1.05 * nnz.mean(), nnz
         sec = dist["seconds"]["solve_detail"]
+        build = ", ".join(f"{k} {v:.3f}" for k, v in dist["seconds"]["build_detail"].items())
+        print(f"{dist['storage']}: read+build {dist['seconds']['read+build']:.3f} s ({build})")
         print(f"{dtype} nev={nev} queued={queued} (to the end: {dist['queued']}, declined {dist['declined']}) {note} devices {dist['devices']} (rank 0): {dist['iterations']} iterations "
               f"(serial {ref['iterations']}), {1e3 * dist['seconds']['solve'] / dist['iterations']:.2f} ms each, "
               f"dense {sec.get('dense', 0.0):.3f} s, spmm {sec.get('spmm', 0.0):.3f} s, nnz per rank {nnz.tolist()}")
