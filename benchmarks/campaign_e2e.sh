@@ -1,6 +1,6 @@
 #!/bin/bash
 # End-to-end campaign on a GPU node: the command-line runs a user waits for (fresh processes, wall clock
-# from start to exit, bench_cli.py) and the GPU test suite.
+# from start to exit, python3 -m benchmarks.cli) and the GPU test suite.
 #   usage (device machine, repo root):  OUT=dir bash benchmarks/campaign_e2e.sh [stage ...]
 # Stages: ci48 (48Cr with the CLI defaults: the first run of a fresh machine is the cold one), ciprof (where
 # a warm 48Cr run spends its time, cProfile), cimpi (two ranks), flapw (the FLAPW builds of docs/performance.md,
@@ -10,19 +10,10 @@
 set -o pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-campaign}; mkdir -p "$OUT"
-B="python3 benchmarks/bench_cli.py"
+B="python3 -m benchmarks.cli"
 CI="python3 -m cisolver spectrum --nev 5 --json"
 FL="python3 -m flapw build --json --kpoints 2"
-mpi_setup() {      # mpi4py's wheel loads whichever libmpi it finds first: point it at the mpiexec's own
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 BIND=""
-  if command -v mpiexec >/dev/null; then
-    mpiexec --version 2>&1 | grep -q "Open MPI" && BIND="--bind-to none"
-    return
-  fi
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-  export PYTHONPATH=$PYTHONPATH:/tmp/site PATH=/tmp/site/bin:$PATH
-  export MPI4PY_LIBMPI=$(find /tmp/site -name 'libmpi.so.12' | head -1)
-}
+source benchmarks/mpi_env.sh
 for s in ${*:-ci48 flapw gputests}; do echo "=== $s $(date +%T)"; case $s in
 ci48)
   $B --json $OUT/ci48.json --label 48Cr-f32-2gpu-cold -- $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all
@@ -47,7 +38,7 @@ flapw)
   $B --json $OUT/flapw.json --label NaCl-3.0-k8-1gpu -- python3 -m flapw build --json --kpoints 8 --system NaCl --kmax 3.0 --devices 0
   $B --json $OUT/flapw.json --label NaCl-3.0-k8-2gpu -- python3 -m flapw build --json --kpoints 8 --system NaCl --kmax 3.0 --devices all ;;
 flapwpeak)
-  python3 benchmarks/bench_flapw.py --devices all --blas hybridblas --systems TiO2 --kmax 4.0 --arrays device \
+  python3 -m benchmarks.flapw build --devices all --blas hybridblas --systems TiO2 --kmax 4.0 --arrays device \
       --cublas-peak --out $OUT/flapw-peak 2>&1 | tail -15 ;;
 gputests)
   mpi_setup

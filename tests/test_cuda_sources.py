@@ -1,10 +1,6 @@
 """cisolver's one CUDA module compiles with NVRTC for sm_80 and sm_90 in both dtypes, every listed kernel in the
-cubin (benchmarks/check_cuda_sources.py). NVRTC needs no GPU; the test runs wherever CuPy imports with its NVRTC
-(skipped elsewhere, e.g. in CI)."""
-import importlib.util
-import sys
-from pathlib import Path
-
+cubin (python3 -m benchmarks.cisolver cuda-sources). NVRTC needs no GPU; the test runs wherever CuPy imports with
+its NVRTC (skipped elsewhere, e.g. in CI)."""
 import numpy as np
 import pytest
 
@@ -13,11 +9,7 @@ try:
 except Exception as exc:  # no CuPy, or no NVRTC library
     pytest.skip(f"CuPy's NVRTC is not importable here: {exc}", allow_module_level=True)
 
-_spec = importlib.util.spec_from_file_location(
-    "check_cuda_sources", Path(__file__).resolve().parents[1] / "benchmarks" / "check_cuda_sources.py")
-check_cuda_sources = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("check_cuda_sources", check_cuda_sources)
-_spec.loader.exec_module(check_cuda_sources)
+from benchmarks.measure import ci_cuda_sources as check_cuda_sources  # noqa: E402
 
 
 @pytest.mark.parametrize("arch", ["80", "90"])

@@ -1,0 +1,29 @@
+"""Benchmarks of the BLAS core: hybridblas against plain BLAS on the CPU, against device cuBLAS and
+cuBLASXt on GPUs, small calls, host-to-GPU staging, the static split's ratios, the tall-skinny kernel.
+
+    python3 -m benchmarks.blas cpu --repeat 7
+    python3 -m benchmarks.blas gpu --sizes 24576 --modes host --gpu-counts 1 2 --repeats 3 --xt-block 8192 --out DIR
+    python3 -m benchmarks.blas plot DIR1/bench_blas_gpu.json DIR2/bench_blas_gpu.json --out DIR
+"""
+if not __package__:                      # run as a file: start again as a module of the repository
+    import os, runpy, sys                # noqa: E401
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runpy.run_module("benchmarks.blas", run_name="__main__", alter_sys=True)
+    sys.exit()
+
+import sys  # noqa: E402
+
+from benchmarks.common import main  # noqa: E402
+
+COMMANDS = {
+    "cpu": ("blas_cpu", "hybridblas herk/gemmt on the CPU against scipy's BLAS and numpy"),
+    "gpu": ("blas_gpu", "zherk, zher2k, zgemmt on GPUs, host and device operands, against cuBLAS and cuBLASXt"),
+    "plot": ("blas_plot", "merge and plot `gpu` result files (TF/s against n and against GPUs)"),
+    "small-calls": ("blas_small_calls", "fixed cost of a small call on a GPU against cupy's matmul"),
+    "staging": ("blas_staging", "host-to-GPU paths: copy threads, staging ring, registered DMA"),
+    "sweep-ratio": ("blas_sweep_ratio", "hand sweep of the static split's ratios against the calibrated profile"),
+    "kernels": ("blas_kernels", "the float32 tall-skinny Gram kernel at several launch sizes against cupy"),
+}
+
+if __name__ == "__main__":
+    sys.exit(main("blas", __doc__, COMMANDS))

@@ -1,0 +1,143 @@
+#!/bin/bash
+# The measurements behind every table and plot of docs/performance.md, one stage each.
+#
+#   bash benchmarks/reproduce.sh                      list the stages: heading, machine, where the results go
+#   OUT=dir bash benchmarks/reproduce.sh STAGE ...    run these stages (results under dir; default ./reproduce)
+#
+# Run a stage on the machine its line names: "CPU box" is any machine without a GPU (docs/performance.md's was
+# 2 cores), "1 GPU" / "2 GPUs" / "4 GPUs" a node with that many (the tables: H100 and H200), "+ MPI" needs
+# mpiexec and mpi4py (the machine's own, else the mpich and mpi4py wheels carried in .whl/, benchmarks/mpi_env.sh).
+# The shell-model interactions ship with cisolver; $CISOLVER_DATA is searched first. The plot-* stages redraw
+# the figures of docs/img from the JSON kept in benchmarks/results (copy new results there to plot them).
+set -o pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=$(realpath -m "${OUT:-reproduce}")
+cd "$ROOT" || exit 1
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+BLAS="python3 -m benchmarks.blas"
+FLAPW="python3 -m benchmarks.flapw"
+CI="python3 -m benchmarks.cisolver"
+TIMER="python3 -m benchmarks.cli"
+STORED=benchmarks/results
+
+NAMES=()
+declare -A HEADING MACHINE WHERE
+stage() { NAMES+=("$1"); HEADING[$1]=$2; MACHINE[$1]=$3; WHERE[$1]=$4; }
+stage e2e-flapw      "End to end: FLAPW builds as a user runs them"            "2 GPUs"           "e2e/flapw.json"
+stage e2e-cisolver   "End to end: cisolver spectrum of 48Cr"                   "2 GPUs"           "e2e/ci48.json"
+stage blas-cpu       "BLAS core / CPU"                                         "CPU box"          "bench_cpu.json"
+stage blas-2gpu      "BLAS core / One and two H200s, host operands"            "2 GPUs"           "blas-24576/"
+stage blas-sizes     "BLAS core / One and two H200s: against n (and its plot)" "2 GPUs"           "blas-sizes/"
+stage blas-4gpu      "BLAS core / Four H200s (and the scaling plot)"           "4 GPUs"           "blas-24576-x4/"
+stage blas-1gpu      "BLAS core / One H100 (and its plot)"                     "1 GPU"            "h100/"
+stage small-calls    "BLAS core / Small calls on one GPU"                      "1 GPU"            "small_calls.log"
+stage tuning         "BLAS core / Tuning: calibration and the hand sweep"      "2 GPUs"           "tuning/"
+stage staging        "Feeding the GPUs from host memory"                       "4 GPUs"           "staging.json"
+stage flapw-device   "FLAPW H and S: TiO2, device arrays, 1 and 2 GPUs"        "2 GPUs"           "flapw-tio2-device/"
+stage flapw-device-4 "FLAPW H and S: TiO2 Kmax 4.0 on 1 and 4 GPUs"            "4 GPUs"           "flapw-tio2-x4/"
+stage flapw-host     "FLAPW H and S: host arrays against cuBLASXt"             "2 GPUs"           "flapw-*-host/, flapw-crystals-device/"
+stage flapw-cpu      "FLAPW H and S: CPU only (TiO2 Kmax 3.5 alone ~50 min)"   "CPU box"          "flapw-cpu/"
+stage ci-build       "CI eigensolver: Hamiltonian build"                       "CPU box"          "ci-build/"
+stage ci-gpu         "CI eigensolver: against the peers on GPUs"               "2 GPUs"           "cisolver/gpu/"
+stage ci-ranks       "CI eigensolver: against the peers, two ranks column"     "2 GPUs + MPI"     "cisolver/ranks/"
+stage ci-steps       "CI eigensolver: queued dense steps, small eigensolve"    "1 GPU"            "cisolver/steps-241944.json, small_eigh.json"
+stage ci-spmm-gpu    "CI eigensolver: GPU block SpMM"                          "2 GPUs"           "cisolver/spmm-*.json"
+stage ci-cpu-node    "CI eigensolver: on the CPU, a GPU node's cores"          "2-GPU node's CPU" "cisolver/cpu/"
+stage ci-cpu         "CI eigensolver: on the CPU box, MKL and scipy backends"  "CPU box + mkl"    "cisolver-mkl/, cisolver-scipy/"
+stage ci-spmm-cpu    "CI eigensolver: CPU block SpMM, MKL against scipy"       "CPU box + mkl"    "spmm_24Mg.json"
+stage ci-float32     "CI eigensolver: float32 on a GPU"                        "1 GPU"            "float32-diagnosis.txt"
+stage flapw-mpi      "Beyond one node: FLAPW k-points over ranks"              "2 GPUs + MPI"     "flapw-mpi/runs.json"
+stage plot-blas      "figures blas_h200x2_sizes, blas_h200_scaling, blas_h100" "CPU box"          "img/blas-*/"
+stage plot-flapw     "figure flapw_tio2.png"                                   "CPU box"          "img/flapw_tio2.png"
+stage plot-cisolver  "figure cisolver_peers.png"                               "CPU box"          "img/cisolver_peers.png"
+
+if [ $# -eq 0 ]; then
+  printf "usage: OUT=dir bash benchmarks/reproduce.sh STAGE ...   (results under \$OUT, default ./reproduce)\n\n"
+  printf "%-15s %-18s %-58s %s\n" stage machine "docs/performance.md" "results (under \$OUT)"
+  for s in "${NAMES[@]}"; do printf "%-15s %-18s %-58s %s\n" "$s" "${MACHINE[$s]}" "${HEADING[$s]}" "${WHERE[$s]}"; done
+  exit 0
+fi
+for s in "$@"; do
+  [ -n "${HEADING[$s]}" ] || { echo "reproduce.sh: unknown stage '$s'; run it without arguments for the list" >&2; exit 2; }
+done
+
+run_stage() {
+  local O=$OUT
+  case $1 in
+  e2e-flapw)    OUT=$O/e2e bash benchmarks/campaign_e2e.sh flapw ;;
+  e2e-cisolver) OUT=$O/e2e bash benchmarks/campaign_e2e.sh ci48 ;;
+  blas-cpu)     $BLAS cpu --repeat 7 --json $O/bench_cpu.json ;;
+  blas-2gpu)    $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 --repeats 3 --xt-block 8192 --out $O/blas-24576 ;;
+  blas-sizes)   $BLAS gpu --sizes 4096 8192 16384 --modes host --gpu-counts 1 2 --repeats 1 --xt-block 8192 \
+                    --xt-max-seconds 5 --out $O/blas-sizes ;;
+  blas-4gpu)    HYBRIDBLAS_PIN_HOST=on $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 4 --repeats 2 \
+                    --xt-block 8192 --out $O/blas-24576-x4 ;;
+  blas-1gpu)    $BLAS gpu --sizes 16384 24576 --repeats 2 --out $O/h100/blas-16384-24576 &&
+                $BLAS gpu --sizes 24576 --modes host --skip xt --out $O/h100/blas-24576-host ;;
+  small-calls)  { $BLAS small-calls --dtype float64 && $BLAS small-calls --dtype float32; } 2>&1 | tee $O/small_calls.log ;;
+  tuning)       mkdir -p $O/tuning/node $O/tuning/gpu0
+                (time python3 -m hybridblas.tuning calibrate --quick --output $O/tuning/node --no-progress) 2>&1 |
+                    tee $O/tuning/node/calibrate.log
+                (export CUDA_VISIBLE_DEVICES=0; time python3 -m hybridblas.tuning calibrate --quick \
+                    --output $O/tuning/gpu0 --no-progress) 2>&1 | tee $O/tuning/gpu0/calibrate.log
+                HYBRIDBLAS_PROFILE_DIR=$O/tuning/node $BLAS sweep-ratio --routine herk --dtype complex128 --n 24576 \
+                    --devices cpu cuda:0 cuda:1 --shares 0 0.005 0.01 0.02 --gpu-splits 0.47 0.5 0.53 --rounds 5 \
+                    --json $O/tuning/sweep-herk-24576.json ;;
+  staging)      $BLAS staging --gib 4 --json $O/staging.json ;;
+  flapw-device) $FLAPW build --devices cuda:0 all --blas hybridblas --systems TiO2 --kmax 2.5 3.0 3.5 4.0 --arrays device \
+                    --cublas-peak --out $O/flapw-tio2-device ;;
+  flapw-device-4) $FLAPW build --devices cuda:0 all --blas hybridblas --systems TiO2 --kmax 4.0 --arrays device \
+                    --cublas-peak --out $O/flapw-tio2-x4 ;;
+  flapw-host)   $FLAPW build --devices all --blas hybridblas cublasxt --systems TiO2 --kmax 4.0 3.5 --out $O/flapw-tio2-host &&
+                $FLAPW build --devices all --blas hybridblas cublasxt --systems AuAg NaCl --kmax 3.0 4.0 \
+                    --out $O/flapw-crystals-host &&
+                $FLAPW build --devices all --blas hybridblas --systems AuAg NaCl --kmax 3.0 4.0 --arrays device \
+                    --out $O/flapw-crystals-device ;;
+  flapw-cpu)    $FLAPW build --devices cpu --systems NaCl --kmax 2.5 3.0 --methods refined original --out $O/flapw-cpu &&
+                $FLAPW build --devices cpu --systems AuAg --kmax 2.5 3.0 --out $O/flapw-cpu/AuAg &&
+                $FLAPW build --devices cpu --systems TiO2 --kmax 2.5 --out $O/flapw-cpu/TiO2-2.5 &&
+                $FLAPW build --devices cpu --systems TiO2 --kmax 3.0 --max-temp-gib 8 --out $O/flapw-cpu/TiO2-3.0 &&
+                $FLAPW build --devices cpu --systems TiO2 --kmax 3.5 --max-temp-gib 6 --out $O/flapw-cpu/TiO2-3.5 ;;
+  ci-build)     mkdir -p $O/ci-build
+                $CI build --cases 46Ti,24Mg --json $O/ci-build/bench_build_46Ti_24Mg.json &&
+                $CI build --cases 48Cr --storage upper --json $O/ci-build/bench_build_48Cr.json &&
+                $CI build --cases 46Ti --storage upper --spectrum --json $O/ci-build/bench_build_46Ti_spectrum.json ;;
+  ci-gpu)       $CI solve --devices all --gpu-only --cases 24Mg,46Ti,47V --out $O/cisolver/gpu &&
+                $CI solve --devices all --gpu-only --cases 48Cr --dtype float32 --tol 1e-5 --out $O/cisolver/gpu ;;
+  ci-ranks)     source benchmarks/mpi_env.sh && mpi_setup &&
+                mpiexec $BIND -n 2 $CI ranks --cases 24Mg,46Ti,47V --repeats 3 --out $O/cisolver/ranks &&
+                mpiexec $BIND -n 2 $CI ranks --cases 48Cr --dtype float32 --tol 1e-5 --repeats 3 --out $O/cisolver/ranks ;;
+  ci-steps)     mkdir -p $O/cisolver
+                $CI queued-steps --rows 241944 --dtype float64 --json $O/cisolver/steps-241944.json &&
+                $CI small-eigh --matrices $STORED/lobpcg_rr_matrices.npy --json $O/cisolver/small_eigh.json ;;
+  ci-spmm-gpu)  mkdir -p $O/cisolver
+                $CI spmm-gpu --cases 47V --dtype float64 --json $O/cisolver/spmm-47V-f64.json &&
+                $CI spmm-gpu --cases 48Cr --dtype float32 --repeat 5 --json $O/cisolver/spmm-48Cr-f32.json ;;
+  ci-cpu-node)  $CI solve --devices cpu --cases 24Mg,46Ti --out $O/cisolver/cpu ;;
+  ci-cpu)       $CI solve --devices cpu --cases 24Mg,44Ti --cpu-backend mkl --out $O/cisolver-mkl &&
+                $CI solve --devices cpu --cases 24Mg,44Ti --cpu-backend scipy --out $O/cisolver-scipy ;;
+  ci-spmm-cpu)  $CI spmm-cpu --repeat 30 --json $O/spmm_24Mg.json ;;
+  ci-float32)   $CI float32 2>&1 | tee $O/float32-diagnosis.txt ;;
+  flapw-mpi)    source benchmarks/mpi_env.sh && mpi_setup || return 1
+                mkdir -p $O/flapw-mpi
+                local build="python3 -m flapw build --system TiO2 --kmax 3.0 --kpoints 8 --devices gpu --json"
+                mpiexec $BIND -n 2 python3 -m flapw build --system TiO2 --kmax 2.0 --kpoints 2 --devices gpu --json \
+                    > $O/flapw-mpi/warm-up.json &&
+                CUDA_VISIBLE_DEVICES=0 $TIMER --label 1rank-1gpu --json $O/flapw-mpi/runs.json -- mpiexec $BIND -n 1 $build &&
+                $TIMER --label 1rank-2gpus --json $O/flapw-mpi/runs.json -- mpiexec $BIND -n 1 $build &&
+                $TIMER --label 2ranks --json $O/flapw-mpi/runs.json -- mpiexec $BIND -n 2 $build ;;
+  plot-blas)    $BLAS plot $STORED/h200x2-2026-11-22/blas-sizes/bench_blas_gpu.json --out $O/img/blas-h200x2-sizes &&
+                $BLAS plot $STORED/h200x4-2026-11-22/blas-24576/bench_blas_gpu.json --out $O/img/blas-h200-scaling &&
+                $BLAS plot $STORED/h100-2026-11-22/blas-16384-24576/bench_blas_gpu.json --out $O/img/blas-h100 ;;
+  plot-flapw)   $FLAPW plot --out $O/img/flapw_tio2.png ;;
+  plot-cisolver) $CI plot --out $O/img/cisolver_peers.png ;;
+  esac
+}
+
+status=0
+for s in "$@"; do
+  echo "=== $s: ${HEADING[$s]} (${MACHINE[$s]}) -> $OUT/${WHERE[$s]}   $(date +%T)"
+  mkdir -p "$OUT"
+  run_stage "$s" || { echo "=== $s failed" >&2; status=1; }
+done
+exit $status

@@ -1,0 +1,176 @@
+"""The benchmark drivers (python3 -m benchmarks.blas / flapw / cisolver / cli): every driver and every command
+answers --help on a machine without a GPU, a driver run as a file finds the repository's packages (not itself),
+bad input ends with exit code 2 and the argument named, `blas cpu` and the CLI timer write the JSON they always
+wrote, the plot commands read the JSON kept in benchmarks/results, and reproduce.sh lists its stages."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import blas, cisolver, cli, flapw
+from benchmarks.common import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVERS = {"blas": blas, "flapw": flapw, "cisolver": cisolver}
+
+
+@pytest.mark.parametrize("name", sorted(DRIVERS))
+def test_every_command_answers_help(name, capsys):
+    driver = DRIVERS[name]
+    assert main(name, driver.__doc__, driver.COMMANDS, ["--help"]) == 0
+    listing = capsys.readouterr().out
+    assert f"usage: python3 -m benchmarks.{name}" in listing
+    for command in driver.COMMANDS:
+        assert command in listing
+        assert main(name, driver.__doc__, driver.COMMANDS, [command, "--help"]) == 0
+        assert f"usage: python3 -m benchmarks.{name} {command}" in capsys.readouterr().out
+
+
+def test_the_cli_timer_answers_help(capsys):
+    assert cli.main(["--help"]) == 0
+    assert "usage: python3 -m benchmarks.cli" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["blas", "flapw", "cisolver", "cli"])
+def test_a_driver_run_as_a_file_imports_the_packages_not_itself(name):
+    # benchmarks/flapw.py and benchmarks/cisolver.py share their names with the packages they measure
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--help"], cwd=ROOT / "tests",
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"usage: python3 -m benchmarks.{name}" in out.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["cpu", "--n", "0"], "--n: must be an integer >= 1, got '0'"),
+    (["gpu", "--repeats", "-1"], "--repeats: must be an integer >= 1, got '-1'"),
+    (["sweep-ratio", "--routine", "trsm"], "invalid choice: 'trsm'"),
+])
+def test_bad_blas_options_exit_2_naming_the_argument(argv, message, capsys):
+    assert main("blas", blas.__doc__, blas.COMMANDS, argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["solve", "--out", "x", "--cases", "24Mg,99Xx"], "unknown case(s) ['99Xx']"),
+    (["build", "--cases", ""], "unknown case(s) ''"),
+    (["spmm-cpu", "--case", "12C"], "invalid choice: '12C'"),
+    (["threads", "--tol", "0"], "--tol: must be a finite number > 0, got '0'"),
+])
+def test_bad_cisolver_options_exit_2_naming_the_argument(argv, message, capsys):
+    assert main("cisolver", cisolver.__doc__, cisolver.COMMANDS, argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_missing_output_folder_is_refused_before_any_work(tmp_path, capsys):
+    target = tmp_path / "missing" / "out.json"
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["cpu", "--n", "8", "--json", str(target)]) == 2
+    err = capsys.readouterr()
+    assert "does not exist" in err.err and err.out == ""
+    assert not target.parent.exists()
+
+
+def test_sweep_ratio_refuses_a_device_set_without_anything_to_sweep(profile_dir, capsys):
+    argv = ["sweep-ratio", "--devices", "cpu", "--n", "16", "--rounds", "1", "--warmup", "0"]
+    assert main("blas", blas.__doc__, blas.COMMANDS, argv) == 2
+    assert "nothing to sweep on ['cpu']" in capsys.readouterr().err
+
+
+def test_build_refuses_an_unknown_storage(tmp_path, capsys):
+    assert main("cisolver", cisolver.__doc__, cisolver.COMMANDS, ["build", "--storage", "upper,lower"]) == 2
+    assert "--storage must be a comma list of upper, full; got 'upper,lower'" in capsys.readouterr().err
+
+
+def test_blas_cpu_writes_its_table_and_json(tmp_path, capsys):
+    out = tmp_path / "cpu.json"
+    n, k = 33, 17
+    assert main("blas", blas.__doc__, blas.COMMANDS,
+                ["cpu", "--n", str(n), "--k", str(k), "--repeat", "2", "--json", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"n = {n}, k = {k}, complex128")
+    doc = json.loads(out.read_text())
+    assert (doc["n"], doc["k"]) == (n, k) and doc["cores"] >= 1
+    names = [r["name"] for r in doc["results"]]
+    assert names == ["scipy zherk", "hybridblas herk (cpu)", "hybridblas herk (2 workers, dynamic 512)",
+                     "numpy a @ b (full gemm)", "scipy zgemm", "hybridblas gemmt (cpu)"]
+    flops = {"scipy zherk": 4.0 * k * n * (n + 1), "numpy a @ b (full gemm)": 8.0 * n * n * k}
+    for r in doc["results"]:
+        assert 0 < r["seconds_best"] <= r["seconds_median"]
+        want = flops.get(r["name"], 8.0 * n * n * k if "zgemm" in r["name"] else 4.0 * k * n * (n + 1))
+        assert r["gflops"] == pytest.approx(want / r["seconds_best"] / 1e9)
+    base = {r["name"]: r["seconds_best"] for r in doc["results"]}
+    assert doc["ratio_herk_over_zherk"] == pytest.approx(base["hybridblas herk (cpu)"] / base["scipy zherk"])
+
+
+def _stage_printer(stages, code=0):
+    """A command that prints a JSON object with the given stage seconds, as the CLIs' --json does."""
+    doc = {"seconds": stages, "energies": [-1.5, -0.25], "dimension": 7}
+    return [sys.executable, "-c", f"import json, sys; print(json.dumps({doc!r})); sys.exit({code})"]
+
+
+def test_the_cli_timer_appends_records_with_stages(tmp_path, capsys):
+    out = tmp_path / "runs.json"
+    out.write_text(json.dumps([{"label": "earlier"}]))
+    stages = {"read+build": 0.25, "solve": 0.5, "detail": {"spmm": 0.1}}
+    assert cli.main(["--label", "two", "--repeat", "2", "--json", str(out), "--", *_stage_printer(stages)]) == 0
+    assert cli.main(["--label", "fails", "--json", str(out), "--", *_stage_printer({}, code=3)]) == 0
+    records = json.loads(out.read_text())
+    assert [r["label"] for r in records] == ["earlier", "two", "two", "fails"]
+    for i, r in enumerate(records[1:3]):
+        assert r["repeat"] == i and r["rc"] == 0 and r["wall_s"] > 0
+        assert r["stages"] == {"read+build": 0.25, "solve": 0.5} and r["details"] == {"detail": {"spmm": 0.1}}
+        assert r["outside_stages_s"] == pytest.approx(r["wall_s"] - 0.75)
+        assert r["energies"] == [-1.5, -0.25] and r["dimension"] == 7
+    assert records[3]["rc"] == 3 and "stderr_tail" in records[3]
+    assert "two #1: wall" in capsys.readouterr().out
+
+
+def test_the_cli_timer_needs_a_command(capsys):
+    assert cli.main(["--label", "x"]) == 2
+    assert "give the command after --" in capsys.readouterr().err
+
+
+STORED = ROOT / "benchmarks" / "results"
+
+
+def test_blas_plot_merges_stored_runs(tmp_path):
+    pytest.importorskip("matplotlib")
+    files = [STORED / "h200x2-2026-11-22" / "blas-sizes" / "bench_blas_gpu.json",
+             STORED / "h100-2026-11-22" / "blas-16384-24576" / "bench_blas_gpu.json"]
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["plot", *map(str, files), "--out", str(tmp_path)]) == 0
+    merged = json.loads((tmp_path / "bench_blas_gpu.json").read_text())
+    rows = [json.loads(f.read_text())["results"] for f in files]
+    assert merged["results"] == rows[0] + rows[1] and len(merged["commands"]) == 2
+    assert (tmp_path / "bench_blas_gpu.png").stat().st_size > 0
+    assert (tmp_path / "bench_blas_gpu_scaling.png").stat().st_size > 0     # 1 and 2 GPUs in the runs
+
+
+@pytest.mark.parametrize("name, figure", [("flapw", "flapw_tio2.png"), ("cisolver", "cisolver_peers.png")])
+def test_the_summary_plots_read_the_stored_results(name, figure, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    driver = DRIVERS[name]
+    assert main(name, driver.__doc__, driver.COMMANDS, ["plot", "--out", str(tmp_path / figure)]) == 0
+    assert "no results for" not in capsys.readouterr().out               # every series found its JSON
+    assert (tmp_path / figure).stat().st_size > 0
+
+
+def test_the_cisolver_plot_reads_every_solver_of_the_stored_runs():
+    from benchmarks.measure import ci_plot
+    for label, folder, solver, _ in ci_plot.TIMES:
+        points = ci_plot.points(folder, solver, lambda r: r["seconds"])
+        assert points and all(dim > 0 and np.isfinite(s) and s > 0 for dim, s in points), label
+
+
+def test_reproduce_lists_its_stages_and_refuses_an_unknown_one():
+    script = ROOT / "benchmarks" / "reproduce.sh"
+    listing = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0
+    lines = {line.split()[0]: line for line in listing.stdout.splitlines()[3:] if line.strip()}
+    for stage in ("blas-cpu", "blas-2gpu", "flapw-device", "flapw-cpu", "ci-gpu", "ci-ranks", "flapw-mpi",
+                  "plot-flapw", "plot-cisolver", "e2e-flapw"):
+        assert stage in lines
+    assert "CPU box" in lines["blas-cpu"] and "2 GPUs + MPI" in lines["ci-ranks"]
+    wrong = subprocess.run(["bash", str(script), "blas-cpu", "nope"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "unknown stage 'nope'" in wrong.stderr
+    assert "===" not in wrong.stdout                                    # refused before running blas-cpu
