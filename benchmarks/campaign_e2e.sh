@@ -39,7 +39,10 @@ flapw)
   $B --json $OUT/flapw.json --label NaCl-3.0-k8-2gpu -- python3 -m flapw build --json --kpoints 8 --system NaCl --kmax 3.0 --devices all ;;
 flapwpeak)
   python3 -m benchmarks.flapw build --devices all --blas hybridblas --systems TiO2 --kmax 4.0 --arrays device \
-      --cublas-peak --out $OUT/flapw-peak 2>&1 | tail -15 ;;
+      --cublas-peak --cublas-shape 29152 31104 --out $OUT/flapw-peak 2>&1 | tail -15
+  python3 -c "import json; m = json.load(open('$OUT/flapw-peak/summary.json')); r = m['results'][0]; \
+peak = sum(m['meta']['cublas_device_zherk_flops'].values()); print('BLAS part / sum of device cuBLAS zherk at N_G x atoms N_L:', \
+round(r['blas_tflops'] * 1e12 / peak, 3), 'peaks', m['meta']['cublas_device_zherk_flops'])" ;;
 gputests)
   mpi_setup
   timeout ${TESTS_LIMIT:-420} python3 -m pytest -q -p no:cacheprovider -m "gpu or multi_gpu" -rf --durations=10 \

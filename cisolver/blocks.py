@@ -16,7 +16,7 @@ matrix in shared memory, in place where the output is a column range of the inpu
 iteration (new X, P, H X, H P, the residual and its norms) is one launch. Where that kernel does not apply
 (wide outputs, other layouts) a product is one cuBLAS gemm on the caller's CuPy stream on the strided
 column ranges (through cupy's matmul the same updates cost a copy of each strided operand and a copy back:
-1.55 ms per iteration for the X, P update at 48Cr's size on an H200, benchmarks/bench_cisolver.py), in place
+1.55 ms per iteration for the X, P update at 48Cr's size on an H200, benchmarks.cisolver solve), in place
 through a scratch block and one copy back (cuBLAS's in-place trmm took 0.62 ms for a 1.96e6 x 16 float32
 block).
 On the CPU the same updates are BLAS calls on the strided blocks, rows split over threads
@@ -53,7 +53,7 @@ def product_into_both(out0, a0, out1, a1, m):
     """out0 <- a0 @ m and out1 <- a1 @ m (LOBPCG's X, P and H X, H P updates with the same coefficients).
 
     On a GPU two row-kernel launches: 238 against 361 us for two cuBLAS gemms at 48Cr's size in float32 on
-    an H200 (benchmarks/bench_dense_kernels.py; a kernel with one thread per entry lost: 0.72 against 0.36 ms);
+    an H200 (benchmarks.cisolver kernels; a kernel with one thread per entry lost: 0.72 against 0.36 ms);
     float64 blocks beyond row_kernels.DOUBLE_ROWS_LIMIT take the gemms (47V: 164 against 247 us with the
     residual)."""
     _check(out0, a0, m)

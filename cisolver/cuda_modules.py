@@ -23,7 +23,7 @@ How it works
   the GIL), so that the compilation overlaps the host's work; ``function`` waits for it where it must.
 - A family's constants may be changed at run time (benchmarks sweep e.g. row_kernels.STAGE_ROWS): the
   modules are kept per value of every family's constants, so a changed constant compiles a new module.
-- ``kernel_names(dtype)`` lists every kernel of the module; benchmarks/check_cuda_sources.py compiles the
+- ``kernel_names(dtype)`` lists every kernel of the module; python3 -m benchmarks.cisolver cuda-sources compiles the
   source for sm_80 and sm_90 in both dtypes with NVRTC (no GPU needed) and checks that each is in the cubin.
 
 SMALL_FACTOR holds the device functions of the one-block kernels (cisolver.gpu_ortho, gpu_rayleigh_ritz)

@@ -92,7 +92,7 @@ def right_trsm(w, r, rinv=None):
 
     One tall-skinny gemm with the small inverse, on the host and on a GPU: a triangular solve with a
     few rows and many right-hand sides is 4-7x slower (28503 x 8 on this 2-core box: trsm 2.4 ms, gemm
-    0.5 ms; 1.96 M x 8 on an H200: 0.75 ms against 0.10 ms, benchmarks/bench_dense_steps.py). R is well
+    0.5 ms; 1.96 M x 8 on an H200: 0.75 ms against 0.10 ms, benchmarks.cisolver dense-steps). R is well
     conditioned here: CholQR2's second pass has R ~ I, and cholesky_upper rejects a near-singular one.
     """
     xp = module_of(w)

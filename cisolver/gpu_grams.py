@@ -3,7 +3,7 @@
 Rayleigh-Ritz wants both Grams of S = [X P W] and H S, the orthonormalisation wants S^T S's last columns.
 Through hybridblas they were a gemmt and a syrk (S read twice) and, for the orthonormalisation, a gemm:
 each call about 55-70 us of GPU time and 130-275 us of host time at 47V's size (484 k rows, float64, H200,
-benchmarks/bench_queued_steps.py), where the whole dense budget is about 0.5 ms per iteration.
+benchmarks.cisolver queued-steps), where the whole dense budget is about 0.5 ms per iteration.
 
 Here one kernel reads S and H S once. Each thread block stages tiles of TILE rows in shared memory
 (coalesced, 16-byte loads where the rows allow; the next tile's loads in flight while this one is multiplied)
@@ -35,9 +35,10 @@ STAGES = 3
 # float64 blocks the staged kernel takes up to this many rows: at 47V's 484 k rows (H200) both Grams in 116 us
 # against 120 for cuBLAS and 128 for hybridblas' gemmt and syrk, and 46 us of host time against 262; at
 # 48Cr's 1.96 M float32 rows cuBLAS stays ahead (407 against 428 us), so ROWS_LIMIT holds there
-# (benchmarks/bench_queued_steps.py)
+# (benchmarks.cisolver queued-steps)
 STAGED_DOUBLE_ROWS_LIMIT = 1 << 20
-STAGED_BLOCKS_PER_SM = 3   # H200, bench_queued_steps: both Grams 70.1 / 67.0 / 69.0 us at 2 / 3 / 4 (242 k f64 rows)
+# H200, benchmarks.cisolver queued-steps: both Grams 70.1 / 67.0 / 69.0 us at 2 / 3 / 4 (242 k f64 rows)
+STAGED_BLOCKS_PER_SM = 3
 
 _SOURCE = r"""
 // Tasks: a 4 x 4 tile of S^T H S (every tile, when has_hs) or of S^T S (tiles on or below the diagonal).

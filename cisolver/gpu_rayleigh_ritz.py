@@ -18,7 +18,7 @@ untouched S and H S.
 
 Small eigensolvers written for this step were correct but lost to cuSOLVER on an H200: Jacobi and
 Householder tridiagonalisation with implicit QL, each in one warp, took 181-188 us against syevjBatched's 117
-on 62 of LOBPCG's own 24 x 24 matrices (benchmarks/bench_small_eigh.py; the whole step with a one-block Jacobi:
+on 62 of LOBPCG's own 24 x 24 matrices (benchmarks.cisolver small-eigh; the whole step with a one-block Jacobi:
 215 us against 178 here), every rotation waiting on a chain of double-precision divisions and square roots.
 """
 import numpy as np

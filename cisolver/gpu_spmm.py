@@ -248,7 +248,7 @@ class DeviceCsr:
     layout "row" (default): cuSPARSE reads and writes the row-major blocks in place with ``alg`` (default
     CSR_ALG1); "col": x goes through a column-major scratch block and the product comes back through
     another, cuSPARSE's default algorithm in between (what cupyx's ``csr @ block`` does). One H200, 8
-    columns (benchmarks/bench_spmm_gpu.py): 48Cr float32 29.9 ms row/ALG1 against 46.9 col and
+    columns (benchmarks.cisolver spmm-gpu): 48Cr float32 29.9 ms row/ALG1 against 46.9 col and
     62.5 row/ALG2 or row/default; 47V float64 9.8 against 10.2 and 13.3.
     """
 

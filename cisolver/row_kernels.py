@@ -3,7 +3,7 @@
 float64 rows of whole 16-byte vectors take the staged kernel (STAGED): a thread block copies tiles of
 STAGE_ROWS rows into shared memory with cp.async, the next tile's copies in flight while two threads a row
 multiply this one. Against the thread-per-row kernels below it took the end of iteration from 115 to 77 us
-and S <- S m from 45 to 30 us at 47V's 242 k rows a GPU (H200, benchmarks/bench_queued_steps.py). The rest of
+and S <- S m from 45 to 30 us at 47V's 242 k rows a GPU (H200, benchmarks.cisolver queued-steps). The rest of
 this docstring is about the thread-per-row kernels, which take float32 blocks and rows the staged kernel does
 not.
 
@@ -34,22 +34,22 @@ THREADS = 256
 BLOCKS_PER_SM = 4
 # thread blocks of THREADS the compiler keeps room for on an SM (__launch_bounds__): it caps the registers. At 2
 # the kernels ran at 2 blocks per SM (104-128 registers), 22-31 % of the warps, 12-30 % of the DRAM bandwidth
-# (Nsight Compute, 242 k rows, float64, H200: latency-bound; benchmarks/profile_iteration_kernels.py)
+# (Nsight Compute, 242 k rows, float64, H200: latency-bound; benchmarks.cisolver iteration-kernels)
 MIN_BLOCKS = 2
 ENABLED = True                     # False: every caller takes its cuBLAS route (benchmarks compare the two)
 # The staged kernels: a block copies tiles of STAGE_ROWS rows of its inputs into shared memory with cp.async
 # (16-byte copies, coalesced, the next tile in flight while this one is multiplied) and two threads share a
 # row, each with half of the output columns. The thread-per-row kernels above load their rows themselves
 # and wait for every chunk: latency-bound at 22-31 % of the warps and a quarter of the H200's bandwidth
-# (benchmarks/profile_iteration_kernels.py). They cover rows whose every input is whole 16-byte vectors (p a
+# (benchmarks.cisolver iteration-kernels). They cover rows whose every input is whole 16-byte vectors (p a
 # multiple of VEC, aligned); STAGED False: the thread-per-row kernels everywhere (benchmarks compare the two)
 STAGED = True
 STAGE_ROWS = 48                    # H200, 242 k float64 rows: end of iteration 78.0 / 76.8 / 74.3 us at 16 / 32 / 48
 STAGED_SHARED = 200 << 10          # bytes of shared memory a multiprocessor gives the staged blocks (H100/H200: 228 K)
 # LOBPCG's end of iteration on float64 blocks longer than this takes cuBLAS where the thread-per-row kernel would
 # take it; the staged kernel takes any length (47V's 484 k rows, H200: 133 against cuBLAS's 164 us,
-# bench_queued_steps). At 48Cr's size (1.96e6 rows, H200) cuBLAS's gemms did both updates in 481 us against the
-# thread-per-row kernel's 843 (float32: 361 against 238; 24Mg's 28503 rows: row kernel ahead in both
+# benchmarks.cisolver queued-steps). At 48Cr's size (1.96e6 rows, H200) cuBLAS's gemms did both updates in 481 us
+# against the thread-per-row kernel's 843 (float32: 361 against 238; 24Mg's 28503 rows: row kernel ahead in both
 # precisions, its one launch costing less host time). A product of one block (the orthonormalisation's
 # in-place updates) takes the row kernel at any length: cuBLAS needs a scratch block and a copy back there
 # (47V, 484 k rows: 48 against 76 us for H P, 94 against 98 for S)
@@ -361,7 +361,7 @@ def _staged_fits(inputs, p, q):
     """The staged kernels take these inputs: float64, every row whole 16-byte vectors, 16-byte aligned, their
     buffers within CUDA's default 48 KB of dynamic shared memory. Float32 blocks keep the thread-per-row
     kernels: at 48Cr's size (1.96 M rows, H200) those ran S <- S m at 3.2 TB/s, the staged kernel 7 % slower
-    (benchmarks/bench_queued_steps.py)."""
+    (benchmarks.cisolver queued-steps)."""
     vec = 16 // inputs[0].itemsize
     qmax = _qmax(q)
     return (STAGED and inputs[0].dtype == np.float64 and p % vec == 0 and qmax is not None

@@ -4,7 +4,7 @@ Ritz vectors, into the first columns of the S and H S buffers.
 On the host path each step waits for its Grams: Cholesky-QR twice (dense.cholqr2), then dense.rayleigh_ritz,
 six host trips, each a hybridblas call and on MPI ranks a host Allreduce. At 47V on two ranks with one H200
 each that took 2.5-3 ms, 35-46 us of every iteration's dense steps over a run (`dense:start` in
-benchmarks/bench_cisolver_ranks.py).
+benchmarks.cisolver ranks).
 A GPU run that queues its iterations queues the start as one: a Cholesky-QR pass factored on the GPU
 (cisolver.gpu_ortho with no X: the iterations' adaptive pass, which declines where a second pass is wanted),
 H X, the Grams summed on the GPUs, Rayleigh-Ritz there (cisolver.gpu_rayleigh_ritz), X C and H X C by the row

@@ -28,7 +28,7 @@ _pool_lock = threading.Lock()
 def copy_threads():
     """Threads of the host copy pool: $HYBRIDBLAS_COPY_THREADS, else one per core, at most 16.
 
-    Measured on a 4xH200 node (64 cores, benchmarks/bench_staging.py): one big pageable -> pinned copy
+    Measured on a 4xH200 node (64 cores, python3 -m benchmarks.blas staging): one big pageable -> pinned copy
     scales to 70 GB/s on 64 threads, but the staging ring (64 MiB pieces, four GPUs pulling at once) ran at
     43 GB/s with 16 threads, 29 with 32 and 19 with 64: more threads only add contention there.
     """

@@ -1,6 +1,6 @@
 """Keep large host operands page-locked (cudaHostRegister) while they live, so GPUs DMA straight from them.
 
-Measured on a 4xH200 node (benchmarks/bench_staging.py, docs/performance.md): DMA from registered memory
+Measured on a 4xH200 node (python3 -m benchmarks.blas staging, docs/performance.md): DMA from registered memory
 runs at 55 GB/s per GPU and 175 GB/s with four GPUs at once, while staging pageable memory through pinned
 buffers is bounded by the host's copies (18-43 GB/s for the whole node). Locking is dear, though: a call
 that met 19-29 GB of unlocked operands at n = k = 24576 took 2.3-5.4 s instead of 0.4-2.5 s, whether the

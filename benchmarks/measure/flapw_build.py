@@ -35,13 +35,16 @@ from benchmarks.plotting import pyplot, save
 
 
 def cublas_peak(gpus, n=8192, k=8192, repeat=3):
-    """Device-resident cuBLAS zherk rate (flop/s) per GPU, on cupy arrays already on that GPU."""
+    """Device-resident cuBLAS zherk rate (flop/s) per GPU, on cupy arrays already on that GPU (n x n from an
+    n x k operand: a build's own N_G and batch width with --cublas-shape)."""
     import cupy
     from hybridblas.peers import cublas_device_herk
     rates = {}
     for g in gpus:
         with cupy.cuda.Device(g):
-            a = cupy.asfortranarray(cupy.random.standard_normal((n, k)) + 1j * cupy.random.standard_normal((n, k)))
+            a = cupy.empty((n, k), complex, order="F")
+            a.real[...] = cupy.random.standard_normal((n, k))
+            a.imag[...] = cupy.random.standard_normal((n, k))
             c = cupy.zeros((n, n), complex, order="F")
             cublas_device_herk(1.0, a, 0.0, c)
             cupy.cuda.Device(g).synchronize()
@@ -146,6 +149,8 @@ def add_arguments(p):
     p.add_argument("--warm-up", action="store_true",
                    help="pay the first-use costs before the k-points, as flapw build does (flapw.warmup.prepare)")
     p.add_argument("--cublas-peak", action="store_true", help="measure device-resident cuBLAS zherk per GPU")
+    p.add_argument("--cublas-shape", type=int, nargs=2, default=(8192, 8192), metavar=("N", "K"),
+                   help="the zherk of --cublas-peak: C is N x N, A is N x K (e.g. a build's N_G and atoms x N_L)")
     p.add_argument("--out", default="bench-flapw-results")
 
 
@@ -156,7 +161,8 @@ def run(args):
             "skipped": []}
     if args.cublas_peak:
         gpus = gpu_ids("all")
-        meta["cublas_device_zherk_flops"] = cublas_peak(gpus) if gpus else {}
+        meta["cublas_device_zherk_flops"] = cublas_peak(gpus, *args.cublas_shape) if gpus else {}
+        meta["cublas_shape"] = list(args.cublas_shape)
     results = []
     for devices in args.devices:
         for blas in args.blas:

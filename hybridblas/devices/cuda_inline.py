@@ -3,14 +3,14 @@
 LOBPCG's Gram matrices (C of 24 x 24, k from 3e4 to 2e6) are microseconds of GPU work. The tiled run
 (three streams, events, a panel cache and a free-memory query per call) cost 0.66 ms per such call in
 float64 and 3 ms in float32 with its k chunks, against 35 us for a cupy matmul
-(benchmarks/bench_small_calls.py, H200). Here such a call is queued on CuPy's current stream, ordered
+(benchmarks.blas small-calls, H200). Here such a call is queued on CuPy's current stream, ordered
 with the caller's own work like any CuPy operation, and returns without waiting for the GPU.
 
 Single precision sums k in chunks of CHUNK terms, each chunk one sgemm of a strided-batched call, and
 adds the chunks' partial products in double before rounding once: cuBLAS's own float32 gemm/syrk sums
 a whole k range in one float32 accumulator (10x the error of CPU BLAS on LOBPCG's Gram matrices,
 docs/performance.md), and widening the operands to double first cost 6x a float32 gemm at 48Cr's
-k = 1.96e6 (bench_dense_steps.py).
+k = 1.96e6 (benchmarks.cisolver dense-steps).
 
 float32 products whose operands are row-major tall blocks (LOBPCG's S^T S) go to cuda_skinny instead:
 one kernel that streams k once and sums in double (faster than these chunks, whose batched calls leave
@@ -107,7 +107,7 @@ def _store(xp, problem, out, full):
 
 def _triangle(backend, problem, out, beta):
     """The triangle from full products and a masked copy. cuBLAS's syrk/herk run a tall-skinny product
-    (24 x 24 from k = 3e4) without splitting k: 10x slower than a gemm, which does (bench_small_calls.py);
+    (24 x 24 from k = 3e4) without splitting k: 10x slower than a gemm, which does (benchmarks.blas small-calls);
     C is at most MAX_EDGE wide, so the other triangle's flops cost nothing that shows."""
     xp = backend.xp
     n = problem.m

@@ -10,7 +10,7 @@ elements of a row); the tile is converted once to double in shared memory, each 
 of C (only the tiles that touch the wanted triangle, for syrk and gemmt) and sums its rows in double, and
 one warp per entry of C adds the block partials in a fixed order (reproducible bit for bit).
 Error 2.9e-8 (the float32 rounding of the result). At 48Cr's size on an H200: S^T S 0.19 ms, S^T HS and
-S^T [P W] 0.23 ms (benchmarks/bench_skinny_variants.py; staging 64 rows with 4 loads in flight per
+S^T [P W] 0.23 ms (benchmarks.blas kernels; staging 64 rows with 4 loads in flight per
 thread took 0.47, 0.55 and 0.39 ms). ncu: 125 registers, 2 blocks per multiprocessor, ~47 % of the SM's
 issue throughput: the double-precision sums, not memory, set the pace.
 
@@ -174,7 +174,7 @@ def applies(problem):
     """float32 data, C at most MAX_EDGE each way, and every factor laid out as a row-major tall block.
 
     Only float32: in float64 cuBLAS sums accurately enough by itself and its gemm (the inline path) takes
-    0.14-0.16 ms for S^T S at 48Cr's size on an H200 (benchmarks/bench_dense_kernels.py), faster than
+    0.14-0.16 ms for S^T S at 48Cr's size on an H200 (benchmarks.cisolver kernels), faster than
     this kernel's double-precision sums."""
     if problem.dtype != np.float32 or max(problem.m, problem.n) > MAX_EDGE:
         return False
