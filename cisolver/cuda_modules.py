@@ -47,7 +47,8 @@ FAMILIES = (("row_kernels", ("MIN_BLOCKS", "STAGE_ROWS", "QMAX_CHOICES")),
             ("gpu_rayleigh_ritz", ("KMAX", "EIG_RESIDUAL")),
             ("blocks", ()),
             ("gpu_spmm", ("UNSORTED", "LOWER")),
-            ("gpu_angmom", ("BLOCK_FIELDS",)))
+            ("gpu_angmom", ("BLOCK_FIELDS",)),
+            ("gpu_fill", ("TILE",)))
 
 PRELUDE = r"""
 #define VEC ((int) (16 / sizeof(T)))      // elements of T in a 16-byte vector

@@ -65,18 +65,26 @@ def device_ranges(plans, groups, parts):
 
 def fill_range(plans, groups, s0, data, indices, scratch):
     """Fill ``groups`` (entries s0.. of the whole onwards) into ``data`` / ``indices``, their stored entries as
-    numpy arrays or CuPy arrays on the current GPU; each row block's pieces go to that array module once, as its
-    first group comes. ``scratch``: an object whose buffers the groups share. RuntimeError where a group kept
-    other entries than counted (on a GPU checked once, after the last group)."""
-    xp = module_of(data)
-    current, block, wrong = None, None, 0
+    numpy arrays (RowBlock.fill) or CuPy arrays on the current GPU (cisolver.gpu_fill's kernels); each row block's
+    pieces go to the GPU once, as its first group comes. ``scratch``: an object whose buffers the groups share.
+    RuntimeError where a group kept other entries than counted (on a GPU checked once, after the last group)."""
+    if module_of(data) is np:
+        for i, g0, g1, q0, q1, a, b in groups:
+            plans[i].fill(g0, g1, q0, q1, data[a - s0:b - s0], indices[a - s0:b - s0], scratch)
+        return
+    import cupy
+    from . import gpu_fill
+    current, block, checks = None, None, []
     for i, g0, g1, q0, q1, a, b in groups:
         if i != current:
-            current, block = i, plans[i].to_device(xp)
-        kept = block.fill(g0, g1, q0, q1, data[a - s0:b - s0], indices[a - s0:b - s0], scratch)
-        wrong = wrong + abs(kept - (b - a))
-    if int(wrong):
-        raise RuntimeError(f"row count mismatch in the Hamiltonian's rows built on a GPU: {int(wrong)} entries "
+            current, block = i, plans[i].to_device(cupy)
+        kept = gpu_fill.fill_group(cupy, plans[i], block, g0, g1, q0, q1, data[a - s0:b - s0],
+                                   indices[a - s0:b - s0], scratch)
+        if kept is not None:
+            checks.append((kept, b - a))
+    wrong = sum(abs(int(kept.get()[0]) - n) for kept, n in checks)
+    if wrong:
+        raise RuntimeError(f"row count mismatch in the Hamiltonian's rows built on a GPU: {wrong} entries "
                            "more or fewer than counted")
 
 

@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from cisolver import estimate, gpu_build
+from cisolver import estimate, gpu_build, gpu_fill
 from cisolver.distributed import DistributedOperator, local_rows
 from cisolver.gpu_spmm import MultiDeviceCsr
 from cisolver.shellmodel import hamiltonian, rowblocks, snt
@@ -159,18 +159,91 @@ def test_a_device_gets_no_rows_when_there_are_few(tmp_path):
     assert indices.tolist() == [0] and data.tobytes() == h.data.tobytes()
 
 
-def test_gathered_compaction_equals_the_boolean_one(rng):
-    """The GPU's route (k-th kept entry: the first whose running count reaches k), run on numpy functions."""
-    xp = types.SimpleNamespace(cumsum=np.cumsum, searchsorted=np.searchsorted, arange=np.arange, take=np.take)
-    for n, p in ((1000, 0.7), (1000, 1.0), (1000, 0.0), (1, 1.0), (7, 0.5)):
-        val, col = rng.standard_normal(n), rng.integers(0, 10 ** 6, n).astype(np.int32)
-        keep = rng.random(n) < p
-        if 0 < p < 1:
-            keep[0], keep[-1] = False, True          # a dropped first entry, a kept last one
-        want = (val[keep], col[keep])
-        data, indices = np.full(len(want[0]), np.nan), np.full(len(want[0]), -1, np.int32)
-        rowblocks._compact(val, col, keep, data, indices, xp)
-        assert data.tobytes() == want[0].tobytes() and np.array_equal(indices, want[1])
+def _emulated_kernel(name, grid, threads, args):
+    """The kernels of cisolver.gpu_fill written out in numpy, entry by entry as the CUDA code does them."""
+    if name == "fill_jump_grid":
+        (ne, ns, e0, s0, q0, g0, ng, width, rank, ctarget, place, starget, lead, tab2, ld, ia, ib2, sign, csource,
+         col_base, starts, val, col, keep) = args
+        for i in range(int(ne * ns)):
+            e, s = e0 + i // ns, s0 + i % ns
+            at = width[e] * rank[s] + starts.ravel()[(ctarget[e] - q0) * ng + (starget[s] - g0)] + place[e]
+            if not isinstance(lead, np.uint64):
+                at += lead[s]
+            v = tab2.ravel()[ia[s] * ld + ib2[e]] * sign[s]
+            val[at], col[at] = v, csource[e] + col_base[s]
+            if not isinstance(keep, np.uint64):
+                keep[at] = v != 0
+    elif name == "fill_own_column":
+        (nq, ns, q0, s0, g0, ng, b, jumps_before, starget, rank, own_place, is_jump, base, sign, y, ld_y, column,
+         col_base, starts, val, col, keep) = args
+        for i in range(int(nq * ns)):
+            ql, s = i // ns, s0 + i % ns
+            q = q0 + ql
+            at = b[q] * jumps_before[s] + starts.ravel()[ql * ng + (starget[s] - g0)] + rank[s] + own_place[q] * is_jump[s]
+            val[at], col[at] = base[s] + sign[s] * y.ravel()[q * ld_y + column[s]], q + col_base[s]
+            if not isinstance(keep, np.uint64):
+                keep[at] = True
+    elif name == "fill_own_piece":
+        (ne, ngg, e0, g0, q0, ctarget, place, base, sign, column, y_n, ld_yn, is_own, diag, ld_diag, csource,
+         col_base, starts, val, col, keep) = args
+        for i in range(int(ne * ngg)):
+            e, gl = e0 + i // ngg, i % ngg
+            g, q = g0 + gl, ctarget[e]
+            at = starts.ravel()[(q - q0) * ngg + gl] + place[e]
+            v = diag.ravel()[q * ld_diag + g] if is_own[e] else base[e] + sign[e] * y_n.ravel()[column[e] * ld_yn + g]
+            val[at], col[at] = v, csource[e] + col_base[g]
+            if not isinstance(keep, np.uint64):
+                keep[at] = True
+    elif name == "keep_counts":
+        n, keep, counts = args
+        counts[:] = [keep[t * gpu_fill.TILE:min(n, (t + 1) * gpu_fill.TILE)].sum() for t in range(len(counts))]
+    elif name == "keep_starts":
+        nb, counts, starts = args
+        starts[0], starts[1:] = 0, np.cumsum(counts[:nb])
+    elif name == "keep_compact":
+        n, keep, val, col, starts, limit, data, indices = args
+        at = np.flatnonzero(keep[:n])
+        data[:len(at)], indices[:len(at)] = val[at], col[at]
+    else:
+        raise AssertionError(name)
+
+
+@pytest.mark.parametrize("case", ["usdb", "kb3g"])
+def test_gpu_fill_plumbing_on_numpy_equals_the_host_rows(problems, case, monkeypatch):
+    """cisolver.gpu_fill.fill_group with numpy standing in for CuPy and its kernels emulated entry by entry:
+    every argument reaches its kernel with the dtype the kernel takes (checked), and the rows equal the host
+    build's byte for byte, groups that drop zeros (compaction) and groups that do not."""
+    monkeypatch.setattr(gpu_fill, "_kernel", lambda cupy, dtype, name, grid, threads, args:
+                        _emulated_kernel(name, grid, threads, args))
+    monkeypatch.setattr(gpu_fill, "TILE", 64)             # several compaction tiles in a small group
+    fake = types.SimpleNamespace(asarray=np.asarray, empty=np.empty)
+    problem = problems[case]
+    h, _ = problem.build("full", np.float64, n_threads=1)
+    plans, indptr = problem.plan_rows("full", n_threads=1)
+    groups = hamiltonian.row_groups(plans, indptr, 3000)
+    groups = groups[:12] + groups[len(groups) // 2:len(groups) // 2 + 6] + groups[-6:]    # first, middle, last blocks
+    dropped = 0
+    for i, g0, g1, q0, q1, s0, s1 in groups:
+        block = plans[i].to_device(np)
+        data, indices = np.full(s1 - s0, np.nan), np.full(s1 - s0, -1, np.int32)
+        kept = gpu_fill.fill_group(fake, plans[i], block, g0, g1, q0, q1, data, indices, types.SimpleNamespace())
+        dropped += kept is not None
+        assert kept is None or int(kept[0]) == s1 - s0
+        assert data.tobytes() == h.data[s0:s1].tobytes() and np.array_equal(indices, h.indices[s0:s1])
+    assert dropped > 0                                    # groups that drop zeros went through the compaction
+
+
+def test_packed_upload_gives_every_array_back():
+    """RowBlock.to_device's one copy: every array (any dtype, shape, order, empty, repeated) comes back equal."""
+    from cisolver.shellmodel.rowblocks import _upload_packed
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal((3, 5)), np.arange(7, dtype=np.int32), np.array([True, False, True]),
+              rng.standard_normal((4, 3)).T, np.zeros((0, 3)), np.arange(5, dtype=np.int64)]
+    moved = _upload_packed(arrays + [arrays[0]], np)
+    for a in arrays:
+        b = moved[id(a)]
+        assert b.dtype == a.dtype and b.shape == a.shape and np.array_equal(a, b)
+        assert b.ctypes.data % 16 == moved[id(arrays[0])].ctypes.data % 16        # 16-byte aligned offsets
 
 
 def test_a_miscounted_group_is_refused(problems):

@@ -21,17 +21,13 @@ caller's CSR arrays (straight into them where the group drops none). Every produ
 the element formulas above, in the same order, so the matrix does not depend on how the rows are grouped
 or on the number of threads.
 
-The fill runs on numpy or CuPy arrays alike (each step uses the array module of the arrays it is given, each
-product and sum the same operation in the same order, so a GPU fills the same bits): ``RowBlock.to_device``
-copies a row block's pieces to the current GPU, keeping on the host the run starts (``ptr``) that cut a
-group's slices. A GPU's fill waits for nothing: a group's size and its kept entries come from those host
-arrays and the caller's counts, and it returns its kept count as a device scalar for the caller to check.
+A GPU fills the same rows with kernels of its own (cisolver.gpu_fill) from the same plan: ``RowBlock.to_device``
+copies a row block's pieces there in one packed copy, keeping on the host the run starts (``ptr``) that cut a
+group's slices.
 """
 import copy
 
 import numpy as np
-
-from ..arrays import module_of
 
 
 def _ranked(keys, n):
@@ -155,12 +151,6 @@ class JumpGrid(_Arrays):
             size += self.own.src.a[g0:g1]
         return size
 
-    def entries(self, g0, g1, q0, q1):
-        """The sum of ``sizes``, from the host's run starts."""
-        s, e = self.src.span(g0, g1), self.cols.span(q0, q1)
-        own = 0 if self.own is None else (q1 - q0) * _length(self.own.src.span(g0, g1))
-        return _length(e) * _length(s) + own
-
     def kept(self):
         """Stored entries of every (target row, neutron row): P · [v̄ != 0] · Nᵀ (+ the column n')."""
         n_t, n_r = len(self.src.a), len(self.cols.b)
@@ -187,7 +177,7 @@ class JumpGrid(_Arrays):
             val[at] = v
             col[at] = self.cols.source[e, None] + self.src.col_base[s]
             if keep is not None:
-                _drop_zeros(keep, at, v)
+                keep[at[v == 0]] = False
         if self.own is not None:
             own = self.own
             s = own.src.span(g0, g1)
@@ -198,8 +188,7 @@ class JumpGrid(_Arrays):
             at += own.src.rank[s]
             at += self.own_place[q0:q1, None] * own.is_jump[s]
             val[at] = own.base[s] + own.sign[s] * own.y[q0:q1].take(own.column[s], axis=1)
-            xp = module_of(val)
-            col[at] = xp.arange(q0, q1, dtype=own.src.col_base.dtype)[:, None] + own.src.col_base[s]
+            col[at] = np.arange(q0, q1, dtype=own.src.col_base.dtype)[:, None] + own.src.col_base[s]
 
 
 class OwnPiece(_Arrays):
@@ -212,14 +201,12 @@ class OwnPiece(_Arrays):
         self.cols = _Columns(target, source, n_rows)
         self.base, self.sign, self.column = base, sign, column
         self.own_entry = np.flatnonzero(is_own)          # one per neutron row, in row order
+        self.is_own = np.asarray(is_own, dtype=bool)      # the same as a flag per entry (the GPU fill's)
         self.diag, self.y_n, self.col_base = diag, y_n, col_base
         self.a = np.ones(diag.shape[1], dtype=np.int64)
 
     def sizes(self, g0, g1, q0, q1):
-        return module_of(self.cols.b).repeat(self.cols.b[q0:q1, None], g1 - g0, axis=1)
-
-    def entries(self, g0, g1, q0, q1):
-        return _length(self.cols.span(q0, q1)) * (g1 - g0)
+        return np.repeat(self.cols.b[q0:q1, None], g1 - g0, axis=1)
 
     def kept(self):
         return np.broadcast_to(self.cols.b, (len(self.a), len(self.cols.b)))
@@ -255,61 +242,31 @@ class RowBlock:
 
     def fill(self, g0, g1, q0, q1, data, indices, scratch):
         """Rows of protons g0..g1-1 and neutrons q0..q1-1 (one proton, or every neutron, so that the rows are
-        contiguous) into ``data`` / ``indices``, which hold exactly their stored entries (arrays of the pieces'
-        module). ``scratch``: an object (a threading.local) whose buffers this thread reuses from group to
-        group. Returns the entries kept; where that is not len(data) numpy raises RuntimeError, while on a
-        GPU it is a device scalar that the caller checks (no wait here)."""
-        xp = module_of(data)
+        contiguous) into ``data`` / ``indices``, which hold exactly their stored entries. ``scratch``: a
+        threading.local whose buffers this thread reuses from group to group."""
         sizes = [p.sizes(g0, g1, q0, q1) for p in self.pieces]                 # (neutron row, proton row)
-        total = xp.stack(sizes).sum(axis=0).T.ravel()                         # rows in CSR order
-        offsets = (xp.cumsum(total) - total).reshape(g1 - g0, q1 - q0).T
-        n_all = sum(p.entries(g0, g1, q0, q1) for p in self.pieces)
+        total = np.sum(sizes, axis=0).T.ravel()                               # rows in CSR order
+        offsets = (np.cumsum(total) - total).reshape(g1 - g0, q1 - q0).T
+        n_all = int(total.sum())
         if n_all == len(data):          # no zero dropped: straight into the caller's arrays
             val, col, keep = data, indices, None
         else:
-            val, col, keep = _buffers(scratch, n_all, data.dtype, indices.dtype, xp)
+            val, col, keep = scratch_buffers(scratch, n_all, data.dtype, indices.dtype)
             keep[:] = True
         for piece, size in zip(self.pieces, sizes):
             piece.scatter(offsets, g0, g1, q0, q1, val, col, keep)
             offsets = offsets + size
         if keep is None:
-            return len(data)
-        kept = xp.count_nonzero(keep)
-        if xp is np and kept != len(data):
+            return
+        n_kept = int(np.count_nonzero(keep))
+        if n_kept != len(data):
             raise RuntimeError(f"row count mismatch in a Hamiltonian row group: counted {len(data)} entries, "
-                               f"built {kept}")
-        _compact(val, col, keep, data, indices, xp)
-        return kept
-
-
-def _length(span):
-    return span.stop - span.start
-
-
-def _drop_zeros(keep, at, v):
-    """Mark the grid entries at ``at`` whose value ``v`` is an exact zero as dropped (on a GPU without a
-    boolean index, which waits for the device to count the zeros)."""
-    if isinstance(keep, np.ndarray):
-        keep[at[v == 0]] = False
-    else:
-        keep[at] = v != 0
-
-
-def _compact(val, col, keep, data, indices, xp):
-    """The kept entries of val and col, in order, into data and indices (as many as they hold). On a GPU
-    without a boolean index, which waits for the device to count: the k-th kept entry is the first whose
-    running count of kept entries reaches k."""
-    if xp is np:
+                               f"built {n_kept}")
         data[:] = val[keep]
         indices[:] = col[keep]
-        return
-    running = xp.cumsum(keep, dtype=np.int64)
-    source = xp.searchsorted(running, xp.arange(1, len(data) + 1, dtype=np.int64))
-    xp.take(val, source, out=data)
-    xp.take(col, source, out=indices)
 
 
-def _buffers(scratch, n, data_dtype, index_dtype, xp=np):
+def scratch_buffers(scratch, n, data_dtype, index_dtype, xp=np):
     """Views of n entries of this thread's uncompacted value, column and keep buffers (grown as needed; ``xp``'s
     arrays, on the current GPU for CuPy)."""
     have = getattr(scratch, "buffers", None)
