@@ -23,9 +23,9 @@ On the CPU the same updates are BLAS calls on the strided blocks, rows split ove
 (cisolver.host_blocks); an in-place update with an upper-triangular factor is a trmm there, which costs
 no scratch and no copy.
 """
-import ctypes
-
 import numpy as np
+
+from hybridblas import lowlevel
 
 from . import cuda_modules, host_blocks, row_kernels
 from .arrays import Ready, column_sumsq, column_totals, is_device, row_major, row_stride, small_on_device
@@ -199,30 +199,11 @@ def _on_cublas(*arrays):
             and all(row_major(x) for x in arrays))
 
 
-def _cublas_call(routine, x, *args):
-    import cupy
-    from hybridblas import cublas
-    cublas.call(f"cublas{_PREFIX[x.dtype]}{routine}", cupy.cuda.device.get_cublas_handle(),
-                cupy.cuda.get_current_stream().ptr, *args)
-
-
-def _scalar(value, dtype):
-    holder = np.array([value], dtype=dtype)
-    return holder, ctypes.c_void_p(holder.ctypes.data)
-
-
 def _gemm(out, a, m, beta):
-    """Row-major out (n x q) = a (n x p) m (p x q) + beta out, as the column-major out^T = m^T a^T."""
-    n, q = out.shape
-    p = a.shape[1]
-    if n == 0 or q == 0:
-        return
-    m_dev = small_on_device(m, out.dtype)              # row-major p x q = column-major m^T
-    one, one_p = _scalar(1.0, out.dtype)
-    b, b_p = _scalar(beta, out.dtype)
-    i = ctypes.c_int
-    _cublas_call("gemm_v2", out, i(0), i(0), i(q), i(n), i(p), one_p, ctypes.c_void_p(m_dev.data.ptr), i(max(q, 1)),
-                 ctypes.c_void_p(a.data.ptr), i(row_stride(a)), b_p, ctypes.c_void_p(out.data.ptr), i(row_stride(out)))
+    """Row-major out (n x q) = a (n x p) m (p x q) + beta out: one cuBLAS gemm on the caller's stream, on the
+    blocks as they lie (the column-major out^T = m^T a^T)."""
+    if out.size:
+        lowlevel.device_gemm(out, a, small_on_device(m, out.dtype), beta)
 
 
 _RESIDUAL_SOURCE = r"""
@@ -263,7 +244,7 @@ def cuda_section(dtype):
 
 def _residual_gpu(r, hx, x, theta, later=False):
     import cupy
-    from hybridblas.devices.cuda_skinny import multiprocessors
+    from hybridblas import gpu_multiprocessors
     n, b = r.shape
     if n == 0 or b == 0:
         return Ready(np.zeros(b)) if later else np.zeros(b)
@@ -273,7 +254,7 @@ def _residual_gpu(r, hx, x, theta, later=False):
         return Ready(column_sumsq(r)) if later else column_sumsq(r)
     kernel = cuda_modules.function(cupy, r.dtype, "residual_sumsq")
     threads = 256 // b * b
-    blocks = max(1, min(8 * multiprocessors(cupy), -(-n // (threads // b))))
+    blocks = max(1, min(8 * gpu_multiprocessors(), -(-n // (threads // b))))
     partials = cupy.empty((blocks, b), dtype=np.float64)
     kernel((blocks,), (threads,),
                            (hx, np.int64(row_stride(hx)), x, np.int64(row_stride(x)),

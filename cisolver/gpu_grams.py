@@ -363,7 +363,7 @@ def grams(s, hs=None):
     """(k, k, 2) float64 GPU array, column-major per Gram like dense.gram_buffer: [:, :, 0] = S^T H S (with
     ``hs``; zeros without) and [:, :, 1] = S^T S, both whole (not only their lower triangles)."""
     import cupy
-    from hybridblas.devices.cuda_skinny import multiprocessors
+    from hybridblas import gpu_multiprocessors
     if not fits(s, hs):
         raise ValueError(f"gpu_grams.grams: s {s.shape} {s.dtype}"
                          + (f", hs {hs.shape} {hs.dtype}" if hs is not None else "") + " not covered")
@@ -375,12 +375,12 @@ def grams(s, hs=None):
     hs_arg = hs if hs is not None else np.uint64(0)
     ldh = np.int64(row_stride(hs) if hs is not None else 0)
     if _staged(s, hs):
-        blocks = max(1, min(STAGED_BLOCKS_PER_SM * multiprocessors(cupy), -(-n // TILE)))
+        blocks = max(1, min(STAGED_BLOCKS_PER_SM * gpu_multiprocessors(), -(-n // TILE)))
         partials = cupy.empty((2, k, k, blocks), dtype=np.float64)
         staged_kernel((blocks,), (THREADS,), (s, np.int64(row_stride(s)), hs_arg, ldh, np.int64(n), np.int32(k),
                                               partials), shared_mem=_staged_shared(s, hs))
     else:
-        blocks = max(1, min(BLOCKS_PER_SM * multiprocessors(cupy), -(-n // TILE)))
+        blocks = max(1, min(BLOCKS_PER_SM * gpu_multiprocessors(), -(-n // TILE)))
         partials = cupy.empty((2, k, k, blocks), dtype=np.float64)
         shared = max(2 * TILE * 4 * -(-k // 4) * s.itemsize, THREADS * 16 * 8)
         vec = int(_vector_rows(s, k)) + 2 * int(hs is not None and _vector_rows(hs, k))

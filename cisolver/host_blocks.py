@@ -5,7 +5,7 @@ The blocks are column ranges of LOBPCG's n x 3b buffers: n x 8 to n x 24 with a 
 handles such narrow strided blocks row by row (a copy or a multiply of 28503 x 8 takes 0.35-0.9 ms on
 the 2-core box, ten times its memory traffic), and OpenBLAS's own threads cost more than they give on
 them (they spin after each call, against the sparse product's threads). So every update here is a BLAS
-call on the strided block itself, through the GIL-free ctypes pointers of hybridblas.host_blas, and
+call on the strided block itself, through the GIL-free single calls of hybridblas.lowlevel, and
 the parallelism is ours: row pieces of at least MIN_ROWS_PER_THREAD rows on ``threads`` threads.
 
     gemm(out, a, m, beta)           out <- a m + beta out     (one call, the caller's rows)
@@ -20,10 +20,10 @@ import threading
 
 import numpy as np
 
+from hybridblas import lowlevel
 from hybridblas.blas_threads import available_cores
-from hybridblas.host_blas import Args, routine
 
-from .arrays import row_major, row_stride
+from .arrays import row_major
 
 MIN_ROWS_PER_THREAD = 12288     # 2 x H200 node, 32 cores: 24Mg (28503 rows) best on 2 threads, 46Ti on 4-8
 MAX_THREADS = 16
@@ -87,32 +87,8 @@ def blas_ready(*blocks):
 
 
 def gemm(out, a, m, beta):
-    """Row-major out (n x q) <- a (n x p) m (p x q) + beta out, as the column-major out^T = m^T a^T."""
-    n, q = out.shape
-    p = a.shape[1]
-    if n == 0 or q == 0:
-        return
-    if p == 0:           # an empty product: BLAS would not touch out when beta == 0
-        if beta == 0:
-            out[...] = 0
-        else:
-            out *= beta
-        return
-    g, dt = Args(), out.dtype
-    routine(_PREFIX[dt], "gemm")(
-        g.char("N"), g.char("N"), g.int(q), g.int(n), g.int(p), g.scalar(1.0, dt), m.ctypes.data, g.int(q),
-        a.ctypes.data, g.int(row_stride(a)), g.scalar(beta, dt), out.ctypes.data, g.int(row_stride(out)))
-
-
-def _trmm_upper(v, u):
-    """Row-major v (n x q) <- v u in place, u upper triangular: column-major v^T <- u^T v^T (u^T lower)."""
-    n, q = v.shape
-    if n == 0 or q == 0:
-        return
-    g = Args()
-    routine(_PREFIX[v.dtype], "trmm")(
-        g.char("L"), g.char("L"), g.char("N"), g.char("N"), g.int(q), g.int(n), g.scalar(1.0, v.dtype),
-        u.ctypes.data, g.int(q), v.ctypes.data, g.int(row_stride(v)))
+    """Row-major out (n x q) <- a (n x p) m (p x q) + beta out: one BLAS call on the blocks as they lie."""
+    lowlevel.host_gemm(out, a, m, beta)
 
 
 def _small(m, dtype):
@@ -143,7 +119,7 @@ def upper_update(v, u, x, c, threads=None):
     u, c = _small(np.triu(u), v.dtype), _small(c, v.dtype)
 
     def piece(r0, r1):
-        _trmm_upper(v[r0:r1], u)
+        lowlevel.host_trmm_right(v[r0:r1], u)
         gemm(v[r0:r1], x[r0:r1], c, 1.0)
     by_rows(v.shape[0], piece, threads)
     return v

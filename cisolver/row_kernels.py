@@ -386,11 +386,11 @@ def _copy_target(r_copy, r):
     return r_copy
 
 
-def _staged_grid(cupy, n, shared):
+def _staged_grid(n, shared):
     """Blocks for n rows: as many a multiprocessor as STAGED_SHARED bytes of shared memory hold (16 at most)."""
-    from hybridblas.devices.cuda_skinny import multiprocessors
+    from hybridblas import gpu_multiprocessors
     per_sm = max(1, min(16, STAGED_SHARED // shared))
-    return max(1, min(per_sm * multiprocessors(cupy), -(-n // STAGE_ROWS)))
+    return max(1, min(per_sm * gpu_multiprocessors(), -(-n // STAGE_ROWS)))
 
 
 def _qmax(q):
@@ -408,9 +408,9 @@ def _fits(blocks, p, q, long_double=False, staged=False):
             and all(x.dtype == x0.dtype and x.device.id == x0.device.id and row_major(x) for x in blocks))
 
 
-def _grid(cupy, n):
-    from hybridblas.devices.cuda_skinny import multiprocessors
-    return max(1, min(BLOCKS_PER_SM * multiprocessors(cupy), -(-n // THREADS)))
+def _grid(n):
+    from hybridblas import gpu_multiprocessors
+    return max(1, min(BLOCKS_PER_SM * gpu_multiprocessors(), -(-n // THREADS)))
 
 
 def product(out, a, m, long_double=True):
@@ -432,14 +432,14 @@ def product(out, a, m, long_double=True):
         kernel = cuda_modules.function(cupy, out.dtype, f"staged_product_{qmax}")
         none = np.uint64(0)
         shared = _staged_shared(p, qmax, out.dtype.itemsize, 1)
-        kernel((_staged_grid(cupy, n, shared),), (2 * STAGE_ROWS,),
+        kernel((_staged_grid(n, shared),), (2 * STAGE_ROWS,),
                (a, np.int64(row_stride(a)), none, np.int64(0), out, np.int64(row_stride(out)), none, np.int64(0),
                 m_dev, np.int32(p), np.int32(q), none, np.int32(0), none, np.int64(0), none, np.int64(0), np.int64(n),
                 np.int32(aligned_rows(out)), none),
                shared_mem=shared)
         return True
     kernel = cuda_modules.function(cupy, out.dtype, f"rows_times_small_{qmax}")
-    kernel((_grid(cupy, n),), (THREADS,),
+    kernel((_grid(n),), (THREADS,),
            (a, np.int64(row_stride(a)), out, np.int64(row_stride(out)), m_dev, np.int32(p), np.int32(q), np.int64(n),
             np.int32(aligned_rows(a)), np.int32(aligned_rows(out))),
            shared_mem=p * qmax * out.dtype.itemsize)
@@ -471,7 +471,7 @@ def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False, r_cop
     theta_dev = cupy.asarray(theta, dtype=np.float64)      # a host vector, or already on the GPU
     if use_staged:
         shared = _staged_shared(p, qmax, r.dtype.itemsize, 2)
-        grid = _staged_grid(cupy, n, shared)
+        grid = _staged_grid(n, shared)
         partials = cupy.empty((grid, b), dtype=np.float64)
         copy = _copy_target(r_copy, r)
         outs = (x_next, hx_next, r) + ((copy,) if copy is not None else ())
@@ -486,7 +486,7 @@ def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False, r_cop
         if r_copy is not None and copy is None:
             r_copy[...] = r
         return column_totals(partials, later)
-    grid = _grid(cupy, n)
+    grid = _grid(n)
     partials = cupy.empty((grid, b), dtype=np.float64)
     vec = sum(bit << i for i, bit in enumerate(aligned_rows(x) for x in (s, hs, x_next, hx_next, r)))
     kernel = cuda_modules.function(cupy, r.dtype, f"update_residual_{qmax}")

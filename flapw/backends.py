@@ -4,8 +4,6 @@ Every backend exposes herk, her2k, herkx and gemm with hybridblas's (= scipy.lin
 order.  "cublasxt" looks for ``hybridblas.peers.cublasxt_{herk,her2k,herkx,gemm}`` (the same signature,
 no ``context``): the paper's comparison of the same build with every BLAS call sent to cuBLASXt.
 """
-import importlib
-
 import numpy as np
 
 __all__ = ["get_backend", "BackendUnavailable", "BACKENDS"]
@@ -42,10 +40,7 @@ class PeerBackend:
     """Functions named ``{prefix}_{routine}`` in hybridblas.peers, called without ``context``."""
 
     def __init__(self, prefix, devices=None):
-        try:
-            peers = importlib.import_module("hybridblas.peers")
-        except ImportError as exc:
-            raise BackendUnavailable(f"blas={prefix!r} needs hybridblas.peers, which is not available ({exc})") from None
+        from hybridblas import peers
         names = ("herk", "her2k", "herkx", "gemm")
         missing = [f"{prefix}_{n}" for n in names if not hasattr(peers, f"{prefix}_{n}")]
         if missing:

@@ -201,7 +201,7 @@ def _fill_host_panel(c, j0, j1, tile):
 
 
 def _fill_on_gpu(c, xp, tile):
-    from hybridblas.cublas import conj_transpose_into
+    from hybridblas.lowlevel import conj_transpose
     n = c.shape[0]
     for j0 in range(0, n, tile):
         j1 = min(n, j0 + tile)
@@ -210,7 +210,7 @@ def _fill_on_gpu(c, xp, tile):
         if j1 < n and c.flags.f_contiguous:
             # the rest of the column panel in one cuBLAS geam: a strided conj().T copy ran at ~1/100
             # of the memory bandwidth (0.66 s of an 8.2 s TiO2 Kmax 4.0 build on two H200s)
-            conj_transpose_into(c[j0:j1, j1:n], c[j1:n, j0:j1])
+            conj_transpose(c[j0:j1, j1:n], c[j1:n, j0:j1])
             continue
         if j1 < n:       # the rest of the column panel in one copy
             c[j0:j1, j1:n] = c[j1:n, j0:j1].conj().T

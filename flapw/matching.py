@@ -14,7 +14,7 @@ i.e. a column-major (n·N_L) × N_G matrix: exactly the operand of zherk/zher2k/
 import numpy as np
 from scipy.special import spherical_jn, sph_harm_y_all
 
-from hybridblas.problem import array_module
+from hybridblas import array_module
 
 from .potential import lm_index
 

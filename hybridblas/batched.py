@@ -30,9 +30,9 @@ def gemm_batched(alpha, a, b, beta=0.0, c=None):
     beta must be 0). Views with any strides are taken as they are where each matrix has a unit stride along
     one of its two axes (others are copied first; c then receives the result by one copy). c must not
     overlap a or b, nor its own blocks one another."""
-    xp = array_module(a)
+    xp = array_module(a, "a")
     for name, x in (("b", b), ("c", c)):
-        if x is not None and array_module(x) is not xp:
+        if x is not None and array_module(x, name) is not xp:
             raise TypeError(f"{name} must be a {xp.__name__} array like a, got {type(x).__module__}.{type(x).__name__}")
     if a.ndim != 3:
         raise ValueError(f"a must be 3-D (batch, m, k), got shape {a.shape}")

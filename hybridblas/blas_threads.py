@@ -1,12 +1,19 @@
-"""One process-wide BLAS thread limit around a whole hybrid call.
+"""The cores this process may use and one process-wide BLAS thread limit (public: ``hybridblas.blas_threads``).
 
-threadpoolctl's limits are process-wide and not thread-safe, so concurrent hybrid calls share one limit:
-the first caller sets it, the last one out restores the original. Callers asking for a different limit
-while one is active run under the active one (correct, possibly slower) rather than fighting over it.
+    with hb.blas_threads.limit(1), ThreadPoolExecutor(hb.blas_threads.available_cores()) as pool:
+        ...                                   # one BLAS thread per worker, one worker per core
+
+threadpoolctl's limits are process-wide and not thread-safe, so concurrent hybrid calls (and callers of
+``limit``) share one limit: the first caller sets it, the last one out restores the original. Callers asking
+for a different limit while one is active run under the active one (correct, possibly slower) rather than
+fighting over it.
 """
 import contextlib
 import os
 import threading
+from numbers import Integral
+
+__all__ = ["available_cores", "limit", "current", "blas_info"]
 
 _lock = threading.Lock()
 _depth = 0
@@ -15,6 +22,7 @@ _controller = None
 
 
 def available_cores():
+    """The cores this process may run on (its CPU affinity, e.g. under taskset or an MPI binding)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -42,8 +50,15 @@ def blas_info():
 
 @contextlib.contextmanager
 def limit(threads):
-    """Run the block with every loaded BLAS library limited to ``threads`` threads (None: leave as is)."""
+    """Run the block with every loaded BLAS library limited to ``threads`` threads (a positive int; None: leave
+    as is); the original limits come back when the last block still open ends. TypeError / ValueError for
+    another ``threads``, before anything changes."""
     global _depth, _limiter
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, Integral):
+            raise TypeError(f"threads must be a positive integer or None, got {type(threads).__name__} {threads!r}")
+        if threads < 1:
+            raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
     with _lock:
         if _depth == 0 and threads is not None:
             ctl = _blas_controllers()

@@ -12,8 +12,10 @@ for without CuPy installed, an index past the visible GPUs, a word it does not k
 — each is a ValueError that names the value and what to do.
 """
 from dataclasses import dataclass
+from numbers import Integral
 
-__all__ = ["DeviceSpec", "parse_devices", "device_words", "check_gpu_ids", "gpu_count", "CUDA_INSTALL_HINT"]
+__all__ = ["DeviceSpec", "parse_devices", "device_words", "check_gpu_ids", "gpu_count", "gpu_multiprocessors",
+           "CUDA_INSTALL_HINT"]
 
 CUDA_INSTALL_HINT = 'install the GPU extra: pip install "hybridblas[cuda13]" (or "hybridblas[cuda12]")'
 
@@ -34,6 +36,34 @@ def _cupy_state():
 def gpu_count():
     """CUDA GPUs CuPy can see; 0 without CuPy or a driver. Creates no CUDA context."""
     return _cupy_state()[1]
+
+
+_sm_counts = {}            # GPU id -> multiprocessors
+
+
+def gpu_multiprocessors(device=None):
+    """Streaming multiprocessors of CUDA GPU ``device`` (an id; None: CuPy's current device), for sizing a
+    kernel's grid. Asked of the runtime once per GPU (``Device.attributes`` would query every attribute),
+    then a dictionary look-up. ValueError for an id that is no visible GPU; TypeError for a non-integer."""
+    if device is not None:
+        if isinstance(device, bool) or not isinstance(device, Integral):
+            raise TypeError(f"device must be a GPU id (int) or None, got {type(device).__name__} {device!r}")
+        device = int(device)
+    else:
+        try:
+            import cupy
+        except ImportError:
+            raise ModuleNotFoundError(f"gpu_multiprocessors needs CuPy; {CUDA_INSTALL_HINT}") from None
+        device = cupy.cuda.Device().id
+    count = _sm_counts.get(device)
+    if count is not None:
+        return count
+    cupy, visible, why = _cupy_state()
+    if not 0 <= device < visible:
+        raise ValueError(f"device must be a visible GPU id, got {device}: "
+                         + (f"{visible} GPU(s) are visible (ids 0..{visible - 1})" if visible else why))
+    count = _sm_counts[device] = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
+    return count
 
 
 @dataclass(frozen=True)

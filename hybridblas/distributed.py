@@ -1,13 +1,22 @@
-"""Beyond one node: MPI through mpi4py (NCCL through CuPy for GPU collectives). Optional: nothing here
-is imported by ``import hybridblas``, and every function works with ``comm=None`` (one process).
+"""Beyond one node (public: ``hybridblas.distributed``): MPI through mpi4py, NCCL through CuPy for GPU
+collectives. mpi4py, CuPy and NCCL are imported only inside the functions that use them (``import
+hybridblas`` imports neither), and every function works with ``comm=None`` (one process, nothing sent).
+
+    comm = distributed.world()                          # COMM_WORLD under mpiexec with >1 rank, else None
+    lo, hi = distributed.block_range(n, size, rank)     # this rank's rows
+    g = distributed.gram(s[lo:hi], comm)                # S^T S over all ranks' rows, on every rank
 
 The pattern is MFDn's: vectors are distributed by rows, a Gram matrix is a local hybridblas split-K
-product over the local rows followed by one Allreduce.
+product over the local rows followed by one Allreduce. Arrays are numpy or cupy arrays (TypeError
+otherwise); the collectives must be called by every rank of ``comm``.
 """
 import os
 import threading
+from numbers import Integral
 
 import numpy as np
+
+from .problem import array_module
 
 __all__ = ["world", "local_rank", "block_range", "allreduce", "allgather_rows", "gather_rows_into",
            "device_collectives", "gram", "node_context", "rank_print"]
@@ -44,7 +53,14 @@ def local_rank(comm):
 
 
 def block_range(n, size, rank):
-    """Rows [lo, hi) of rank ``rank`` in a balanced 1-D block distribution of n rows."""
+    """Rows [lo, hi) of rank ``rank`` in a balanced 1-D block distribution of n rows over ``size`` ranks."""
+    for name, value, least in (("n", n, 0), ("size", size, 1), ("rank", rank, 0)):
+        if isinstance(value, bool) or not isinstance(value, Integral):
+            raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+        if value < least:
+            raise ValueError(f"{name} must be at least {least}, got {value}")
+    if rank >= size:
+        raise ValueError(f"rank must be below size={size}, got {rank}")
     base, extra = divmod(n, size)
     lo = rank * base + min(rank, extra)
     return lo, lo + base + (1 if rank < extra else 0)
@@ -58,6 +74,7 @@ def allreduce(x, comm, wait=True):
     """Sum x over the ranks, in place; returns x. Host arrays through MPI, cupy arrays through NCCL
     when CuPy has it (else through host memory). wait=False leaves NCCL's sum queued on the current
     stream (work queued after it on that stream sees the sum; the host does not wait)."""
+    array_module(x)
     if comm is None:
         return x
     from mpi4py import MPI
@@ -66,8 +83,7 @@ def allreduce(x, comm, wait=True):
         if nccl is not None:
             import cupy
             from cupy.cuda import nccl as _n
-            if not (x.flags.c_contiguous or x.flags.f_contiguous):
-                raise ValueError("allreduce needs a contiguous array (C or Fortran order)")
+            _check_contiguous(x)
             with cupy.cuda.Device(x.device.id):
                 stream = cupy.cuda.get_current_stream()
                 nccl.allReduce(x.data.ptr, x.data.ptr, x.size * _reals(x), _nccl_type(_n, x), _n.NCCL_SUM,
@@ -79,10 +95,15 @@ def allreduce(x, comm, wait=True):
         comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
         x.set(host)
         return x
-    if not (x.flags.c_contiguous or x.flags.f_contiguous):
-        raise ValueError("allreduce needs a contiguous array (C or Fortran order)")
+    _check_contiguous(x)
     comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
     return x
+
+
+def _check_contiguous(x):
+    if not (x.flags.c_contiguous or x.flags.f_contiguous):
+        raise ValueError(f"x must be contiguous (C or Fortran order) for allreduce, got shape {x.shape} "
+                         f"with strides {x.strides}")
 
 
 def _reals(x):
@@ -109,6 +130,7 @@ def gather_rows_into(full, counts, comm):
     """Every rank's rows of ``full`` (C-contiguous, rank r's rows at sum(counts[:r]), already written there by
     that rank) onto every rank, in place: one NCCL broadcast per rank in one group, queued on the current
     stream (no padding, no concatenation, no host wait). Needs device_collectives(comm, full)."""
+    array_module(full, "full")
     import cupy
     from cupy.cuda import nccl as _n
     if not full.flags.c_contiguous or full.shape[0] != sum(counts):
@@ -166,6 +188,7 @@ def allgather_rows(local, comm):
 
     cupy blocks go GPU to GPU through NCCL when every rank has it (gather_rows_into: one broadcast per rank,
     in place, no padding), else through host memory and MPI's Allgatherv. Collective: every rank calls it."""
+    array_module(local, "local")
     if comm is None:
         return local
     counts = comm.allgather(local.shape[0])
@@ -206,7 +229,10 @@ def gram(s_local, comm, *, other=None, context=None):
 
 
 def node_context(comm, devices="all", **kwargs):
-    """A hybridblas Context for this rank: its share of the node's GPUs (local rank -> device) and cores."""
+    """A hybridblas Context for this rank: its share of the node's GPUs (local rank -> device) and cores.
+    ``devices``: "all", "gpu" or "cpu"; ``kwargs`` go to Context (cpu_threads defaults to the rank's share)."""
+    if devices not in ("all", "gpu", "cpu"):
+        raise ValueError(f"devices must be 'all', 'gpu' or 'cpu', got {devices!r}")
     import hybridblas as hb
     from .blas_threads import available_cores
     from .devspec import gpu_count

@@ -1,11 +1,15 @@
-"""Peers that hybridblas is measured against, callable from any benchmark in the same process.
+"""Peers that hybridblas is measured against (public: ``hybridblas.peers``), callable from any benchmark or
+tool in the same process (``flapw build --blas cublasxt``).
 
 - ``cublas_device_*``: one cuBLAS call on device-resident cupy arrays (the per-GPU ceiling);
 - ``cublasxt_*``: NVIDIA's host-API multi-GPU BLAS on host (numpy, column-major) arrays, through ctypes
   with size_t dimensions, on the GPUs listed in ``devices``.
 
 Arguments follow hybridblas/scipy: ``cublasxt_herk(alpha, a, beta, c, trans="N", lower=True, devices=(0,))``
-updates ``c`` in place (it must be a Fortran-ordered numpy array) and returns it.
+updates ``c`` in place (it must be a Fortran-ordered numpy array) and returns it. Every operand is a 2-D
+Fortran-ordered array (cupy for ``cublas_device_*``, numpy for ``cublasxt_*``) of one dtype (herk, her2k,
+herkx: complex64 or complex128; syrk, gemm: any of float32, float64, complex64, complex128) and shapes
+that fit ``trans``; anything else is a TypeError or ValueError naming the argument, before any GPU work.
 """
 import ctypes
 import threading
@@ -32,13 +36,43 @@ def _op(trans):
     return ctypes.c_int(_OP[trans])
 
 
+def _check(routine, device, c, a, b=None, trans="N", transb=None):
+    """TypeError / ValueError unless the operands suit ``routine`` (rank-k when ``transb`` is None, else gemm
+    with trans = transa)."""
+    arrays = {"c": c, "a": a} if b is None else {"c": c, "a": a, "b": b}
+    kind = "cupy" if device else "numpy"
+    for name, x in arrays.items():
+        ok = type(x).__module__.split(".")[0] == "cupy" if device else isinstance(x, np.ndarray)
+        if not ok or x.ndim != 2 or not x.flags.f_contiguous:
+            raise TypeError(f"{name} must be a 2-D Fortran-ordered {kind} array, got {type(x).__name__} "
+                            f"of shape {getattr(x, 'shape', None)}")
+        if x.dtype != c.dtype or x.dtype not in cublas._PREFIX:
+            raise TypeError(f"{name} has dtype {x.dtype}; c has {c.dtype}: one dtype of float32, float64, "
+                            f"complex64, complex128")
+    if routine.startswith("her") and c.dtype.kind != "c":
+        raise TypeError(f"{routine} needs complex data, got dtype {c.dtype}")
+    ops = {"trans": trans} if transb is None else {"transa": trans, "transb": transb}
+    for name, t in ops.items():
+        if t not in _OP:
+            raise ValueError(f"{name} must be 'N', 'T' or 'C', got {t!r}")
+
+    def shape(x, t):
+        return x.shape if t == "N" else x.shape[::-1]
+    if transb is None:
+        n, k = shape(a, trans)
+        if c.shape != (n, n) or (b is not None and shape(b, trans) != (n, k)):
+            given = f"a {a.shape}" + ("" if b is None else f" and b {b.shape}")
+            raise ValueError(f"{given} with trans={trans!r} do not fit c {c.shape} (op(a) n x k, c n x n)")
+    elif shape(a, trans)[0] != c.shape[0] or shape(b, transb)[1] != c.shape[1] or \
+            shape(a, trans)[1] != shape(b, transb)[0]:
+        raise ValueError(f"op(a) times op(b) does not fit c {c.shape}: a {a.shape} with transa={trans!r}, "
+                         f"b {b.shape} with transb={transb!r}")
+
+
 # --------------------------------------------------------------------------- device-resident cuBLAS
 
-def _device_args(*arrays):
+def _device_args():
     import cupy
-    for x in arrays:
-        if not isinstance(x, cupy.ndarray) or not x.flags.f_contiguous:
-            raise TypeError("device peers take Fortran-ordered cupy arrays")
     stream = cupy.cuda.get_current_stream()
     return cupy.cuda.device.get_cublas_handle(), stream.ptr
 
@@ -48,7 +82,8 @@ def _ld(x):
 
 
 def cublas_device_herk(alpha, a, beta, c, trans="N", lower=True):
-    h, s = _device_args(a, c)
+    _check("herk", True, c, a, trans=trans)
+    h, s = _device_args()
     n = c.shape[0]
     k = a.shape[1] if trans == "N" else a.shape[0]
     sc = cublas._Scalars()
@@ -60,7 +95,8 @@ def cublas_device_herk(alpha, a, beta, c, trans="N", lower=True):
 
 
 def _two(kind, alpha, a, b, beta, c, trans, lower):
-    h, s = _device_args(a, b, c)
+    _check(kind.split("_")[0], True, c, a, b, trans=trans)
+    h, s = _device_args()
     n = c.shape[0]
     k = a.shape[1] if trans == "N" else a.shape[0]
     sc = cublas._Scalars()
@@ -82,7 +118,8 @@ def cublas_device_herkx(alpha, a, b, beta, c, trans="N", lower=True):
 
 
 def cublas_device_gemm(alpha, a, b, beta, c, transa="N", transb="N"):
-    h, s = _device_args(a, b, c)
+    _check("gemm", True, c, a, b, trans=transa, transb=transb)
+    h, s = _device_args()
     m, n = c.shape
     k = a.shape[1] if transa == "N" else a.shape[0]
     sc = cublas._Scalars()
@@ -122,9 +159,7 @@ def cublasxt_handle(devices=(0,), block_dim=None, pinning=False):
         return handle
 
 
-def _host(x, name):
-    if not isinstance(x, np.ndarray) or not x.flags.f_contiguous:
-        raise TypeError(f"{name} must be a Fortran-ordered numpy array for cuBLASXt")
+def _host(x):
     return ctypes.c_void_p(x.ctypes.data), _size(max(1, x.shape[0]))
 
 
@@ -145,11 +180,12 @@ def _real(c):
 
 
 def _xt_one(kind, alpha, a, beta, c, trans, lower, devices, block_dim, pinning, scalar):
+    _check(kind, False, c, a, trans=trans)
     n = c.shape[0]
     k = a.shape[1] if trans == "N" else a.shape[0]
     sc = cublas._Scalars()
-    pa, lda = _host(a, "a")
-    pc, ldc = _host(c, "c")
+    pa, lda = _host(a)
+    pc, ldc = _host(c)
     _xt_call(f"cublasXt{_prefix(c)}{kind}", devices, block_dim, pinning, _fill(lower), _op(trans), _size(n),
              _size(k), sc(alpha, scalar), pa, lda, sc(beta, scalar), pc, ldc)
     return c
@@ -164,12 +200,13 @@ def cublasxt_syrk(alpha, a, beta, c, trans="N", lower=True, devices=(0,), block_
 
 
 def _xt_two(kind, alpha, a, b, beta, c, trans, lower, devices, block_dim, pinning):
+    _check(kind, False, c, a, b, trans=trans)
     n = c.shape[0]
     k = a.shape[1] if trans == "N" else a.shape[0]
     sc = cublas._Scalars()
-    pa, lda = _host(a, "a")
-    pb, ldb = _host(b, "b")
-    pc, ldc = _host(c, "c")
+    pa, lda = _host(a)
+    pb, ldb = _host(b)
+    pc, ldc = _host(c)
     _xt_call(f"cublasXt{_prefix(c)}{kind}", devices, block_dim, pinning, _fill(lower), _op(trans), _size(n),
              _size(k), sc(alpha, c.dtype), pa, lda, pb, ldb, sc(beta, _real(c)), pc, ldc)
     return c
@@ -185,12 +222,13 @@ def cublasxt_herkx(alpha, a, b, beta, c, trans="N", lower=True, devices=(0,), bl
 
 
 def cublasxt_gemm(alpha, a, b, beta, c, transa="N", transb="N", devices=(0,), block_dim=None, pinning=False):
+    _check("gemm", False, c, a, b, trans=transa, transb=transb)
     m, n = c.shape
     k = a.shape[1] if transa == "N" else a.shape[0]
     sc = cublas._Scalars()
-    pa, lda = _host(a, "a")
-    pb, ldb = _host(b, "b")
-    pc, ldc = _host(c, "c")
+    pa, lda = _host(a)
+    pb, ldb = _host(b)
+    pc, ldc = _host(c)
     _xt_call(f"cublasXt{_prefix(c)}gemm", devices, block_dim, pinning, _op(transa), _op(transb), _size(m),
              _size(n), _size(k), sc(alpha, c.dtype), pa, lda, pb, ldb, sc(beta, c.dtype), pc, ldc)
     return c

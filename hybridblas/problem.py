@@ -30,15 +30,17 @@ _EXACT_OVERLAP_WORK = 1 << 20       # numpy's overlap solver effort; beyond it a
 _CUPY_EXACT_OVERLAP = 1 << 22       # cupy decides exactly by sorting every element's address: small arrays only
 
 
-def array_module(x):
-    """numpy for host arrays, cupy for device arrays (imported only when such an array is passed)."""
+def array_module(x, name="x"):
+    """The array module of ``x``: numpy for a numpy array, cupy for a cupy array (CuPy is imported only when
+    such an array is passed), so one code path serves host and GPU data. TypeError for anything else, naming
+    the argument as ``name``."""
     if isinstance(x, np.ndarray):
         return np
     mod = type(x).__module__.split(".")[0]
     if mod == "cupy":
         import cupy
         return cupy
-    raise TypeError(f"expected a numpy or cupy array, got {type(x).__name__}")
+    raise TypeError(f"{name} must be a numpy or cupy array, got {type(x).__name__} {x!r:.60}")
 
 
 def _is_integer(value):
@@ -250,7 +252,7 @@ def _check_array(x, name):
         raise TypeError(f"{name} must be an array, got None")
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         x = np.asarray(x)
-    xp = array_module(x)
+    xp = array_module(x, name)
     if x.ndim != 2:
         raise ValueError(f"{name} must be 2-D, got {x.ndim}-D array of shape {x.shape}")
     if x.dtype not in SUPPORTED_DTYPES:

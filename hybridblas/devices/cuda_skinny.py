@@ -22,6 +22,7 @@ import threading
 
 import numpy as np
 
+from ..devspec import gpu_multiprocessors
 from ..problem import leading_dim
 
 MAX_EDGE = 64          # C at most this wide and tall (a thread's 4 x 4 tiles: at most 256 per block)
@@ -167,7 +168,6 @@ extern "C" __global__ void skinny_gram_finish(
 """
 _modules = {}
 _modules_lock = threading.Lock()
-_sm_counts = {}
 
 
 def applies(problem):
@@ -196,14 +196,6 @@ def _kernels(cupy, dtype):
         return _modules[key]
 
 
-def multiprocessors(cupy):
-    """Multiprocessors of the current GPU, asked once (Device.attributes queries every attribute)."""
-    dev = cupy.cuda.Device().id
-    if dev not in _sm_counts:
-        _sm_counts[dev] = cupy.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
-    return _sm_counts[dev]
-
-
 def run(problem):
     """C <- the problem's sum of terms plus beta C, on the caller's current stream, without waiting."""
     import cupy
@@ -212,7 +204,7 @@ def run(problem):
         return
     partials_kernel, finish_kernel = _kernels(cupy, problem.dtype)
     terms = problem.terms()
-    blocks = max(1, min(-(-k // MIN_ROWS), BLOCKS_PER_SM * multiprocessors(cupy))) if k else 0
+    blocks = max(1, min(-(-k // MIN_ROWS), BLOCKS_PER_SM * gpu_multiprocessors())) if k else 0
     rows_per_block = -(-k // blocks) if blocks else 0
     triangle = 0 if problem.kind == "gemm" else (1 if problem.lower else 2)
     partials = cupy.empty((len(terms), max(blocks, 1), m * n), dtype=np.float64)

@@ -1,0 +1,140 @@
+"""Single BLAS calls on strided blocks, for hot loops (public: ``hybridblas.lowlevel``).
+
+A hybrid routine (``hb.gemm`` ...) plans tiles over the devices and checks overlaps: 130-275 µs of host
+time per call on one GPU. The functions here are one BLAS call each on the caller's arrays as they lie,
+with no planning, no threads, no copies and no memory queries; the checks are of types, dtypes, shapes and
+layouts only (TypeError / ValueError naming the argument and its value, before any call).
+
+    host_gemm(out, a, b, beta=0.0, alpha=1.0)     out <- alpha a b + beta out          numpy; scipy's BLAS
+    host_trmm_right(v, t, lower=False)            v <- v t in place, t triangular    numpy; scipy's BLAS
+    device_gemm(out, a, b, beta=0.0, alpha=1.0)   out <- alpha a b + beta out          cupy; cuBLAS
+    conj_transpose(dst, src)                      dst <- src^H (src^T for real data)   cupy; cuBLAS geam
+
+Every matrix is 2-D with a unit stride along its rows or its columns and a leading dimension (a column
+range of a row-major buffer qualifies, as does any C- or Fortran-ordered array); all share one dtype of
+float32, float64, complex64, complex128. The output must not share memory with an input: that is not
+checked (disjoint blocks of one buffer are the common case here, and an exact test costs more than the
+call). Host calls run scipy's BLAS through ctypes with the GIL released, on the calling thread; device
+calls run on CuPy's current device and stream, where every array must live, and return without waiting.
+"""
+import numpy as np
+
+from . import cublas, host_blas
+from .problem import SUPPORTED_DTYPES, Operand, _check_scalar, is_column_major, leading_dim
+
+__all__ = ["host_gemm", "host_trmm_right", "device_gemm", "conj_transpose"]
+
+
+def _check(arrays, device):
+    """TypeError / ValueError unless ``arrays`` ({name: array}) are 2-D numpy (cupy with ``device``) arrays
+    of one supported dtype, each readable by BLAS as it lies (and on the current GPU with ``device``)."""
+    dtype = None
+    for name, x in arrays.items():
+        ok = type(x).__module__.split(".")[0] == "cupy" if device else isinstance(x, np.ndarray)
+        if not ok:
+            raise TypeError(f"{name} must be a {'cupy' if device else 'numpy'} array, got {type(x).__name__} "
+                            f"{x!r:.60}")
+        if x.ndim != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {x.shape}")
+        if dtype is None:
+            dtype = x.dtype
+            if dtype not in SUPPORTED_DTYPES:
+                raise TypeError(f"{name} has dtype {dtype}; supported: float32, float64, complex64, complex128")
+        elif x.dtype != dtype:
+            raise TypeError(f"{name} has dtype {x.dtype}, unlike {next(iter(arrays))} ({dtype}): one dtype for all")
+        if x.size and not (is_column_major(x) or is_column_major(x.T)):      # an empty one is never read
+            raise ValueError(f"{name} needs a unit stride along its rows or its columns and a leading dimension, "
+                             f"got shape {x.shape} with strides {x.strides}")
+    if device:
+        import cupy
+        current = cupy.cuda.Device().id
+        for name, x in arrays.items():
+            if x.device.id != current:
+                raise ValueError(f"{name} lives on GPU {x.device.id}, not on the current device {current}")
+
+
+def _operand(x):
+    """x as a BLAS operand: a column-major base and an op (x itself, or the transpose of x^T)."""
+    return Operand(x, 0) if is_column_major(x) else Operand(x.T, 1)
+
+
+def _gemm_problem(out, a, b, beta, alpha):
+    """Checked (c, alpha, x, y, beta) for one column-major gemm c <- alpha op(x) op(y) + beta c, or None when
+    there is nothing to multiply (then ``out`` is already scaled). A row-major ``out`` is computed as
+    out^T = b^T a^T, so row-major blocks make an N, N call on their own memory."""
+    if a.shape[0] != out.shape[0] or b.shape != (a.shape[1], out.shape[1]):
+        raise ValueError(f"a {a.shape} times b {b.shape} does not fit out {out.shape}")
+    alpha = alpha if type(alpha) is float else _check_scalar(alpha, "alpha", out.dtype, False)
+    beta = beta if type(beta) is float else _check_scalar(beta, "beta", out.dtype, False)
+    if out.size == 0:
+        return None
+    if a.shape[1] == 0 or alpha == 0:          # BLAS implementations differ on what they write here
+        if beta == 0:
+            out[...] = 0
+        elif beta != 1:
+            out *= beta
+        return None
+    if is_column_major(out.T):
+        return out.T, alpha, _operand(b.T), _operand(a.T), beta
+    return out, alpha, _operand(a), _operand(b), beta
+
+
+def host_gemm(out, a, b, beta=0.0, alpha=1.0):
+    """out <- alpha a @ b + beta out (numpy arrays; no transposes: pass ``x.T`` views), one BLAS gemm on the
+    calling thread (GIL released); ``beta = 0`` does not read ``out``. Returns ``out``."""
+    _check({"out": out, "a": a, "b": b}, device=False)
+    problem = _gemm_problem(out, a, b, beta, alpha)
+    if problem is not None:
+        host_blas.gemm(*problem)
+    return out
+
+
+def host_trmm_right(v, t, lower=False):
+    """v <- v @ t in place (numpy arrays), ``t`` square and triangular: its upper triangle (``lower`` False)
+    or lower triangle is read, the other is taken as zero. One BLAS trmm on the calling thread (GIL released),
+    no scratch; sizes and leading dimensions beyond 32-bit ints are an OverflowError. Returns ``v``."""
+    _check({"v": v, "t": t}, device=False)
+    if not isinstance(lower, bool):
+        raise TypeError(f"lower must be True or False, got {type(lower).__name__} {lower!r}")
+    n, q = v.shape
+    if t.shape != (q, q):
+        raise ValueError(f"t must be {q} x {q} for v of shape {v.shape}, got {t.shape}")
+    if v.size == 0:
+        return v
+    rows = is_column_major(v.T)            # v row-major: v^T <- t^T v^T, t on the left
+    tt = _operand(t)                       # t = tt.base, or tt.base^T when tt.trans
+    base = tt.base
+    side, m_, n_, b = ("L", q, n, v.T) if rows else ("R", n, q, v)
+    g = host_blas.Args()
+    host_blas.routine(host_blas._PREFIX[v.dtype], "trmm")(
+        g.char(side), g.char("L" if lower != tt.trans else "U"), g.char("T" if tt.trans != rows else "N"),
+        g.char("N"), g.int(m_), g.int(n_), g.scalar(1.0, v.dtype), base.ctypes.data, g.int(leading_dim(base)),
+        b.ctypes.data, g.int(leading_dim(b)))
+    return v
+
+
+def device_gemm(out, a, b, beta=0.0, alpha=1.0):
+    """out <- alpha a @ b + beta out (cupy arrays on the current device; no transposes: pass ``x.T`` views),
+    one cuBLAS gemm queued on the current stream; returns ``out`` without waiting. ``beta = 0`` does not
+    read ``out``."""
+    _check({"out": out, "a": a, "b": b}, device=True)
+    problem = _gemm_problem(out, a, b, beta, alpha)
+    if problem is not None:
+        import cupy
+        cublas.gemm(cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream().ptr, *problem)
+    return out
+
+
+def conj_transpose(dst, src):
+    """dst <- src^H (src^T for real data), cupy arrays on the current device, both column-major (Fortran
+    order or column ranges of it), dst m x n and src n x m: one tiled cuBLAS geam queued on the current
+    stream (a strided ``conj().T`` copy runs far below the memory bandwidth). Returns ``dst``."""
+    _check({"dst": dst, "src": src}, device=True)
+    for name, x in (("dst", dst), ("src", src)):
+        if x.size and not is_column_major(x):
+            raise ValueError(f"{name} must be column-major (unit stride down its columns), got shape {x.shape} "
+                             f"with strides {x.strides}")
+    if src.shape != dst.shape[::-1]:
+        raise ValueError(f"src must be {dst.shape[1]} x {dst.shape[0]} for dst of shape {dst.shape}, "
+                         f"got {src.shape}")
+    return cublas.conj_transpose_into(dst, src)
