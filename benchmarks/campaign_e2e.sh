@@ -3,7 +3,8 @@
 # from start to exit, python3 -m benchmarks.cli) and the GPU test suite.
 #   usage (device machine, repo root):  OUT=dir bash benchmarks/campaign_e2e.sh [stage ...]
 # Stages: ci48 (48Cr with the CLI defaults: the first run of a fresh machine is the cold one), ciprof (where
-# a warm 48Cr run spends its time, cProfile), cimpi (two ranks), flapw (the FLAPW builds of docs/performance.md,
+# a warm 48Cr run spends its time, cProfile), cimpi (two ranks, between two one-process runs), flapwquick (the
+# device and host rows of the FLAPW table), flapw (the FLAPW builds of docs/performance.md,
 # device and host arrays, one and two GPUs, 8 k-points), flapwpeak (TiO2 Kmax 4.0's BLAS part against Σ device
 # cuBLAS zherk), gputests. MPI: the machine's own mpiexec when it has
 # one, else the mpich and mpi4py wheels carried in .whl/.
@@ -26,7 +27,15 @@ ciprof)
   python3 -c "import pstats; pstats.Stats('$OUT/ci48.prof').sort_stats('cumulative').print_stats(40)" | tail -55 ;;
 cimpi)
   mpi_setup; python3 -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
-  $B --json $OUT/ci48.json --label 48Cr-f32-2ranks -- mpiexec $BIND -n 2 $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all ;;
+  $B --json $OUT/ci48.json --label 48Cr-f32-1process-before -- $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all
+  $B --json $OUT/ci48.json --label 48Cr-f32-2ranks -- mpiexec $BIND -n 2 $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all
+  $B --json $OUT/ci48.json --label 48Cr-f32-1process-after -- $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all ;;
+flapwquick)
+  for sys in "TiO2 3.0" "TiO2 4.0" "AuAg 4.0"; do set -- $sys
+    $B --json $OUT/flapw.json --label "$1-$2-device" -- $FL --system $1 --kmax $2 --devices all --interstitial
+    $B --json $OUT/flapw.json --label "$1-$2-host" -- $FL --system $1 --kmax $2 --devices all --interstitial --arrays host
+  done
+  $B --json $OUT/flapw.json --label NaCl-3.5-solve20 -- $FL --system NaCl --kmax 3.5 --devices all --interstitial --solve 20 ;;
 flapw)
   for sys in "TiO2 3.0" "TiO2 4.0" "AuAg 4.0"; do set -- $sys
     $B --json $OUT/flapw.json --label "$1-$2-device" -- $FL --system $1 --kmax $2 --devices all --interstitial
