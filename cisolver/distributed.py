@@ -63,7 +63,7 @@ def build_rows(problem, rows, dtype=np.float64, n_threads=None, device=None):
     if device is None:
         h, info = problem.build(storage="full", dtype=dtype, n_threads=n_threads, rows=rows)
         return h, info.seconds
-    (_, _, _, h), stages = gpu_build.build_rows_on_gpus(problem, [device], dtype, n_threads, rows=rows)
+    [(_, _, _, h)], stages = gpu_build.build_rows_on_gpus(problem, [device], dtype, n_threads, rows=rows)
     return h, dict(problem.setup_seconds, **stages)
 
 

@@ -333,3 +333,19 @@ def test_larger_groups_only_where_there_is_room(problems):
     assert entries == gpu_build.GROUP_ENTRIES
     *_, entries = gpu_build.plan_parts(problem, 2, n_threads=1)
     assert entries == gpu_build.GROUP_ENTRIES
+
+
+def test_build_rows_on_a_device_hands_back_the_gpu_part(problems, monkeypatch):
+    """distributed.build_rows with a device takes the one part that build_rows_on_gpus returns for it."""
+    from cisolver import distributed
+    problem = problems["kb3g"]
+    lo, hi = local_rows(problem, None)
+    seen = {}
+
+    def fake(prob, devices, dtype, n_threads=None, group_entries=None, rows=None):
+        seen.update(devices=devices, rows=rows)
+        return [(devices[0], rows[0], rows[1], ("indptr", "indices", "data"))], {"plans": 0.5, "fill": 0.25}
+    monkeypatch.setattr(gpu_build, "build_rows_on_gpus", fake)
+    h, stages = distributed.build_rows(problem, (lo, hi), np.float64, 1, device=1)
+    assert h == ("indptr", "indices", "data") and seen == {"devices": [1], "rows": (lo, hi)}
+    assert stages["fill"] == 0.25 and "basis" in stages
