@@ -7,7 +7,7 @@ GROUP_ENTRIES stored entries (hamiltonian.row_groups) and the groups into one co
 about equal entries (``device_ranges``). Each GPU gets its CSR arrays, then, driven by a host thread of its own
 while the others work, the pieces of the row blocks its range touches (rowblocks.RowBlock.to_device, one row
 block at a time) and fills its groups with the host's element formulas in the host's order (``fill_range``), so
-that its arrays equal the host build's rows bit for bit (tests/test_gpu_build.py checks that on GPUs). The
+that its arrays equal the host build's rows bit for bit (tests/gpu/test_gpu_build.py checks that on GPUs). The
 same works for a row range of H alone (``rows=``): under MPI each rank builds its own rows on its own GPU.
 """
 import time

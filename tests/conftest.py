@@ -1,7 +1,12 @@
-"""Shared test plumbing: GPU items skip cleanly where no GPU is present."""
+"""Shared test plumbing: GPU items skip cleanly where no GPU is present; the helper modules here (ci_data,
+blas_cases) import from every test folder (unit/, gpu/, mpi/)."""
 import functools
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,7 +14,7 @@ import hybridblas
 from cisolver.data import ENV, packaged_interactions, resolve_interaction
 from cisolver.spectrum import compute_spectrum
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = packaged_interactions() / "README.md"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 JOBS = Path(__file__).parent / "mpi_jobs"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _mpiexec():

@@ -13,7 +13,7 @@ import pytest
 from benchmarks import blas, cisolver, cli, flapw
 from benchmarks.common import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DRIVERS = {"blas": blas, "flapw": flapw, "cisolver": cisolver}
 
 

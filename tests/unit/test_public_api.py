@@ -14,7 +14,7 @@ import pytest
 import hybridblas as hb
 from hybridblas import blas_threads, distributed, lowlevel, peers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONSUMERS = ("flapw", "cisolver")
 
 
