@@ -88,7 +88,7 @@ def test_a_ranks_rows_built_on_one_gpu_are_its_host_rows(mg24, n_ranks):
 
 def test_distributed_operator_of_gpu_rows_multiplies_like_host_rows(mg24, rng):
     """One rank (MPI.COMM_SELF) holding all rows: from a host matrix (uploaded) and from rows built on the GPU
-    (kept); tests/mpi_jobs/lobpcg_gpu_job.py checks a rank's part of the rows on two ranks."""
+    (kept); tests/mpi/mpi_jobs/lobpcg_gpu_job.py checks a rank's part of the rows on two ranks."""
     import cupy
     MPI = pytest.importorskip("mpi4py.MPI")
     from cisolver import cuda_modules
