@@ -355,7 +355,7 @@ def _build(args):
     cell.tmats                               # the k-independent data, once, before the k-point loop
     if args.interstitial:
         cell.step_table
-    show = not args.quiet and not args.json and comm is None
+    show = not args.json and comm is None       # -q: each k-point's result line, not its stage table
     writer = None if plan.path is None else HSWriter(plan.path, cell, method=args.method, option="--output",
                                                      interstitial=args.interstitial, n_kpoints=args.kpoints)
     write_lock = threading.Lock()
@@ -380,7 +380,7 @@ def _build(args):
         if state.gpu is not None:
             d["gpu"] = state.gpu
         vectors = None
-        text = rep.table()
+        text = f"k-point {ik + 1}: " + _summary(d) if args.quiet else rep.table()
         if args.solve:
             values, vectors, d["solve_seconds"] = _solve(args, h, s)
             d["eigenvalues"] = values.tolist()
@@ -429,9 +429,11 @@ def _build(args):
     reports = parallel.gather_reports(reports, comm)
     if rank != 0:
         return 0
-    if comm is not None and not args.json and not args.quiet:
+    if comm is not None and not args.json:
         for d in reports:
-            print(f"k-point {d['k_index'] + 1} on rank {d['rank']}: " + _summary(d))
+            eig = "" if "eigenvalues" not in d else "; lowest eigenvalues (Ha): " + " ".join(
+                f"{e:.6f}" for e in d["eigenvalues"])
+            print(f"k-point {d['k_index'] + 1} on rank {d['rank']}: " + _summary(d) + eig)
     if args.json:
         json.dump({"system": cell.name, "kmax": cell.kmax, "devices": str(plan.spec), "arrays": plan.arrays,
                    "batch_atoms": plan.batch_atoms, "ranks": comm.Get_size() if comm is not None else 1,

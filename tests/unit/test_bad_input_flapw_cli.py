@@ -1,5 +1,5 @@
 """`flapw build` with bad input: exit 2, a one-line message naming the option and its value, no traceback,
-nothing written, and no build started. Also: --quiet prints nothing, progress never reaches a log file,
+nothing written, and no build started. Also: --quiet prints the results only, progress never reaches a log file,
 and the memory check shrinks the batch or refuses before any work."""
 import json
 import sys
@@ -128,9 +128,13 @@ def test_memory_check_shrinks_the_batch(capsys, monkeypatch):
     assert doc["reports"][0]["N_G"] == cell.n_g
 
 
-def test_quiet_prints_nothing_and_json_only_json(capsys):
-    rc, out, err = _run(capsys, ["build", *SMALL, "--quiet", "--batch-atoms", "3"])
-    assert rc == 0 and out == "" and err == ""
+def test_quiet_prints_the_results_only_and_json_only_json(capsys):
+    """-q: one result line per k-point (and the eigenvalues with --solve), no notes, tables or progress."""
+    rc, out, err = _run(capsys, ["build", *SMALL, "--quiet", "--batch-atoms", "3", "--kpoints", "2", "--solve", "2"])
+    lines = out.splitlines()
+    assert rc == 0 and err == "" and len(lines) == 4
+    assert lines[0].startswith("k-point 1: N_G=") and "TFLOP/s" in lines[0] and lines[2].startswith("k-point 2: ")
+    assert "lowest eigenvalues (Ha): " in lines[1] and len(lines[1].split(": ")[-1].split()) == 2
     rc, out, err = _run(capsys, ["build", *SMALL, "-q", "--json"])
     assert rc == 0 and err == "" and json.loads(out)["reports"][0]["N_A"] == 8
 
