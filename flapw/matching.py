@@ -11,9 +11,10 @@ once per species as an (N_G, N_L) array; an atom's block is that array times its
 Blocks are stored transposed, A_a^T (N_G × N_L), side by side in one C-ordered (N_G, n·N_L) buffer,
 i.e. a column-major (n·N_L) × N_G matrix: exactly the operand of zherk/zher2k/zherkx with trans='C'.
 
-Y_lm and j_l come from numpy recurrences over the G vectors (``special``). The k-only stage on 2 cores: AuAg
-Kmax 4.0 (13371 G, lmax 10, 2 species) 0.22 s -> 0.06 s, NaCl Kmax 3.5 (7011 G, lmax 6) 0.035 s -> 0.011 s with
-scipy's special functions before; most of what remains is writing the four (N_G, N_L) results.
+Y_lm and j_l come from numpy recurrences over the G vectors (``special``). The k-only stage on a 2-core box,
+1 / 2 threads, against scipy's special functions before: AuAg Kmax 4.0 (13371 G, lmax 10, 2 species) 0.061 /
+0.044 s (0.22 / 0.12 s), NaCl Kmax 3.5 (7011 G, lmax 6) 0.012 / 0.013 s (0.035 / 0.022 s); most of what
+remains is writing the four (N_G, N_L) results.
 """
 import numpy as np
 
