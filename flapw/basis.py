@@ -49,10 +49,3 @@ class GkBasis:
         part.k, part.kmax = self.k, self.kmax
         part.miller, part.kpg, part.norm = self.miller[r0:r1], self.kpg[r0:r1], self.norm[r0:r1]
         return part
-
-    def angles(self):
-        """Polar and azimuthal angles of k+G (θ = φ = 0 for k+G = 0, where only l = 0 survives)."""
-        x, y, z = self.kpg.T
-        theta = np.arctan2(np.hypot(x, y), z)
-        phi = np.arctan2(y, x)
-        return theta, phi

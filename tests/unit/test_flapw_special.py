@@ -19,6 +19,7 @@ def _scipy_ylm(lmax, theta, phi):
 
 
 def _angles(v):
+    """Polar and azimuthal angles of the rows of v (θ = φ = 0 for a zero vector)."""
     x, y, z = v.T
     return np.arctan2(np.hypot(x, y), z), np.arctan2(y, x)
 
@@ -58,14 +59,14 @@ def test_direction_cosines_of_special_vectors():
 
 def test_ylm_conj_of_a_basis_with_k_zero_equals_scipy():
     """On a real basis at Γ (K = 0 among the vectors): conj(Y) in the (N_G, N_L) layout, with scipy at the
-    angles GkBasis.angles gives (θ = φ = 0 for K = 0)."""
+    vectors' polar and azimuthal angles (θ = φ = 0 for K = 0)."""
     from flapw.matching import ylm_conj
     cell = flapw.System.preset("NaCl", kmax=2.5, k=(0.0, 0.0, 0.0), supercell=(1, 1, 1), lmax=10)
     basis = cell.basis
     assert np.any(basis.norm == 0)
     got = ylm_conj(basis, cell.lmax)
     assert got.shape == (basis.n_g, (cell.lmax + 1) ** 2) and got.flags.c_contiguous
-    np.testing.assert_allclose(got, np.conj(_scipy_ylm(cell.lmax, *basis.angles())).T, rtol=1e-14, atol=1.5e-14)
+    np.testing.assert_allclose(got, np.conj(_scipy_ylm(cell.lmax, *_angles(basis.kpg))).T, rtol=1e-14, atol=1.5e-14)
 
 
 def _bessel_points():
