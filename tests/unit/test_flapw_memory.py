@@ -160,17 +160,18 @@ def test_device_build_out_of_gpu_memory_matches_host(caplog):
     n_g, n_l = cell.n_g, cell.n_l
     fixed = 16 * n_g * (2 * n_g + 4 * n_l)                        # H, S and the two species' factors
     pool = cupy.get_default_memory_pool()
-    pool.free_all_blocks()
-    before = pool.get_limit()
-    pool.set_limit(size=fixed + 16 * 3 * n_l * n_g * (cell.n_atoms // 2))     # half the atoms' A/B/X
-    try:
-        with caplog.at_level(logging.INFO, logger="flapw"):
-            h, s = flapw.build_hs_with_fallback(cell, interstitial=True, arrays="device",
-                                                context=hb.Context(devices=["cuda:0"]))
-        h, s = (cupy.asnumpy(x) if not isinstance(x, np.ndarray) else x for x in (h, s))
-    finally:
-        pool.set_limit(size=before)                            # 0: no limit
+    with cupy.cuda.Device(0):                  # the pool's limit is the current device's: GPU 0, whatever is current
         pool.free_all_blocks()
+        before = pool.get_limit()
+        pool.set_limit(size=fixed + 16 * 3 * n_l * n_g * (cell.n_atoms // 2))     # half the atoms' A/B/X
+        try:
+            with caplog.at_level(logging.INFO, logger="flapw"):
+                h, s = flapw.build_hs_with_fallback(cell, interstitial=True, arrays="device",
+                                                    context=hb.Context(devices=["cuda:0"]))
+            h, s = (cupy.asnumpy(x) if not isinstance(x, np.ndarray) else x for x in (h, s))
+        finally:
+            pool.set_limit(size=before)                            # 0: no limit
+            pool.free_all_blocks()
     notes = _notes(caplog)
     assert notes and "GPU out of memory with 8 atoms per batch" in notes[0]
     assert _rel(h, h_ref) <= 1e-12 and _rel(s, s_ref) <= 1e-12
