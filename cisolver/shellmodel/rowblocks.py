@@ -54,15 +54,14 @@ class _Arrays:
             elif isinstance(value, np.ndarray) and name not in self._HOST:
                 yield self, name, value
 
-    def on_device(self, xp, moved=None):
-        """A copy whose arrays are ``xp``'s: ``moved`` maps id(host array) -> its device array (made here one
-        by one where not given)."""
+    def on_device(self, moved):
+        """A copy whose arrays are the device arrays ``moved`` maps them to (id(host array) -> device array)."""
         out = copy.copy(self)
         for name, value in vars(self).items():
             if isinstance(value, _Arrays):
-                setattr(out, name, value.on_device(xp, moved))
+                setattr(out, name, value.on_device(moved))
             elif isinstance(value, np.ndarray) and name not in self._HOST:
-                setattr(out, name, moved[id(value)] if moved is not None else xp.asarray(value))
+                setattr(out, name, moved[id(value)])
         return out
 
 
@@ -237,7 +236,7 @@ class RowBlock:
         counts kept on the host."""
         out = copy.copy(self)
         moved = _upload_packed([a for piece in self.pieces for _, _, a in piece.host_arrays()], xp)
-        out.pieces = [piece.on_device(xp, moved) for piece in self.pieces]
+        out.pieces = [piece.on_device(moved) for piece in self.pieces]
         return out
 
     def fill(self, g0, g1, q0, q1, data, indices, scratch):
