@@ -53,9 +53,8 @@ def product_into_both(out0, a0, out1, a1, m):
     """out0 <- a0 @ m and out1 <- a1 @ m (LOBPCG's X, P and H X, H P updates with the same coefficients).
 
     On a GPU two row-kernel launches: 238 against 361 us for two cuBLAS gemms at 48Cr's size in float32 on
-    an H200 (benchmarks.cisolver kernels; a kernel with one thread per entry lost: 0.72 against 0.36 ms);
-    float64 blocks beyond row_kernels.DOUBLE_ROWS_LIMIT take the gemms (47V: 164 against 247 us with the
-    residual)."""
+    an H200 (benchmarks.cisolver kernels); float64 blocks beyond row_kernels.DOUBLE_ROWS_LIMIT take the gemms
+    (47V: 164 against 247 us with the residual)."""
     _check(out0, a0, m)
     _check(out1, a1, m)
     if (is_device(out0) and row_kernels.product(out0, a0, m, long_double=False)

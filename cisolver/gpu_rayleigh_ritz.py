@@ -16,10 +16,8 @@ was positive definite and the eigensolver converged) while the GPU runs the upda
 would raise NotPositiveDefinite the summary says so and the caller takes the host path from the same,
 untouched S and H S.
 
-Small eigensolvers written for this step were correct but lost to cuSOLVER on an H200: Jacobi and
-Householder tridiagonalisation with implicit QL, each in one warp, took 181-188 us against syevjBatched's 117
-on 62 of LOBPCG's own 24 x 24 matrices (benchmarks.cisolver small-eigh; the whole step with a one-block Jacobi:
-215 us against 178 here), every rotation waiting on a chain of double-precision divisions and square roots.
+The eigensolver is cuSOLVER's syevjBatched: one-warp Jacobi or Householder-plus-QL kernels were slower on
+LOBPCG's own 24 x 24 matrices (docs/performance.md, `benchmarks.cisolver small-eigh`).
 """
 import numpy as np
 

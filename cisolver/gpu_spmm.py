@@ -5,8 +5,7 @@ without host waits, and the set-up that puts H's rows there without a transpose 
 S and H S, strided rows allowed). ``MultiDeviceCsr`` splits H by rows of equal nonzeros over GPUs: every
 device but the first runs on its own non-blocking stream, the block goes out by a peer copy, the products
 run at the same time, the rows come back by peer copies, and the caller's stream waits on events; the host
-never waits. (cupyx's ``csr @ block``, which cisolver used before, drove the devices one after the other:
-48Cr took 47.8 ms per product on two H200s, 47.6 on one; see docs/performance.md.)
+never waits.
 
 Set-up. A row block of a host CSR matrix is a range of its indptr (rebased to 0) and the matching ranges of
 its indices and values (views, no copy): ``row_block``. ``choose_storage`` decides by the GPUs' free memory
@@ -15,8 +14,7 @@ how they hold H when the host holds its upper triangle U (H = U + U^T - D):
   parts of equal nonzeros and merges each part's rows (row i of H: column i of U above the diagonal, then row
   i of U) with one kernel; each part goes to its GPU. One product per GPU, nothing to add up after.
 - "upper": each GPU uploads its rows of U and transposes them there; the product is U_p x + U_p^T x_p per
-  part, the U_p^T x_p partial sums added on the first GPU, less D x (as before, when U_p^T was built on
-  the host: 25 s of scipy's single-threaded csr_tocsc and 16.5 s of row and column slicing at 48Cr).
+  part, the U_p^T x_p partial sums added on the first GPU, less D x (no transpose or slicing on the host).
 A full host matrix goes to the GPUs as it is, in row blocks; rows that the GPUs built themselves
 (cisolver.gpu_build) stay where they are (``MultiDeviceCsr.from_parts``). The products of "full" and "upper"
 differ by the order of their sums only.
