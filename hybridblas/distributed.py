@@ -22,8 +22,10 @@ __all__ = ["world", "local_rank", "block_range", "allreduce", "allgather_rows", 
            "device_collectives", "gram", "node_context", "rank_print"]
 
 
-# set in every rank's environment by the MPI launchers: Open MPI, MPICH/Hydra and Intel MPI, PMIx, MVAPICH
-LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
+# set in every rank's environment by the MPI launchers: Open MPI, MPICH/Hydra and Intel MPI (and srun's PMI-1/2),
+# PMIx (srun --mpi=pmix, prterun), MVAPICH, Cray ALPS
+LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "PMIX_RANK",
+                      "MV2_COMM_WORLD_SIZE", "ALPS_APP_PE")
 
 
 def world():
