@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .arrays import module_of
-from .gpu_spmm import INT32_MAX, PEAK_FRACTION, RESERVE_FRACTION, balanced_bounds, csr_bytes
+from .gpu_spmm import INT32_MAX, PEAK_FRACTION, RESERVE_FRACTION, balanced_bounds, csr_bytes, require_on_gpu
 from .shellmodel import hamiltonian
 
 # stored entries of a group of rows that a GPU fills at once: the largest that leaves room (fewer, larger groups
@@ -29,7 +29,6 @@ GROUP_ENTRIES = GROUP_CHOICES[-1]
 # arithmetic (their peak under numpy: 22 B for float64 with groups of 4M entries in gxpf1a 2+4, usdb 4+4, kb3g
 # 3+2) and the GPU's compaction positions (24 B), rounded up
 FILL_BYTES_PER_ENTRY = 64
-ADVICE = "use more GPUs, or float32 values (--dtype float32)"
 
 
 def fill_scratch_bytes(group_entries=None):
@@ -141,8 +140,8 @@ def build_rows_on_gpus(problem, devices, dtype, n_threads=None, group_entries=No
         return csr_bytes(n_rows, nnz, dtype.itemsize) + scratch <= PEAK_FRACTION * free[0]
     plans, ranges, group_entries = plan_parts(problem, len(devices), n_threads, group_entries, rows, room=room)
     for dev, (_, r0, r1, s0, s1, _) in zip(devices, ranges):
-        memory.require(csr_bytes(r1 - r0, s1 - s0, dtype.itemsize) + fill_scratch_bytes(group_entries), where=dev,
-                       what=f"rows {r0}:{r1} of H built on GPU {dev}", advice=ADVICE, fraction=PEAK_FRACTION)
+        require_on_gpu(csr_bytes(r1 - r0, s1 - s0, dtype.itemsize) + fill_scratch_bytes(group_entries), dev,
+                       f"rows {r0}:{r1} of H built on GPU {dev}")
     t1 = time.perf_counter()
     import cupy
     arrays = []

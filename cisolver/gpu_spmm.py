@@ -386,7 +386,9 @@ def _enable_peer_access(devices):
                         pass      # already enabled
 
 
-def _require(nbytes, device, what):
+def require_on_gpu(nbytes, device, what):
+    """hybridblas.InsufficientMemory where ``nbytes`` would take more than PEAK_FRACTION of GPU ``device``'s free
+    memory, with what to change."""
     from hybridblas import memory
     memory.require(nbytes, where=device, what=what, fraction=PEAK_FRACTION,
                    advice="use more GPUs, or float32 values (--dtype float32)")
@@ -400,7 +402,7 @@ def _full_parts(h, devices, dtype):
     parts = []
     for dev, r0, r1 in zip(devices, bounds[:-1], bounds[1:]):
         block = row_block(h, r0, r1)
-        _require(csr_bytes(r1 - r0, len(block[1]), itemsize), dev, f"rows {r0}:{r1} of H")
+        require_on_gpu(csr_bytes(r1 - r0, len(block[1]), itemsize), dev, f"rows {r0}:{r1} of H")
         with cupy.cuda.Device(dev):
             parts.append(_Part(dev, r0, r1, DeviceCsr(_upload(block, dtype), dev, dtype, shape=(r1 - r0, n))))
     return parts
@@ -414,7 +416,7 @@ def _upper_parts(h, devices, dtype):
     parts = []
     for dev, r0, r1 in zip(devices, bounds[:-1], bounds[1:]):
         block = row_block(h, r0, r1)
-        _require(3 * csr_bytes(n, len(block[1]), itemsize), dev, f"rows {r0}:{r1} of U and their transpose")
+        require_on_gpu(3 * csr_bytes(n, len(block[1]), itemsize), dev, f"rows {r0}:{r1} of U and their transpose")
         with cupy.cuda.Device(dev):
             u = _upload(block, dtype)
             _check_upper(u, r1 - r0, dtype, r0)
@@ -431,7 +433,7 @@ def _assembled_parts(h, devices, dtype):
     import cupy
     rt = cupy.cuda.runtime
     n, first, itemsize = h.shape[0], devices[0], np.dtype(dtype).itemsize
-    _require(assembly_bytes(n, int(h.nnz), itemsize, len(devices))[0], first,
+    require_on_gpu(assembly_bytes(n, int(h.nnz), itemsize, len(devices))[0], first,
              "H's upper triangle, its transpose and one GPU's part of H's rows")
     with cupy.cuda.Device(first):
         u = _upload(row_block(h, 0, n), dtype)
