@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from ci_data import needs_data
+
 JOBS = Path(__file__).parent / "mpi_jobs"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,3 +91,11 @@ def test_world_imports_mpi4py_only_under_a_launcher():
     out = subprocess.run([sys.executable, "-c", code], env=dict(env, HYBRIDBLAS_MPI="1"), capture_output=True,
                          text=True, check=True)
     assert out.stdout.split() == ["True", "True"]           # one process: COMM_WORLD of size 1 gives None
+
+
+@pytest.mark.mpi
+@needs_data
+def test_refusal_agreed_by_every_rank():
+    """One rank short of memory: every rank refuses with its message (no rank left in a collective); and
+    return_vectors under MPI gives the whole eigenvectors on every rank."""
+    assert "refusal OK on 2 ranks" in run_mpi("refusal_job.py", 2)

@@ -196,12 +196,3 @@ def test_return_vectors(nucleus):
 def test_all_devices_without_gpus_is_the_cpu():
     out = compute_spectrum("ckpot", 4, 4, nev=3, devices="all")
     assert out["devices"] == "cpu"
-
-
-@pytest.mark.mpi
-@needs_data
-def test_refusal_agreed_by_every_rank():
-    """One rank short of memory: every rank refuses with its message (no rank left in a collective); and
-    return_vectors under MPI gives the whole eigenvectors on every rank."""
-    from test_mpi import run_mpi
-    assert "refusal OK on 2 ranks" in run_mpi("refusal_job.py", 2)
