@@ -228,10 +228,11 @@ def run(request, progress=None):
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
     rq = request
-    if rq.devices != "cpu":             # the CUDA module compiles (or loads) while the host plans H
+    if rq.devices != "cpu":             # the CUDA kernels compile (or load) while the host plans H
         import cupy
         from . import cuda_modules
         cuda_modules.prepare(cupy, rq.dtype, rq.devices)
+        hb.lowlevel.prepare_kernels(rq.dtype, rq.devices)   # hybridblas's, for the start's Gram products
     problem = hamiltonian.ShellModelProblem(rq.interaction, rq.n_protons, rq.n_neutrons, rq.twice_m)
     if rq.comm is not None:
         return _distributed_spectrum(rq, problem)

@@ -9,6 +9,7 @@ layouts only (TypeError / ValueError naming the argument and its value, before a
     host_trmm_right(v, t, lower=False)            v <- v t in place, t triangular    numpy; scipy's BLAS
     device_gemm(out, a, b, beta=0.0, alpha=1.0)   out <- alpha a b + beta out          cupy; cuBLAS
     conj_transpose(dst, src)                      dst <- src^H (src^T for real data)   cupy; cuBLAS geam
+    prepare_kernels(dtype, devices)               compile hybridblas's own CUDA kernels ahead, in the background
 
 Every matrix is 2-D with a unit stride along its rows or its columns and a leading dimension (a column
 range of a row-major buffer qualifies, as does any C- or Fortran-ordered array); all share one dtype of
@@ -22,7 +23,7 @@ import numpy as np
 from . import cublas, host_blas
 from .problem import SUPPORTED_DTYPES, Operand, _check_scalar, is_column_major, leading_dim
 
-__all__ = ["host_gemm", "host_trmm_right", "device_gemm", "conj_transpose"]
+__all__ = ["host_gemm", "host_trmm_right", "device_gemm", "conj_transpose", "prepare_kernels"]
 
 
 def _check(arrays, device):
@@ -138,3 +139,19 @@ def conj_transpose(dst, src):
         raise ValueError(f"src must be {dst.shape[1]} x {dst.shape[0]} for dst of shape {dst.shape}, "
                          f"got {src.shape}")
     return cublas.conj_transpose_into(dst, src)
+
+
+def prepare_kernels(dtype, devices):
+    """Compile (or load from CuPy's on-disk kernel cache) the CUDA kernels of hybridblas's own that calls of
+    ``dtype`` use (today the tall-skinny float32 products summed in double) on the GPUs ``devices`` (indices),
+    on a background thread, so that a program can overlap the compilation (about a second with an empty
+    cache) with its own work. Returns the thread (join it to wait), or None when there is nothing to do."""
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype must be one of float32, float64, complex64, complex128, got {dtype}")
+    devices = list(devices)
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in devices):
+        raise ValueError(f"devices must be GPU indices (non-negative integers), got {devices!r}")
+    import cupy
+    from .devices import cuda_skinny
+    return cuda_skinny.prepare(cupy, dtype, devices)

@@ -78,12 +78,14 @@ def species_one_body(dets, jumps, matrix):
     return sp.csr_matrix((vals, (rows, cols)), shape=(n, n))
 
 
-def _sparse(xp):
-    """scipy.sparse for numpy, cupyx.scipy.sparse for CuPy."""
-    if xp is np:
-        return sp
+def device_csr(data, indices, indptr, shape):
+    """A cupyx.scipy.sparse CSR matrix of CuPy arrays whose rows hold sorted, distinct column indices, marked
+    canonical: its product with a dense block goes straight to cuSPARSE, without cupyx's canonical-format test
+    (a kernel and a reduction that NVRTC compiles on a machine whose kernel cache is empty, 3 s a size class)."""
     import cupyx.scipy.sparse
-    return cupyx.scipy.sparse
+    m = cupyx.scipy.sparse.csr_matrix((data, indices, indptr), shape=shape)
+    m.has_canonical_format = True
+    return m
 
 
 def _device(xp):
@@ -132,7 +134,10 @@ class SpeciesOperator:
         if cols.min() < 0 or cols.max() >= ns:       # species_one_body keeps no element outside the groups
             raise RuntimeError(f"the species operator reaches 2M = {twom + self.dtwom} from outside 2M = {twom}")
         piece = sp.csr_matrix((m.data[lo:hi], cols, m.indptr[t0:t0 + nt + 1] - lo), shape=(nt, ns))
-        return piece if xp is np else _sparse(xp).csr_matrix(piece)
+        piece.sum_duplicates()              # canonical (species_one_body's rows are: this only confirms it)
+        if xp is np:
+            return piece
+        return device_csr(xp.asarray(piece.data), xp.asarray(piece.indices), xp.asarray(piece.indptr), piece.shape)
 
 
 class BlockVectors:
@@ -279,9 +284,11 @@ def _rectangles(source, target, proton_map, neutron_map, dtwom_p):
 
 def ladder_operator(source, target, terms, xp=np):
     """Σ (A ⊗ B) from basis ``source`` to basis ``target`` over ``terms`` (proton map, neutron map, dtwom_p), each
-    term mapping basis states one to one (index maps of ``species_ladder``, A changing the proton 2M by dtwom_p):
-    a target.dim x source.dim CSR matrix of xp's (on the current device), its elements listed there; None when it
-    has no elements."""
+    term mapping basis states one to one (index maps of ``species_ladder``, A changing the proton 2M by dtwom_p)
+    and no two terms joining the same source and target states (T₋'s terms c†_(p α) c_(n α) don't: the target
+    tells which α was added): a target.dim x source.dim CSR matrix of xp's (on the current device), its elements
+    listed there; None when it has no elements. The elements are sorted by (row, column) (on a GPU by CuPy's
+    Thrust sort) and the row starts found by a binary search."""
     rects = [r for a, b, dtwom_p in terms for r in _rectangles(source, target, a, b, dtwom_p)]
     count = sum(len(r[0]) * len(r[1]) for r in rects)
     if count == 0:
@@ -299,4 +306,9 @@ def ladder_operator(source, target, terms, xp=np):
         xp.add(dst_p[p, None], dst_n[None, n], out=dst[part].reshape(lp, ln))
         xp.multiply(sign_p[p, None], sign_n[None, n], out=sign[part].reshape(lp, ln))
         at, ip, jn = part.stop, p.stop, n.stop
-    return _sparse(xp).coo_matrix((sign, (dst, src)), shape=(target.dim, source.dim)).tocsr()
+    order = xp.lexsort(xp.stack([src, dst]))            # by row, then column
+    indptr = xp.searchsorted(dst[order], xp.arange(target.dim + 1, dtype=index)).astype(index, copy=False)
+    shape = (target.dim, source.dim)
+    if xp is np:
+        return sp.csr_matrix((sign[order], src[order], indptr), shape=shape)
+    return device_csr(sign[order], src[order], indptr, shape)

@@ -196,6 +196,29 @@ def _kernels(cupy, dtype):
         return _modules[key]
 
 
+def prepare(cupy, dtype, devices):
+    """Compile (or load from CuPy's kernel cache) the kernels that ``dtype``'s calls use on ``devices``, one
+    device after the other, on a background thread; returns the thread, or None when ``dtype`` takes no kernel
+    of this module (only float32 does) or every device has them. A failure is left to the first call."""
+    dtype = np.dtype(dtype)
+    todo = [int(d) for d in dict.fromkeys(devices)]
+    with _modules_lock:
+        todo = [d for d in todo if (d, dtype) not in _modules]
+    if dtype != np.float32 or not todo:
+        return None
+
+    def work():
+        for device in todo:
+            try:
+                with cupy.cuda.Device(device):
+                    _kernels(cupy, dtype)
+            except Exception:           # the call that needs the kernels compiles again and raises
+                pass
+    thread = threading.Thread(target=work, name="hybridblas-cuda-compile", daemon=True)
+    thread.start()
+    return thread
+
+
 def run(problem):
     """C <- the problem's sum of terms plus beta C, on the caller's current stream, without waiting."""
     import cupy

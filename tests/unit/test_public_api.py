@@ -7,6 +7,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -237,6 +238,72 @@ def test_conj_transpose_on_a_panel(dtype, rng):
     np.testing.assert_array_equal(got, before)                 # nothing else written
     with pytest.raises(ValueError, match=r"src must be 30 x 20 for dst of shape \(20, 30\), got \(20, 30\)"):
         lowlevel.conj_transpose(c[10:30, 40:70], c[0:20, 0:30])
+
+
+def test_prepare_kernels_refuses_bad_arguments():
+    with pytest.raises(TypeError, match="dtype must be one of float32, float64, complex64, complex128, got int32"):
+        lowlevel.prepare_kernels(np.int32, [0])
+    for devices in ([-1], [True], ["cuda:0"]):
+        with pytest.raises(ValueError, match=r"devices must be GPU indices \(non-negative integers\), got "):
+            lowlevel.prepare_kernels(np.float32, devices)
+
+
+class _CompilingCupy:
+    """What cuda_skinny's compilation uses of CuPy: RawModule (recording the device it loads on), Device."""
+
+    def __init__(self):
+        fake, self.loaded, self.device = self, [], 0
+
+        class RawModule:
+            def __init__(self, code, options):
+                fake.loaded.append((fake.device, code.split("\n", 1)[0]))
+
+            def get_function(self, name):
+                return name
+
+        class Device:
+            def __init__(self, i=None):
+                self.i, self.id = i, fake.device
+
+            def __enter__(self):
+                self.prev, fake.device = fake.device, self.i
+
+            def __exit__(self, *exc):
+                fake.device = self.prev
+
+        self.RawModule = RawModule
+        self.cuda = SimpleNamespace(Device=Device)
+
+
+def test_skinny_kernels_prepared_once_per_device_in_the_background(monkeypatch):
+    from hybridblas.devices import cuda_skinny
+    monkeypatch.setattr(cuda_skinny, "_modules", {})
+    cp = _CompilingCupy()
+    assert cuda_skinny.prepare(cp, np.float64, [0, 1]) is None          # float64 takes cuBLAS: nothing to compile
+    thread = cuda_skinny.prepare(cp, np.float32, [1, 0, 1])
+    thread.join(5)
+    assert cp.loaded == [(1, "typedef float T;"), (0, "typedef float T;")]
+    assert cuda_skinny.prepare(cp, np.float32, [0, 1]) is None           # both have them now
+    with cp.cuda.Device(1):
+        assert cuda_skinny._kernels(cp, np.dtype(np.float32)) == ("skinny_gram_partials", "skinny_gram_finish")
+    assert len(cp.loaded) == 2
+
+
+@pytest.mark.gpu
+def test_prepared_skinny_kernels_are_the_ones_the_call_uses(monkeypatch, rng):
+    import cupy
+    from hybridblas.devices import cuda_skinny
+    monkeypatch.setattr(cuda_skinny, "_modules", {})
+    thread = lowlevel.prepare_kernels(np.float32, [0])
+    thread.join()
+    kernels = cuda_skinny._modules[(0, np.dtype(np.float32))]
+    with cupy.cuda.Device(0):
+        s = cupy.asarray(_rand(rng, (5000, 12), np.float32))
+        c = cupy.full((12, 12), np.nan, dtype=np.float32)
+        hb.syrk(1.0, s, 0.0, c, trans="T", context=hb.Context(devices=["cuda:0"]))
+    ref = np.tril(cupy.asnumpy(s).astype(np.float64).T @ cupy.asnumpy(s).astype(np.float64))
+    np.testing.assert_allclose(np.tril(cupy.asnumpy(c)), ref, rtol=1e-6)
+    assert cuda_skinny._modules[(0, np.dtype(np.float32))] is kernels       # not compiled again
 
 
 # ------------------------------------------------------------------ the other public helpers
