@@ -258,11 +258,7 @@ def run(request, progress=None):
         res = _lobpcg.lobpcg(op, rq.nev, block_size=rq.block_size, tol=rq.tol, maxiter=rq.maxiter, precond=pc,
                              seed=rq.seed, dtype=rq.dtype)
     t3 = time.perf_counter()
-    if hasattr(res.eigenvectors, "get"):         # on a GPU: <J^2> there (cisolver.gpu_angmom)
-        from .gpu_angmom import expectation_j2
-        j2 = expectation_j2(problem, res.eigenvectors)
-    else:
-        j2 = angmom.expectation_j2(problem, res.eigenvectors)
+    j2 = _expectation_j2(problem, res.eigenvectors)
     t4 = time.perf_counter()
     vecs = to_host(res.eigenvectors) if rq.return_vectors else None
     out = _result(rq, problem, res, j2, vecs, dim=dim, nnz=nnz, storage=storage, devices=rq.devices)
@@ -270,6 +266,14 @@ def run(request, progress=None):
                seconds={"read+build": t1 - rq.started, "setup": t2 - t1, "solve": t3 - t2, "j2": t4 - t3,
                         "build_detail": build_detail, "solve_detail": res.seconds})
     return _with_observables(out, problem, res.eigenvectors, rq.observables)     # on the GPU when they are there
+
+
+def _expectation_j2(problem, vectors):
+    """<J^2> of the columns of ``vectors``: on their GPU for CuPy arrays (cisolver.gpu_angmom), else on the host."""
+    if hasattr(vectors, "get"):
+        from .gpu_angmom import expectation_j2
+        return expectation_j2(problem, vectors)
+    return angmom.expectation_j2(problem, vectors)
 
 
 def _with_observables(out, problem, vectors, opts):
@@ -375,14 +379,15 @@ def _distributed_spectrum(rq, problem):
     res = _lobpcg.lobpcg(op, rq.nev, block_size=rq.block_size, tol=rq.tol, maxiter=rq.maxiter, seed=rq.seed,
                          dtype=dtype, comm=comm)
     t2 = time.perf_counter()
-    vecs = to_host(allgather_rows(res.eigenvectors, comm))
-    j2 = angmom.expectation_j2(problem, vecs)
+    full = allgather_rows(res.eigenvectors, comm)      # every rank's GPU (NCCL) or host holds the whole vectors
+    j2 = _expectation_j2(problem, full)
     t3 = time.perf_counter()
     nnz_local = comm.allgather(int(nnz))
+    vecs = to_host(full) if rq.return_vectors else None
     out = _result(rq, problem, res, j2, vecs, dim=problem.dimension, nnz=sum(nnz_local), storage=storage,
                   devices="cpu" if gpu is None else [gpu])
     out.update(ranks=comm.Get_size(), queued=res.queued, declined=res.declined, nnz_local=nnz_local,
                seconds={"read+build": t1 - rq.started, "setup": t_setup - t1, "solve": t2 - t_setup,
                         "j2": t3 - t2, "build_detail": build_detail,
                         "solve_detail": dict(res.seconds, communication=op.comm_seconds)})
-    return _with_observables(out, problem, vecs, rq.observables)
+    return _with_observables(out, problem, full, rq.observables)     # on this rank's GPU when the vectors are
