@@ -139,6 +139,42 @@ def test_k_only_factors_in_threaded_chunks_equal_one_piece(monkeypatch, chunk):
             np.testing.assert_array_equal(sb, wb)
 
 
+def test_k_only_factors_into_given_arrays_overwrite_them_whole():
+    from flapw import matching
+    cell = flapw.System.preset("NaCl", kmax=2.2, supercell=(1, 1, 1))
+    radials = [cell.radial[s] for s in sorted(cell.radial)]
+    fresh = matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, threads=2)
+    shape = (cell.n_g, cell.n_l)
+    out = [(np.full(shape, np.nan, complex), np.full(shape, np.nan, complex)) for _ in radials]
+    got = matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, threads=2, out=out)
+    for (fa, fb), (ga, gb), (oa, ob) in zip(fresh, got, out, strict=True):
+        assert ga is oa and gb is ob
+        np.testing.assert_array_equal(ga, fa)
+        np.testing.assert_array_equal(gb, fb)
+    bad = [(np.zeros(shape, complex), np.zeros(shape, complex))]
+    with pytest.raises(ValueError, match=f"out must hold a \\(fa, fb\\) pair for each of the 2 radials, got 1"):
+        matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, out=bad)
+    wrong = [(np.zeros(shape, complex), np.asfortranarray(np.zeros(shape, complex))), out[1]]
+    with pytest.raises(ValueError, match=r"out's arrays must be C-ordered complex128 of shape"):
+        matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, out=wrong)
+
+
+@pytest.mark.gpu
+def test_k_only_factors_into_gpu_arrays_equal_the_host_ones():
+    import cupy
+    from flapw import matching
+    cell = flapw.System.preset("NaCl", kmax=2.5)
+    radials = [cell.radial[s] for s in sorted(cell.radial)]
+    host = matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, threads=3)
+    with cupy.cuda.Device(1 if cupy.cuda.runtime.getDeviceCount() > 1 else 0):     # not only the default device
+        out = [(cupy.full((cell.n_g, cell.n_l), np.nan, complex), cupy.full((cell.n_g, cell.n_l), np.nan, complex))
+               for _ in radials]
+    got = matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, threads=3, out=out)
+    for (fa, fb), (ga, gb) in zip(host, got, strict=True):
+        np.testing.assert_array_equal(cupy.asnumpy(ga), fa)
+        np.testing.assert_array_equal(cupy.asnumpy(gb), fb)
+
+
 def test_radial_matching_equals_scipy_bessel():
     """a_l, b_l of both NaCl species at Γ (K = 0 among the G) against the bracketed factors formed with
     scipy's j_l and j_l' (scipy's own error is up to ~3e-14 relative at l = 10, x ≈ 10)."""

@@ -110,7 +110,8 @@ def test_workspace_is_reused_and_poison_is_overwritten(tio2):
     build(cell)
     build(cell.with_k((0.31, -0.12, 0.27)))
     ids = {k: id(v) for k, v in ws._buffers.items()}
-    assert set(ids) == {"A", "B", "X", "H", "S"}
+    assert set(ids) == {"A", "B", "X", "H", "S", "k-only A O", "k-only B O", "k-only A Ti", "k-only B Ti",
+                        "k-only UB 0", "k-only UB 1"}          # the k-only factors of each species and U·B group
     build(cell)
     assert ids == {k: id(v) for k, v in ws._buffers.items()}
     h, s = flapw.build_hs(cell, interstitial=True, workspace=ws)              # full: the fill covers the poison
@@ -229,11 +230,12 @@ def test_workspace_reserve_takes_what_the_build_uses(tio2):
     ws = flapw.Workspace()
     ws.reserve(cell, "refined", 4, overlap=True)
     n_g, width = cell.n_g, 4 * cell.n_l
+    k_only = {f"k-only {f} {sp}": n_g * cell.n_l for sp in ("O", "Ti") for f in "AB"}
     assert {k: v.size for k, v in ws._buffers.items()} == dict(A=n_g * width, B=n_g * width, X=n_g * width,
-                                                                Y=n_g * width, H=n_g * n_g, S=n_g * n_g)
+                                                                Y=n_g * width, H=n_g * n_g, S=n_g * n_g, **k_only)
     ids = {k: id(v) for k, v in ws._buffers.items()}
     flapw.build_hs(cell, batch_atoms=4, overlap=True, workspace=ws)
-    assert ids == {k: id(v) for k, v in ws._buffers.items()}
+    assert ids == {k: id(ws._buffers[k]) for k in ids}          # the build used them (and added U·B's)
 
 
 def test_with_kmax_shares_the_k_independent_data(tio2):
