@@ -32,7 +32,7 @@ COMMANDS = {
     "iteration-kernels": ("ci_iteration_kernels", "one queued iteration's dense steps as a range for Nsight Compute"),
     "small-eigh": ("ci_small_eigh", "the Rayleigh-Ritz k x k eigensolve: syevjBatched against XsyevBatched"),
     "float32": ("ci_float32", "float32 LOBPCG energies on a GPU against float64, one change at a time"),
-    "cuda-sources": ("ci_cuda_sources", "compile cisolver's CUDA module with NVRTC (no GPU needed)"),
+    "cuda-sources": ("ci_cuda_sources", "compile cisolver's CUDA units with NVRTC (no GPU needed)"),
 }
 
 if __name__ == "__main__":

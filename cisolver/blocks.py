@@ -237,7 +237,7 @@ extern "C" __global__ void residual_sumsq(const T* hx, long long ldh, const T* x
 
 
 def cuda_section(dtype):
-    """This module's part of cisolver's CUDA module (cisolver.cuda_modules)."""
+    """This module's part of cisolver's CUDA kernels (cisolver.cuda_modules)."""
     return _RESIDUAL_SOURCE, {}, ["residual_sumsq"]
 
 

@@ -1,30 +1,55 @@
-"""All of cisolver's CUDA kernels for one dtype in one module, compiled once per (GPU architecture, dtype).
+"""cisolver's CUDA kernels for one dtype as a few translation units ("units"), compiled once per (GPU
+architecture, dtype), the units side by side on threads of their own.
+
+Why units: one NVRTC call compiles on one thread, and a cold machine (empty kernel cache) waits for the
+compilation before the GPUs build H. All the kernels of a dtype as one translation unit took 4.4 s (float32)
+and 3.7 s (float64); as units compiled at once, one core each, the wall is that of the largest unit. NVRTC 12.9,
+sm_90, a 2-core CPU, each unit alone (python3 -m benchmarks.cisolver cuda-sources --arch 90):
+
+    unit           float32  float64
+    main            1.26 s   1.24 s   every family but row_kernels (18 kernels)
+    row_product_8   0.12     0.14     rows_times_small_8 (float64: and staged_product_8)
+    row_update_8    0.27     0.29     update_residual_8 (float64: and staged_update_8)
+    row_product_16  0.23     0.21
+    row_update_16   0.54     0.48
+    row_product_32  0.56     0.39
+    row_update_32   1.40     0.99
+
+(a unit's own cost, its typedefs and PRELUDE, is 0.02 s). row_kernels' instantiations are the bulk: all of them
+in one unit took 3.2 s (float32) and 2.6 s (float64); its largest kernel, update_residual_32 in float32, takes
+1.4 s alone. On those 2 cores the 7 units of a dtype at once took 2.5 s (float32) and 2.0 s (float64) wall
+(--together).
 
 How it works
-- ``source(dtype)`` is the whole translation unit: T (and VT, its 16-byte vector) typedef'd to ``dtype``, the
-  device functions several families share (PRELUDE, SMALL_FACTOR), then every family's section in a fixed
-  order (FAMILIES: the row kernels, the Gram kernels, the orthonormalisation and Rayleigh-Ritz kernels, the
-  residual, the assembly of the GPU operator's rows, the angular-momentum sums). A family module gives its
-  section as ``cuda_section(dtype)`` -> (code, constants, kernel names): its constants become macros defined
-  before its code and undefined after it (with every macro the code defines itself), its code sits in a
-  namespace of its own, and its kernels are ``extern "C"``: one entry point per template instantiation a
-  launcher uses (``rows_times_small_16`` runs the template body ``rows_times_small<16>``), listed up front.
-  The text depends on the dtype and on the families' constants alone: sizes, strides and widths that vary
-  from call to call are kernel arguments or instantiations, never macros, so one run's source is the next
-  run's.
-- ``function(cupy, dtype, name)`` gives one kernel of that module on the current device. The first call for a
-  (device, dtype) makes a cupy.RawModule of the source and loads it: CuPy compiles it with NVRTC for the
-  device's architecture (one call for every kernel of the dtype) and keeps the cubin in its on-disk kernel
-  cache (~/.cupy/kernel_cache, or $CUPY_CACHE_DIR), keyed by the source, the options and the architecture.
-  A second device of the same architecture, and every later process on the machine, load the cubin from
-  there without compiling. No name expressions: CuPy before version 14 recompiles modules that have them at
-  every load, and plain ``extern "C"`` names need none.
-- ``prepare(cupy, dtype, devices)`` compiles and loads the module on a background thread (NVRTC releases
-  the GIL), so that the compilation overlaps the host's work; ``function`` waits for it where it must.
-- A family's constants may be changed at run time (benchmarks sweep e.g. row_kernels.STAGE_ROWS): the
-  modules are kept per value of every family's constants, so a changed constant compiles a new module.
-- ``kernel_names(dtype)`` lists every kernel of the module; python3 -m benchmarks.cisolver cuda-sources compiles the
-  source for sm_80 and sm_90 in both dtypes with NVRTC (no GPU needed) and checks that each is in the cubin.
+- ``units(dtype)`` gives each unit's name, source and kernel names. Every unit is self-contained: T (and VT,
+  its 16-byte vector) typedef'd to ``dtype``, the device functions PRELUDE, then its sections. "main" holds
+  SMALL_FACTOR and every family's section but row_kernels' in a fixed order (FAMILIES: the Gram kernels, the
+  orthonormalisation and Rayleigh-Ritz kernels, the residual, the assembly of the GPU operator's rows, the
+  angular-momentum sums); row_kernels' section is cut into one unit per (output width of QMAX_CHOICES, step):
+  "row_product_Q" (out <- a m) and "row_update_Q" (LOBPCG's end of iteration), thread-per-row and, for float64,
+  staged. A family module gives its section as ``cuda_section(dtype)`` -> (code, constants, kernel names)
+  (row_kernels' takes the widths and steps too): its constants become macros defined before its code and
+  undefined after it (with every macro the code defines itself), its code sits in a namespace of its own, and
+  its kernels are ``extern "C"``: one entry point per template instantiation a launcher uses
+  (``rows_times_small_16`` runs the template body ``rows_times_small<16>``), listed up front. The text depends
+  on the dtype and on the families' constants alone: sizes, strides and widths that vary from call to call are
+  kernel arguments or instantiations, never macros, so one run's source is the next run's.
+- ``function(cupy, dtype, name)`` gives one kernel on the current device. The first call for its unit on a
+  (device, dtype) makes a cupy.RawModule of the unit's source and loads it: CuPy compiles it with NVRTC for the
+  device's architecture (one call for the unit's kernels) and keeps the cubin in its on-disk kernel cache
+  (~/.cupy/kernel_cache, or $CUPY_CACHE_DIR), keyed by the source, the options and the architecture. A second
+  device of the same architecture, and every later process on the machine, load the cubin from there without
+  compiling. No name expressions: CuPy before version 14 recompiles modules that have them at every load, and
+  plain ``extern "C"`` names need none.
+- ``prepare(cupy, dtype, devices)`` starts one background thread per unit (NVRTC releases the GIL), each
+  compiling and loading its unit on the devices one after the other, so that the compilations overlap each
+  other and the host's work; ``function`` waits for the unit it needs where it must, and raises the exception
+  of a failed background compilation there.
+- A family's constants may be changed at run time (benchmarks sweep e.g. row_kernels.STAGE_ROWS): the units
+  are kept per value of every family's constants, so a changed constant compiles new units.
+- ``kernel_names(dtype)`` lists every kernel of every unit; python3 -m benchmarks.cisolver cuda-sources compiles
+  the units for sm_80 and sm_90 in both dtypes with NVRTC (no GPU needed) and checks that each kernel is in its
+  unit's cubin.
 
 SMALL_FACTOR holds the device functions of the one-block kernels (cisolver.gpu_ortho, gpu_rayleigh_ritz)
 that factor a small q x q matrix (q <= 32) in shared memory: the in-place upper Cholesky factor, its test
@@ -34,13 +59,15 @@ inverse_upper do not: the caller synchronises before another thread reads *bad o
 """
 import re
 import threading
+import time
 from operator import attrgetter
 
 import numpy as np
 
 _CTYPES = {np.dtype(np.float32): ("float", "float4"), np.dtype(np.float64): ("double", "double2")}
 OPTIONS = ("--std=c++14",)
-# the families in the module's order: (module of cisolver, its constants that enter the source)
+# the families in "main"'s order, row_kernels apart (units of its own): (module of cisolver, its constants that
+# enter the source)
 FAMILIES = (("row_kernels", ("MIN_BLOCKS", "STAGE_ROWS", "QMAX_CHOICES")),
             ("gpu_grams", ("TILE", "THREADS", "TOTAL_THREADS", "FETCH", "BLOCKS_PER_SM", "STAGES")),
             ("gpu_ortho", ("BMAX", "QMAX", "CANCELS", "NOT_DEFINITE", "SECOND_PASS")),
@@ -129,9 +156,9 @@ __device__ void inverse_upper(const double* a, double* ri, int q, double* rd)
 
 _lock = threading.Lock()
 _families = []         # (module, getter of its source constants), imported on first use
-_modules = {}          # (device, dtype, constants) -> loaded cupy.RawModule
-_pending = {}          # (device, dtype, constants) -> threading.Event of a compilation under way
-_failed = {}           # (device, dtype, constants) -> the exception a background compilation raised
+_modules = {}          # (device, dtype, constants, unit) -> loaded cupy.RawModule
+_pending = {}          # (device, dtype, constants, unit) -> threading.Event of a compilation under way
+_failed = {}           # (device, dtype, constants, unit) -> the exception a background compilation raised
 _functions = {}        # (device, dtype, constants, name) -> cupy kernel
 
 
@@ -154,7 +181,7 @@ def _family_modules():
 
 
 def _constants():
-    """Every family's source constants as they are now (part of the key of the module made from them)."""
+    """Every family's source constants as they are now (part of the key of the units made from them)."""
     return tuple([get(module) for module, get in _family_modules() if get is not None])
 
 
@@ -174,92 +201,130 @@ def _dtype(dtype):
     return dtype
 
 
-def source(dtype):
-    """The module's CUDA source for ``dtype`` (float32 or float64) and its kernel names."""
+def units(dtype):
+    """The translation units for ``dtype`` (float32 or float64): ((unit name, CUDA source, kernel names), ...).
+    "main" holds every family but row_kernels; row_kernels' kernels make one unit per (output width, step)."""
     dtype = _dtype(dtype)
-    parts = ["typedef {} T;\ntypedef {} VT;\n".format(*_CTYPES[dtype]), PRELUDE, SMALL_FACTOR]
-    names = []
+    head = "typedef {} T;\ntypedef {} VT;\n".format(*_CTYPES[dtype])
+    main, names, rows = [head, PRELUDE, SMALL_FACTOR], [], None
     for module, _ in _family_modules():
+        family = module.__name__.rsplit(".", 1)[1]
+        if family == "row_kernels":
+            rows = module
+            continue
         code, constants, kernels = module.cuda_section(dtype)
-        parts.append(section(module.__name__.rsplit(".", 1)[1], code, constants))
+        main.append(section(family, code, constants))
         names += kernels
-    return "\n".join(parts), tuple(names)
+    made = [("main", "\n".join(main), tuple(names))]
+    for q in rows.QMAX_CHOICES:
+        for step in rows.STEPS:
+            code, constants, kernels = rows.cuda_section(dtype, widths=(q,), steps=(step,))
+            made.append((f"row_{step}_{q}", "\n".join([head, PRELUDE, section("row_kernels", code, constants)]),
+                          tuple(kernels)))
+    return tuple(made)
 
 
 def kernel_names(dtype):
-    """Every kernel of the module for ``dtype``."""
-    return source(dtype)[1]
+    """Every kernel of every unit for ``dtype``."""
+    return tuple(name for _, _, names in units(dtype) for name in names)
 
 
 def _compile(cupy, code, names):
-    """The module ``code`` compiled (or read from CuPy's kernel cache) and loaded on the current device."""
+    """The unit ``code`` compiled (or read from CuPy's kernel cache) and loaded on the current device."""
     module = cupy.RawModule(code=code, options=OPTIONS)
     module.get_function(names[0])          # compiles and loads it here
     return module
 
 
-def _module(cupy, dtype, key):
+def _module(cupy, key, code, names):
+    """The loaded unit of ``key`` (device, dtype, constants, unit): made here unless a background compilation
+    made it or is making it (then waited for); the failure of a background compilation is raised here."""
     with _lock:
         if key in _modules:
             return _modules[key]
         waiting = _pending.get(key)
     if waiting is not None:               # a background compilation: wait for it rather than compile twice
         waiting.wait()
-        with _lock:
-            if key in _modules:
-                return _modules[key]
-            error = _failed.pop(key, None)
-        if error is not None:
-            raise error
-    module = _compile(cupy, *source(dtype))
+    with _lock:
+        if key in _modules:
+            return _modules[key]
+        error = _failed.pop(key, None)    # a background compilation's failure, raised once (then tried again)
+    if error is not None:
+        raise error
+    module = _compile(cupy, code, names)
     with _lock:
         return _modules.setdefault(key, module)
 
 
 def function(cupy, dtype, name):
-    """The kernel ``name`` of the module for ``dtype`` on the current device (compiled or loaded on first use)."""
+    """The kernel ``name`` for ``dtype`` on the current device (its unit compiled or loaded on first use)."""
     dtype = np.dtype(dtype)
     device = cupy.cuda.runtime.getDevice()
     constants = _constants()
     key = (device, dtype, constants, name)
     kernel = _functions.get(key)
     if kernel is None:
-        kernel = _module(cupy, _dtype(dtype), key[:3]).get_function(name)
+        unit = next((u for u in units(dtype) if name in u[2]), None)
+        if unit is None:
+            raise ValueError(f"cisolver has no CUDA kernel named {name!r}")
+        kernel = _module(cupy, (device, dtype, constants, unit[0]), *unit[1:]).get_function(name)
         _functions[key] = kernel
     return kernel
 
 
+class Compilations:
+    """The background compilations ``prepare`` started: one thread per unit."""
+
+    def __init__(self, threads):
+        self.threads = tuple(threads)
+
+    def join(self, timeout=None):
+        """Wait for every thread (``timeout``: seconds for all of them together)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def is_alive(self):
+        return any(thread.is_alive() for thread in self.threads)
+
+
+def _compile_on_devices(cupy, code, names, keys):
+    """Compile (or load) one unit on the devices of ``keys``, one after the other; a failure is kept for the
+    ``function`` call that needs the unit."""
+    for key in keys:
+        try:
+            with cupy.cuda.Device(key[0]):
+                module = _compile(cupy, code, names)
+            with _lock:
+                _modules.setdefault(key, module)
+        except Exception as exc:          # handed to the caller that needs the unit
+            with _lock:
+                _failed[key] = exc
+        finally:
+            with _lock:
+                _pending.pop(key).set()
+
+
 def prepare(cupy, dtype, devices):
-    """Compile (or load from CuPy's cache) the module for ``dtype`` on ``devices`` on a background thread,
-    one device after the other (a second device of the same architecture loads the first one's cubin).
-    Returns the thread (None when every device has the module or is getting it); a failure is raised by the
-    first ``function`` call that needs the module."""
+    """Compile (or load from CuPy's cache) every unit for ``dtype`` on ``devices`` in the background: one thread
+    per unit, all started here, each taking the devices one after the other (a second device of the same
+    architecture loads the first one's cubin). Returns the threads as one Compilations (None when every
+    device has every unit or is getting it); a failure is raised by the first ``function`` call that needs the
+    unit."""
     dtype = _dtype(dtype)
     constants = _constants()
-    code, names = source(dtype)
-    todo = []
-    with _lock:
-        for device in dict.fromkeys(devices):
-            key = (device, dtype, constants)
-            if key not in _modules and key not in _pending:
-                _pending[key] = threading.Event()
-                todo.append(key)
-    if not todo:
-        return None
-
-    def work():
-        for key in todo:
-            try:
-                with cupy.cuda.Device(key[0]):
-                    module = _compile(cupy, code, names)
-                with _lock:
-                    _modules.setdefault(key, module)
-            except Exception as exc:          # handed to the caller that needs the module
-                with _lock:
-                    _failed[key] = exc
-            finally:
-                with _lock:
-                    _pending.pop(key).set()
-    thread = threading.Thread(target=work, name="cisolver-cuda-compile", daemon=True)
-    thread.start()
-    return thread
+    threads = []
+    for unit, code, names in units(dtype):
+        todo = []
+        with _lock:
+            for device in dict.fromkeys(devices):
+                key = (device, dtype, constants, unit)
+                if key not in _modules and key not in _pending:
+                    _pending[key] = threading.Event()
+                    todo.append(key)
+        if todo:
+            threads.append(threading.Thread(target=_compile_on_devices, args=(cupy, code, names, todo),
+                                            name=f"cisolver-cuda-{unit}", daemon=True))
+    for thread in threads:
+        thread.start()
+    return Compilations(threads) if threads else None

@@ -93,7 +93,7 @@ extern "C" __global__ void raised_squares(const T* v, long long ldv, int k, cons
 
 
 def cuda_section(dtype):
-    """This module's part of cisolver's CUDA module (cisolver.cuda_modules)."""
+    """This module's part of cisolver's CUDA kernels (cisolver.cuda_modules)."""
     return _SOURCE, {"BLOCK_FIELDS": BLOCK_FIELDS}, ["column_squares", "raised_squares"]
 
 

@@ -1,4 +1,4 @@
-"""A group of H's rows filled on a GPU by the kernels of cisolver's CUDA module (no CuPy-generated kernel).
+"""A group of H's rows filled on a GPU by cisolver's own CUDA kernels (no CuPy-generated kernel).
 
 The fill of cisolver.shellmodel.rowblocks, kernel for kernel: the host works out where each piece starts in each
 row of the group (numpy, from the plan's counts, as ``RowBlock.fill`` does) and sends those starts in one copy;
@@ -7,9 +7,9 @@ elements, ``fill_own_column`` for its column n', ``fill_own_piece`` for the diag
 the host's element formulas in the host's order (products and sums rounded one by one, no fused multiply-add),
 so that the GPU's rows are the host build's bit for bit. Where a group drops exact zeros the entries go to
 scratch with a keep flag each and are compacted into the CSR arrays in order (``keep_counts``, ``keep_starts``,
-``keep_compact``: counts per tile, their scan, the copy). A cold machine compiles these kernels with the rest of
-the module, in one NVRTC call (cisolver.cuda_modules), where CuPy's array operations took 14 s of compiles for
-48Cr's fill.
+``keep_compact``: counts per tile, their scan, the copy). A cold machine compiles these kernels in the "main" unit
+of cisolver.cuda_modules (one NVRTC call, beside the other units), where CuPy's array operations took 14 s of
+compiles for 48Cr's fill.
 """
 import numpy as np
 
@@ -179,7 +179,7 @@ KERNELS = ["fill_jump_grid", "fill_own_column", "fill_own_piece", "keep_counts",
 
 
 def cuda_section(dtype):
-    """This module's part of cisolver's CUDA module (cisolver.cuda_modules)."""
+    """This module's part of cisolver's CUDA kernels (cisolver.cuda_modules)."""
     return _SOURCE, {"TILE": TILE}, list(KERNELS)
 
 

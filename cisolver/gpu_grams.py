@@ -343,7 +343,7 @@ def preferred(s, hs=None):
 
 
 def cuda_section(dtype):
-    """This module's part of cisolver's CUDA module (cisolver.cuda_modules)."""
+    """This module's part of cisolver's CUDA kernels (cisolver.cuda_modules)."""
     return _SOURCE, {"TILE": TILE, "THREADS": THREADS, "TOTAL_THREADS": TOTAL_THREADS, "FETCH": FETCH,
                      "BLOCKS_PER_SM": BLOCKS_PER_SM, "STAGES": STAGES}, ["gram_partials", "gram_partials_staged",
                                                                          "gram_total"]

@@ -130,7 +130,7 @@ def fits(s, b):
 
 
 def cuda_section(dtype):
-    """This module's part of cisolver's CUDA module (cisolver.cuda_modules; SMALL_FACTOR comes before it)."""
+    """This module's part of cisolver's CUDA kernels (cisolver.cuda_modules; SMALL_FACTOR comes before it)."""
     return _SOURCE, {"BMAX": BMAX, "QMAX": QMAX, "CANCELS": CANCELS, "NOT_DEFINITE": NOT_DEFINITE,
                      "SECOND_PASS": SECOND_PASS}, ["ortho_factor"]
 

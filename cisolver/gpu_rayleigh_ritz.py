@@ -195,7 +195,7 @@ def fits(s, b):
 
 
 def cuda_section(dtype):
-    """This module's part of cisolver's CUDA module (cisolver.cuda_modules; SMALL_FACTOR comes before it)."""
+    """This module's part of cisolver's CUDA kernels (cisolver.cuda_modules; SMALL_FACTOR comes before it)."""
     return _SOURCE, {"KMAX": KMAX, "EPS64": repr(float(np.finfo(np.float64).eps)),
                      "TINY64": repr(float(np.finfo(np.float64).tiny)), "EIG_RESIDUAL": repr(EIG_RESIDUAL)}, \
         ["rr_prepare", "rr_finish"]

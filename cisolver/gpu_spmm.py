@@ -104,7 +104,7 @@ extern "C" __global__ void row_flags(const int* indptr, const int* indices, long
 
 
 def cuda_section(dtype):
-    """This module's part of cisolver's CUDA module (cisolver.cuda_modules)."""
+    """This module's part of cisolver's CUDA kernels (cisolver.cuda_modules)."""
     return _SOURCE, {"UNSORTED": UNSORTED, "LOWER": LOWER}, ["full_row_counts", "full_rows", "row_flags"]
 
 

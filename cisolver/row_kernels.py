@@ -322,22 +322,24 @@ __device__ __forceinline__ void staged_rows(
 }
 
 // The kernels: one entry point per output width Q of QMAX_CHOICES, e.g. rows_times_small_16 = rows_times_small<16>
-#define ROW_KERNELS(Q) \
+#define ROW_PRODUCT(Q) \
 extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) rows_times_small_##Q(const T* a, long long lda, T* out, \
         long long ldo, const T* m, int p, int q, long long n, int vec_a, int vec_out) \
-{ rows_times_small<Q>(a, lda, out, ldo, m, p, q, n, vec_a, vec_out); } \
+{ rows_times_small<Q>(a, lda, out, ldo, m, p, q, n, vec_a, vec_out); }
+#define ROW_UPDATE(Q) \
 extern "C" __global__ void __launch_bounds__(256, MIN_BLOCKS) update_residual_##Q(const T* s, long long lds, \
         const T* hs, long long ldh, T* xn, long long ldx, T* hn, long long ldhn, const T* m, int p, int q, \
         const double* theta, int b, T* r, long long ldr, long long n, int vec, double* partials) \
 { update_residual<Q>(s, lds, hs, ldh, xn, ldx, hn, ldhn, m, p, q, theta, b, r, ldr, n, vec, partials); }
 
 // staged_product_Q = staged_rows<Q, false>, staged_update_Q = staged_rows<Q, true>
-#define STAGED_KERNELS(Q) \
+#define STAGED_PRODUCT(Q) \
 extern "C" __global__ void __launch_bounds__(2 * STAGE_ROWS) staged_product_##Q(const T* s, long long lds, \
         const T* hs, long long ldh, T* xn, long long ldx, T* hn, long long ldhn, const T* m, int p, int q, \
         const double* theta, int b, T* r, long long ldr, T* w, long long ldw, long long n, int vec_out, \
         double* partials) \
-{ staged_rows<Q, false>(s, lds, hs, ldh, xn, ldx, hn, ldhn, m, p, q, theta, b, r, ldr, w, ldw, n, vec_out, partials); } \
+{ staged_rows<Q, false>(s, lds, hs, ldh, xn, ldx, hn, ldhn, m, p, q, theta, b, r, ldr, w, ldw, n, vec_out, partials); }
+#define STAGED_UPDATE(Q) \
 extern "C" __global__ void __launch_bounds__(2 * STAGE_ROWS) staged_update_##Q(const T* s, long long lds, \
         const T* hs, long long ldh, T* xn, long long ldx, T* hn, long long ldhn, const T* m, int p, int q, \
         const double* theta, int b, T* r, long long ldr, T* w, long long ldw, long long n, int vec_out, \
@@ -346,15 +348,20 @@ extern "C" __global__ void __launch_bounds__(2 * STAGE_ROWS) staged_update_##Q(c
 """
 
 
-def cuda_section(dtype):
-    """This module's part of cisolver's CUDA module (cisolver.cuda_modules): the thread-per-row kernels for
-    every width of QMAX_CHOICES, and for float64 the staged ones (_staged_fits takes no float32 block)."""
-    code = _SOURCE + "".join(f"ROW_KERNELS({q})\n" for q in QMAX_CHOICES)
-    names = [f"{kernel}_{q}" for q in QMAX_CHOICES for kernel in ("rows_times_small", "update_residual")]
-    if np.dtype(dtype) == np.float64:
-        code += "".join(f"STAGED_KERNELS({q})\n" for q in QMAX_CHOICES)
-        names += [f"{kernel}_{q}" for q in QMAX_CHOICES for kernel in ("staged_product", "staged_update")]
-    return code, {"MIN_BLOCKS": MIN_BLOCKS, "STAGE_ROWS": STAGE_ROWS}, names
+# the entry points of each step, as (macro, kernel): the thread-per-row one, then the staged one (float64 only)
+STEPS = {"product": (("ROW_PRODUCT", "rows_times_small"), ("STAGED_PRODUCT", "staged_product")),
+         "update": (("ROW_UPDATE", "update_residual"), ("STAGED_UPDATE", "staged_update"))}
+
+
+def cuda_section(dtype, widths=None, steps=tuple(STEPS)):
+    """This module's part of cisolver's CUDA kernels (cisolver.cuda_modules): the entry points of ``steps``
+    ("product": out <- a m, "update": LOBPCG's end of iteration) for the output widths ``widths`` (default: all
+    of QMAX_CHOICES), thread-per-row, and for float64 staged too (_staged_fits takes no float32 block)."""
+    kinds = 2 if np.dtype(dtype) == np.float64 else 1
+    entries = [(macro, kernel, q) for q in (QMAX_CHOICES if widths is None else widths) for step in steps
+               for macro, kernel in STEPS[step][:kinds]]
+    code = _SOURCE + "".join(f"{macro}({q})\n" for macro, _, q in entries)
+    return code, {"MIN_BLOCKS": MIN_BLOCKS, "STAGE_ROWS": STAGE_ROWS}, [f"{kernel}_{q}" for _, kernel, q in entries]
 
 
 def _staged_fits(inputs, p, q):

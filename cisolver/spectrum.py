@@ -228,7 +228,7 @@ def run(request, progress=None):
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
     rq = request
-    if rq.devices != "cpu":             # the CUDA kernels compile (or load) while the host plans H
+    if rq.devices != "cpu":             # cisolver's CUDA units compile (or load) while the host plans H
         import cupy
         from . import cuda_modules
         cuda_modules.prepare(cupy, rq.dtype, rq.devices)
