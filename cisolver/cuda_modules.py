@@ -7,7 +7,8 @@ and 3.7 s (float64); as units compiled at once, one core each, the wall is that 
 sm_90, a 2-core CPU, each unit alone (python3 -m benchmarks.cisolver cuda-sources --arch 90):
 
     unit           float32  float64
-    main            1.26 s   1.24 s   every family but row_kernels (18 kernels)
+    main            1.05 s   1.03 s   every family but row_kernels and gpu_fill (12 kernels)
+    gpu_fill        0.24     0.23     the GPU build of H (6 kernels)
     row_product_8   0.12     0.14     rows_times_small_8 (float64: and staged_product_8)
     row_update_8    0.27     0.29     update_residual_8 (float64: and staged_update_8)
     row_product_16  0.23     0.21
@@ -18,13 +19,14 @@ sm_90, a 2-core CPU, each unit alone (python3 -m benchmarks.cisolver cuda-source
 (a unit's own cost, its typedefs and PRELUDE, is 0.02 s). row_kernels' instantiations are the bulk: all of them
 in one unit took 3.2 s (float32) and 2.6 s (float64); its largest kernel, update_residual_32 in float32, takes
 1.4 s alone. On those 2 cores the 7 units of a dtype at once took 2.5 s (float32) and 2.0 s (float64) wall
-(--together).
+(--together), before gpu_fill had a unit of its own.
 
 How it works
 - ``units(dtype)`` gives each unit's name, source and kernel names. Every unit is self-contained: T (and VT,
-  its 16-byte vector) typedef'd to ``dtype``, the device functions PRELUDE, then its sections. "main" holds
-  SMALL_FACTOR and every family's section but row_kernels' in a fixed order (FAMILIES: the Gram kernels, the
-  orthonormalisation and Rayleigh-Ritz kernels, the residual, the assembly of the GPU operator's rows, the
+  its 16-byte vector) typedef'd to ``dtype``, the device functions PRELUDE, then its sections. "gpu_fill" (the
+  GPU build of H, whose kernels a run needs first: 0.23 s alone) is a unit of its own; "main" holds
+  SMALL_FACTOR and every other family's section but row_kernels' in a fixed order (FAMILIES: the Gram kernels,
+  the orthonormalisation and Rayleigh-Ritz kernels, the residual, the assembly of the GPU operator's rows, the
   angular-momentum sums); row_kernels' section is cut into one unit per (output width of QMAX_CHOICES, step):
   "row_product_Q" (out <- a m) and "row_update_Q" (LOBPCG's end of iteration), thread-per-row and, for float64,
   staged. A family module gives its section as ``cuda_section(dtype)`` -> (code, constants, kernel names)
@@ -66,8 +68,8 @@ import numpy as np
 
 _CTYPES = {np.dtype(np.float32): ("float", "float4"), np.dtype(np.float64): ("double", "double2")}
 OPTIONS = ("--std=c++14",)
-# the families in "main"'s order, row_kernels apart (units of its own): (module of cisolver, its constants that
-# enter the source)
+# the families in "main"'s order, row_kernels and OWN_UNIT apart (units of their own): (module of cisolver, its
+# constants that enter the source)
 FAMILIES = (("row_kernels", ("MIN_BLOCKS", "STAGE_ROWS", "QMAX_CHOICES")),
             ("gpu_grams", ("TILE", "THREADS", "TOTAL_THREADS", "FETCH", "BLOCKS_PER_SM", "STAGES")),
             ("gpu_ortho", ("BMAX", "QMAX", "CANCELS", "NOT_DEFINITE", "SECOND_PASS")),
@@ -76,6 +78,8 @@ FAMILIES = (("row_kernels", ("MIN_BLOCKS", "STAGE_ROWS", "QMAX_CHOICES")),
             ("gpu_spmm", ("UNSORTED", "LOWER")),
             ("gpu_angmom", ("BLOCK_FIELDS",)),
             ("gpu_fill", ("TILE",)))
+
+OWN_UNIT = ("gpu_fill",)   # the GPU build's kernels: needed first, and not behind "main"'s compilation
 
 PRELUDE = r"""
 #define VEC ((int) (16 / sizeof(T)))      // elements of T in a 16-byte vector
@@ -203,19 +207,23 @@ def _dtype(dtype):
 
 def units(dtype):
     """The translation units for ``dtype`` (float32 or float64): ((unit name, CUDA source, kernel names), ...).
-    "main" holds every family but row_kernels; row_kernels' kernels make one unit per (output width, step)."""
+    "main" holds every family but row_kernels and those of OWN_UNIT, each of which is a unit of its own;
+    row_kernels' kernels make one unit per (output width, step)."""
     dtype = _dtype(dtype)
     head = "typedef {} T;\ntypedef {} VT;\n".format(*_CTYPES[dtype])
-    main, names, rows = [head, PRELUDE, SMALL_FACTOR], [], None
+    main, names, rows, made = [head, PRELUDE, SMALL_FACTOR], [], None, []
     for module, _ in _family_modules():
         family = module.__name__.rsplit(".", 1)[1]
         if family == "row_kernels":
             rows = module
             continue
         code, constants, kernels = module.cuda_section(dtype)
+        if family in OWN_UNIT:
+            made.append((family, "\n".join([head, PRELUDE, section(family, code, constants)]), tuple(kernels)))
+            continue
         main.append(section(family, code, constants))
         names += kernels
-    made = [("main", "\n".join(main), tuple(names))]
+    made.insert(0, ("main", "\n".join(main), tuple(names)))
     for q in rows.QMAX_CHOICES:
         for step in rows.STEPS:
             code, constants, kernels = rows.cuda_section(dtype, widths=(q,), steps=(step,))

@@ -41,17 +41,21 @@ def test_units_are_deterministic_self_contained_and_list_every_kernel_once(dtype
         staged = np.dtype(dtype) == np.float64                    # float32 takes no staged kernel
         assert by_unit[f"row_product_{q}"] == (f"rows_times_small_{q}",) + ((f"staged_product_{q}",) if staged else ())
         assert by_unit[f"row_update_{q}"] == (f"update_residual_{q}",) + ((f"staged_update_{q}",) if staged else ())
-    assert [unit for unit, _, _ in units] == ["main"] + [f"row_{step}_{q}" for q in row_kernels.QMAX_CHOICES
-                                                          for step in row_kernels.STEPS]
+    assert by_unit["gpu_fill"] == ("fill_jump_grid", "fill_own_column", "fill_own_piece", "keep_counts",
+                                   "keep_starts", "keep_compact")          # the GPU build's, a unit of its own
+    assert [unit for unit, _, _ in units] == ["main", "gpu_fill"] + [
+        f"row_{step}_{q}" for q in row_kernels.QMAX_CHOICES for step in row_kernels.STEPS]
 
 
 def test_small_factor_only_in_main_and_families_in_order():
     units = cuda_modules.units(np.float64)
     assert "cholesky_upper" in units[0][1] and not any("cholesky_upper" in code for _, code, _ in units[1:])
     families = [s.split(" ", 1)[0] for s in units[0][1].split("// ---- cisolver.")[1:]]
-    assert families == [name for name, _ in cuda_modules.FAMILIES if name != "row_kernels"]
-    for _, code, _ in units[1:]:
-        assert [s.split(" ", 1)[0] for s in code.split("// ---- cisolver.")[1:]] == ["row_kernels"]
+    assert families == [name for name, _ in cuda_modules.FAMILIES
+                        if name != "row_kernels" and name not in cuda_modules.OWN_UNIT]
+    for unit, code, _ in units[1:]:
+        own = unit if unit in cuda_modules.OWN_UNIT else "row_kernels"
+        assert [s.split(" ", 1)[0] for s in code.split("// ---- cisolver.")[1:]] == [own]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -70,12 +74,12 @@ def test_units_follow_the_families_constants(monkeypatch):
     before = dict((unit, code) for unit, code, _ in cuda_modules.units(np.float64))
     monkeypatch.setattr(row_kernels, "STAGE_ROWS", 16)
     after = dict((unit, code) for unit, code, _ in cuda_modules.units(np.float64))
-    assert after["main"] == before["main"]
-    for unit in after.keys() - {"main"}:
+    assert after["main"] == before["main"] and after["gpu_fill"] == before["gpu_fill"]
+    for unit in after.keys() - {"main", "gpu_fill"}:
         assert "#define STAGE_ROWS 16\n" in after[unit] and "#define STAGE_ROWS 48\n" in before[unit]
     monkeypatch.setattr(row_kernels, "QMAX_CHOICES", (8, 24))
     assert [unit for unit, _, _ in cuda_modules.units(np.float32)] == \
-        ["main", "row_product_8", "row_update_8", "row_product_24", "row_update_24"]
+        ["main", "gpu_fill", "row_product_8", "row_update_8", "row_product_24", "row_update_24"]
 
 
 def test_units_refuse_other_dtypes():
