@@ -18,8 +18,8 @@ sm_90, a 2-core CPU, each unit alone (python3 -m benchmarks.cisolver cuda-source
 
 (a unit's own cost, its typedefs and PRELUDE, is 0.02 s). row_kernels' instantiations are the bulk: all of them
 in one unit took 3.2 s (float32) and 2.6 s (float64); its largest kernel, update_residual_32 in float32, takes
-1.4 s alone. On those 2 cores the 7 units of a dtype at once took 2.5 s (float32) and 2.0 s (float64) wall
-(--together), before gpu_fill had a unit of its own.
+1.4 s alone. On those 2 cores the 8 units of a dtype at once took 2.6 s (float32) and 2.0 s (float64) wall
+(--together).
 
 How it works
 - ``units(dtype)`` gives each unit's name, source and kernel names. Every unit is self-contained: T (and VT,
