@@ -1,5 +1,6 @@
-"""cisolver.cuda_modules on GPUs: every kernel of every unit loads, one RawModule (one compilation or cache load)
-per unit, device and dtype, also when prepared on background threads."""
+"""cisolver.cuda_modules on GPUs: every kernel of every unit loads, one module (one compilation or cache load) per
+unit, device and dtype, also when prepared on background threads; a unit's cubin comes from the on-disk cache
+when it is there, and its kernels compute what they should."""
 import numpy as np
 import pytest
 
@@ -10,15 +11,15 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture
 def counted(monkeypatch):
-    """cupy.RawModule counted by the (device, source) it is made for; cuda_modules' caches emptied."""
+    """Units compiled or loaded (cuda_modules._compile) counted by (device, source); the caches emptied."""
     import cupy
     made = []
-    real = cupy.RawModule
+    real = cuda_modules._compile
 
-    def counting(*args, **kwargs):
-        made.append((cupy.cuda.runtime.getDevice(), kwargs["code"]))
-        return real(*args, **kwargs)
-    monkeypatch.setattr(cupy, "RawModule", counting)
+    def counting(cp, code, names):
+        made.append((cupy.cuda.runtime.getDevice(), code))
+        return real(cp, code, names)
+    monkeypatch.setattr(cuda_modules, "_compile", counting)
     for name in ("_modules", "_pending", "_failed", "_functions"):
         monkeypatch.setattr(cuda_modules, name, {})
     return made
@@ -57,3 +58,17 @@ def test_one_module_per_unit_and_device(counted):
     for dev in (0, 1):
         _every_kernel(cupy, np.float64, dev)
     assert sorted(counted) == _one_per_unit(np.float64, [0, 1])
+
+
+def test_a_unit_compiles_once_into_the_cache_folder_and_loads_from_it(tmp_path, monkeypatch):
+    import cupy
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path))
+    name, code, names = cuda_modules.units(np.float64)[1]         # gpu_fill: small
+    with cupy.cuda.Device(0):
+        cuda_modules._compile(cupy, code, names)
+        files = sorted(p.name for p in tmp_path.iterdir())
+        assert len(files) == 1 and files[0].startswith("cisolver-") and files[0].endswith(".cubin")
+        monkeypatch.setattr(cupy.cuda.nvrtc, "compileProgram", lambda *a: pytest.fail("compiled again"))
+        module = cuda_modules._compile(cupy, code, names)
+        assert all(module.get_function(n) is not None for n in names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == files
