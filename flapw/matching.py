@@ -11,10 +11,16 @@ once per species as an (N_G, N_L) array; an atom's block is that array times its
 Blocks are stored transposed, A_a^T (N_G × N_L), side by side in one C-ordered (N_G, n·N_L) buffer,
 i.e. a column-major (n·N_L) × N_G matrix: exactly the operand of zherk/zher2k/zherkx with trans='C'.
 
-Y_lm and j_l come from numpy recurrences over the G vectors (``special``). The k-only stage on a 2-core box,
-1 / 2 threads, against scipy's special functions before: AuAg Kmax 4.0 (13371 G, lmax 10, 2 species) 0.061 /
-0.044 s (0.22 / 0.12 s), NaCl Kmax 3.5 (7011 G, lmax 6) 0.012 / 0.013 s (0.035 / 0.022 s); most of what
-remains is writing the four (N_G, N_L) results.
+Y_lm and j_l come from numpy recurrences over the G vectors (``special``), chunk by chunk. A chunk's Python
+steps hold the GIL; its large products release it. On one H100 node's 16 cores (benchmarks: k_only_factors
+alone, best of 3, and two calls at once as side-by-side k-points make), CHUNK G vectors and threads:
+
+    case (N_G)              1024, every core     4096, 4 threads      4096, 8 threads
+    AuAg Kmax 4.0 (13371)   0.047 / 0.098 s      0.028 / 0.042 s      0.028 / 0.042 s
+    NaCl Kmax 3.5 (7011)    0.023 / 0.044 s      0.008 / 0.015 s      0.008 / 0.015 s
+    TiO2 Kmax 4.0 (29152)   0.090 / 0.200 s      0.032 / 0.060 s      0.032 / 0.060 s
+
+so a stage takes at most MAX_THREADS threads: more only contend for the GIL.
 """
 import numpy as np
 
@@ -25,7 +31,8 @@ from .special import spherical_harmonics, spherical_jn_all
 
 __all__ = ["species_factors", "fill_coefficients", "ylm_conj", "k_only_factors"]
 
-CHUNK = 1024                # G vectors per task of the k-only stage
+CHUNK = 4096                # G vectors per task of the k-only stage
+MAX_THREADS = 8             # threads of one k-only stage at most
 
 
 def ylm_conj(basis, lmax):
@@ -61,7 +68,8 @@ def species_factors(basis, radial, lmax, omega, ylm_c=None):
 
 def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
     """[species_factors(basis, r, ...) for r in radials], the k-only stage of a build, computed in chunks of
-    CHUNK G vectors on ``threads`` threads (default: every core), each chunk's prefactor once for all species
+    CHUNK G vectors on ``threads`` threads (default and at most MAX_THREADS, fewer where the machine has fewer
+    cores), each chunk's prefactor once for all species
     and written straight into the results (no whole-array temporaries: on 32 cores their allocation and first
     touch made more threads slower). Y_lm and j_l are numpy array operations (the GIL released in each) whose
     every value depends on its own G alone, so the result is the same, bit for bit, for any chunks and threads.
@@ -100,7 +108,7 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
                     fa[r0:r1].set(pref * a[:, ls])
                     fb[r0:r1].set(pref * b[:, ls])
     jobs = list(zip(edges[:-1], edges[1:]))
-    threads = min(threads or available_cores(), len(jobs))
+    threads = min(threads or available_cores(), available_cores(), MAX_THREADS, len(jobs))
     if threads <= 1:
         for r0, r1 in jobs:
             chunk(r0, r1)
