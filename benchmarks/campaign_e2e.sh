@@ -4,7 +4,7 @@
 #   usage (device machine, repo root):  OUT=dir bash benchmarks/campaign_e2e.sh [stage ...]
 # Stages: ci48 (48Cr with the CLI defaults: the first run of a fresh machine is the cold one), ciprof (where
 # a warm 48Cr run spends its time, cProfile), cimpi (two ranks, between two one-process runs), flapwquick (the
-# device and host rows of the FLAPW table), flapw (the FLAPW builds of docs/performance.md,
+# rows of the FLAPW table and the 8 k-points), flapw (the FLAPW builds of docs/performance.md,
 # device and host arrays, one and two GPUs, 8 k-points), flapwpeak (TiO2 Kmax 4.0's BLAS part against Σ device
 # cuBLAS zherk), gputests. MPI: the machine's own mpiexec when it has
 # one, else the mpich and mpi4py wheels carried in .whl/.
@@ -20,6 +20,7 @@ ci48)
   $B --json $OUT/ci48.json --label 48Cr-f32-2gpu-cold -- $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all
   $B --json $OUT/ci48.json --label 48Cr-f32-2gpu-warm --repeat 2 -- $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all
   $B --json $OUT/ci48.json --label 48Cr-f32-1gpu -- $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices 0
+  $B --json $OUT/ci48.json --label 48Cr-kb3g-f64-2gpu-first -- $CI --interaction kb3g --protons 4 --neutrons 4 --devices all
   $B --json $OUT/ci48.json --label 48Cr-kb3g-f64-2gpu -- $CI --interaction kb3g --protons 4 --neutrons 4 --devices all ;;
 ciprof)
   python3 -m cProfile -o $OUT/ci48.prof -m cisolver spectrum --interaction gxpf1a --protons 4 --neutrons 4 --nev 5 \
@@ -31,11 +32,16 @@ cimpi)
   $B --json $OUT/ci48.json --label 48Cr-f32-2ranks -- mpiexec $BIND -n 2 $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all
   $B --json $OUT/ci48.json --label 48Cr-f32-1process-after -- $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all ;;
 flapwquick)
+  python3 -m flapw build -q --system NaCl --kmax 2.5 --devices all --interstitial --solve 5 > /dev/null   # CuPy's kernels
   for sys in "TiO2 3.0" "TiO2 4.0" "AuAg 4.0"; do set -- $sys
     $B --json $OUT/flapw.json --label "$1-$2-device" -- $FL --system $1 --kmax $2 --devices all --interstitial
+  done
+  $B --json $OUT/flapw.json --label NaCl-3.5-solve20 -- $FL --system NaCl --kmax 3.5 --devices all --interstitial --solve 20
+  for sys in "TiO2 3.0" "AuAg 4.0"; do set -- $sys
     $B --json $OUT/flapw.json --label "$1-$2-host" -- $FL --system $1 --kmax $2 --devices all --interstitial --arrays host
   done
-  $B --json $OUT/flapw.json --label NaCl-3.5-solve20 -- $FL --system NaCl --kmax 3.5 --devices all --interstitial --solve 20 ;;
+  $B --json $OUT/flapw.json --label NaCl-3.0-k8-1gpu -- python3 -m flapw build --json --kpoints 8 --system NaCl --kmax 3.0 --devices 0
+  $B --json $OUT/flapw.json --label NaCl-3.0-k8-2gpu -- python3 -m flapw build --json --kpoints 8 --system NaCl --kmax 3.0 --devices all ;;
 flapw)
   for sys in "TiO2 3.0" "TiO2 4.0" "AuAg 4.0"; do set -- $sys
     $B --json $OUT/flapw.json --label "$1-$2-device" -- $FL --system $1 --kmax $2 --devices all --interstitial
