@@ -74,10 +74,10 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
     touch made more threads slower). Y_lm and j_l are numpy array operations (the GIL released in each) whose
     every value depends on its own G alone, so the result is the same, bit for bit, for any chunks and threads.
 
-    out: a (fa, fb) pair of (N_G, N_L) complex128 C-ordered arrays per radial to write into, numpy or CuPy
-    (each chunk is then computed on the host and copied to its rows on the GPU: no whole host array is made,
-    whose page faults on first touch cost AuAg Kmax 4.0 0.2 s a k-point on a 32-core node); default new numpy
-    arrays. Returns the pairs."""
+    out: a (fa, fb) pair of (N_G, N_L) complex128 C-ordered arrays per radial to write into, numpy or CuPy (a
+    chunk's prefactor (4π/√Ω) i^l Y*_lm and its a_l, b_l are then made on the host and copied to the GPU, which
+    forms the (N_G, N_L) products in their rows: a quarter of the bytes to copy, and no whole host array to
+    fault in); default new numpy arrays. Returns the pairs, on a GPU complete when this returns."""
     from concurrent.futures import ThreadPoolExecutor
     from hybridblas.blas_threads import available_cores
     n_g, n_l = basis.n_g, (lmax + 1) ** 2
@@ -94,19 +94,25 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
                                  f"{x.dtype} {x.shape}")
     device = None if isinstance(out[0][0], np.ndarray) else out[0][0].device
     edges = list(range(0, n_g, CHUNK)) + [n_g]
+    if device is not None:
+        import cupy
+        with device:
+            ls_on_device = cupy.asarray(ls)
 
     def chunk(r0, r1):
         part = basis.rows(r0, r1)
         pref = _prefactor(ylm_conj(part, lmax), lmax, omega)
-        for (fa, fb), radial in zip(out, radials):
-            a, b = radial_matching(part, radial, lmax)
-            if device is None:
+        if device is None:
+            for (fa, fb), radial in zip(out, radials):
+                a, b = radial_matching(part, radial, lmax)
                 np.multiply(pref, a[:, ls], out=fa[r0:r1])
                 np.multiply(pref, b[:, ls], out=fb[r0:r1])
-            else:
-                with device:
-                    fa[r0:r1].set(pref * a[:, ls])
-                    fb[r0:r1].set(pref * b[:, ls])
+            return
+        with device:            # Y_lm's prefactor and a_l, b_l go up; the (N_G, N_L) products are formed there
+            pref_d = cupy.asarray(pref)
+            for (fa, fb), radial in zip(out, radials):
+                for f, ab in zip((fa, fb), radial_matching(part, radial, lmax)):
+                    cupy.multiply(pref_d, cupy.take(cupy.asarray(ab), ls_on_device, axis=1), out=f[r0:r1])
     jobs = list(zip(edges[:-1], edges[1:]))
     threads = min(threads or available_cores(), available_cores(), MAX_THREADS, len(jobs))
     if threads <= 1:
@@ -115,6 +121,8 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
     else:
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(lambda job: chunk(*job), jobs))
+    if device is not None:
+        device.synchronize()    # the products were queued from the pool's threads: done before anyone reads
     return out
 
 
