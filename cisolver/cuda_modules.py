@@ -37,12 +37,14 @@ How it works
   on the dtype and on the families' constants alone: sizes, strides and widths that vary from call to call are
   kernel arguments or instantiations, never macros, so one run's source is the next run's.
 - ``function(cupy, dtype, name)`` gives one kernel on the current device. The first call for its unit on a
-  (device, dtype) makes a cupy.RawModule of the unit's source and loads it: CuPy compiles it with NVRTC for the
-  device's architecture (one call for the unit's kernels) and keeps the cubin in its on-disk kernel cache
-  (~/.cupy/kernel_cache, or $CUPY_CACHE_DIR), keyed by the source, the options and the architecture. A second
-  device of the same architecture, and every later process on the machine, load the cubin from there without
-  compiling. No name expressions: CuPy before version 14 recompiles modules that have them at every load, and
-  plain ``extern "C"`` names need none.
+  (device, dtype) compiles the unit's source with NVRTC (through CuPy's binding) to a cubin for the device's
+  architecture, with the options CuPy itself would add, and keeps it as cisolver-<sha256>.cubin in CuPy's
+  kernel cache folder (~/.cupy/kernel_cache, or $CUPY_CACHE_DIR; a private temporary folder where that one is
+  not writable), keyed by the source, the options, the architecture and NVRTC's version; the unit is loaded
+  from that file (cupy.RawModule(path=...)). A second device of the same architecture, and every later process
+  on the machine, load the cubin without compiling. An architecture that NVRTC cannot compile for goes through
+  CuPy's RawModule(code=...), which makes PTX for the driver. No name expressions: plain ``extern "C"`` names
+  need none.
 - ``prepare(cupy, dtype, devices)`` starts one background thread per unit (NVRTC releases the GIL), each
   compiling and loading its unit on the devices one after the other, so that the compilations overlap each
   other and the host's work; ``function`` waits for the unit it needs where it must, and raises the exception
@@ -296,16 +298,19 @@ def _cubin(nvrtc, code, arch):
     finally:
         nvrtc.destroyProgram(prog)
     for folder in (_cache_folder(), _fallback_folder()):
+        path = os.path.join(folder, name)
+        part = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
         try:
             os.makedirs(folder, exist_ok=True)
-            path = os.path.join(folder, name)
-            part = f"{path}.{os.getpid()}.{threading.get_ident()}.part"
             with open(part, "wb") as f:
                 f.write(cubin)
             os.replace(part, path)
             return path
-        except OSError:               # a read-only cache folder: a private temporary one
-            continue
+        except OSError:               # a read-only or full cache folder: a private temporary one
+            try:
+                os.remove(part)
+            except OSError:
+                pass
     raise OSError(f"no folder to keep cisolver's compiled kernels in ({_cache_folder()}, {_fallback_folder()})")
 
 
