@@ -218,8 +218,8 @@ def _fill_on_gpu(c, xp, tile):
 
 class Workspace:
     """Buffers that one build after another reuses: A, B, X (Y), H, S and, for host arrays, the k-only
-    matching factors (give it to build_hs as ``workspace=``). Later builds allocate nothing new up to the largest sizes seen, and host memory that
-    hybridblas page-locked for the GPUs stays locked. The H and S a build returns are views of the
+    matching factors (give it to build_hs as ``workspace=``). Later builds allocate nothing new up to the
+    largest sizes seen, and host memory that hybridblas page-locked for the GPUs stays locked. The H and S a build returns are views of the
     workspace's buffers: the next build with the same workspace overwrites them, and their upper triangle
     holds what the last build left there when ``lower_only``. ``release()`` frees everything."""
 
@@ -244,10 +244,9 @@ class Workspace:
         sizes = dict.fromkeys(_buffer_names(method, overlap), n_g * batch_atoms * cell.n_l)
         sizes.update(H=n_g * n_g, S=n_g * n_g)
         bufs = [self.get(name, size, xp) for name, size in sizes.items()]
-        if xp is np:                  # the k-only factors of each species (build_hs keeps them here on the host)
+        if xp is np:                  # with the k-only factors of each species (build_hs keeps them here)
             bufs += [self.get(f"k-only {f} {sp}", n_g * cell.n_l)
                      for sp in sorted({sp.symbol for sp in cell.structure.species}) for f in "AB"]
-        if xp is np:
             from hybridblas.blas_threads import available_cores
             chunk = 1 << 22
             jobs = [(b, i) for b in bufs for i in range(0, b.size, chunk)]
@@ -351,9 +350,10 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
         basis = cell.basis
         # under MPI a rank's context holds its share of the node's cores (cpu_threads)
         threads = getattr(getattr(backend, "context", None), "cpu_threads", None)
-        # straight into GPU arrays, or a workspace's host buffers (no new host arrays to fault in a k-point)
-        keep = (lambda name: workspace.get(name, n_g * n_l, np).reshape(n_g, n_l)) if workspace is not None and \
-            xp is np else (lambda name: xp.empty((n_g, n_l), complex))
+        def keep(name):        # GPU arrays, or a workspace's host buffers (no new host arrays to fault in)
+            if workspace is not None and xp is np:
+                return workspace.get(name, n_g * n_l, np).reshape(n_g, n_l)
+            return xp.empty((n_g, n_l), complex)
         fac = k_only_factors(basis, [radial[s] for s in species], cell.lmax, cell.omega, threads=threads,
                              out=[(keep(f"k-only A {sp}"), keep(f"k-only B {sp}")) for sp in species])
         fa, fb = [f[0] for f in fac], [f[1] for f in fac]

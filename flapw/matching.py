@@ -68,11 +68,10 @@ def species_factors(basis, radial, lmax, omega, ylm_c=None):
 
 def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
     """[species_factors(basis, r, ...) for r in radials], the k-only stage of a build, computed in chunks of
-    CHUNK G vectors on ``threads`` threads (default and at most MAX_THREADS, fewer where the machine has fewer
-    cores), each chunk's prefactor once for all species
-    and written straight into the results (no whole-array temporaries: on 32 cores their allocation and first
-    touch made more threads slower). Y_lm and j_l are numpy array operations (the GIL released in each) whose
-    every value depends on its own G alone, so the result is the same, bit for bit, for any chunks and threads.
+    CHUNK G vectors on ``threads`` threads (default and at most MAX_THREADS, no more than the cores), each
+    chunk's prefactor once for all species and written straight into the results (no whole-array temporaries).
+    Every value of Y_lm and j_l depends on its own G alone, so the result is the same, bit for bit, for any
+    chunks and threads.
 
     out: a (fa, fb) pair of (N_G, N_L) complex128 C-ordered arrays per radial to write into, numpy or CuPy (a
     chunk's prefactor (4π/√Ω) i^l Y*_lm and its a_l, b_l are then made on the host and copied to the GPU, which
