@@ -360,6 +360,7 @@ def _distributed_spectrum(rq, problem):
         gpu, = rq.devices
         import cupy
         cupy.cuda.Device(gpu).use()
+    hb.distributed.prepare_collectives(comm, gpu)     # NCCL's set-up beside the build (every rank calls it)
     if rq.layout == "rows":             # on this rank's GPU where prepare found they fit (rq.on_gpus)
         lo, hi = local_rows(problem, comm)
         h_local, build_detail = build_rows(problem, (lo, hi), dtype, rq.n_threads, gpu if rq.on_gpus else None)

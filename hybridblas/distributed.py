@@ -19,7 +19,7 @@ import numpy as np
 from .problem import array_module
 
 __all__ = ["world", "local_rank", "block_range", "allreduce", "allgather_rows", "gather_rows_into",
-           "device_collectives", "gram", "node_context", "rank_print"]
+           "device_collectives", "prepare_collectives", "gram", "node_context", "rank_print"]
 
 
 # set in every rank's environment by the MPI launchers: Open MPI, MPICH/Hydra and Intel MPI (and srun's PMI-1/2),
@@ -156,7 +156,53 @@ def gather_rows_into(full, counts, comm):
 
 
 _NCCL = {}                 # (id(comm), device) -> (comm, NCCL communicator)
+_NCCL_PENDING = {}         # (id(comm), device) -> threading.Event of a communicator being made in the background
+_NCCL_FAILED = {}          # (id(comm), device) -> the exception its making raised
 _NCCL_LOCK = threading.Lock()
+
+
+def prepare_collectives(comm, device):
+    """Start making the NCCL communicator of ``comm`` for GPU ``device`` (an index; None on a rank without a
+    GPU) on a background thread, so that NCCL's set-up (about a second on a GPU node) overlaps the caller's
+    work; the first collective on that device waits for it (and raises what its making raised). Collective:
+    every rank of ``comm`` calls it at the same point of its sequence of collectives; the ranks agree first,
+    and a rank without a GPU or without NCCL makes it do nothing on every rank. Returns the thread, or None."""
+    if comm is None:
+        return None
+    if device is not None and (isinstance(device, bool) or not isinstance(device, Integral) or device < 0):
+        raise ValueError(f"device must be a GPU index or None, got {device!r}")
+    from mpi4py import MPI
+    able = device is not None and _nccl_available()
+    if not comm.allreduce(int(able), op=MPI.MIN):
+        return None
+    import cupy
+    from cupy.cuda import nccl
+    key = (id(comm), int(device))
+    with _NCCL_LOCK:
+        entry = _NCCL.get(key)
+        ready = (entry is not None and entry[0] is comm) or key in _NCCL_PENDING
+    if comm.allreduce(int(ready), op=MPI.MAX):      # some rank has it or is making it: nothing to start
+        return None
+    uid = comm.bcast(nccl.get_unique_id() if comm.Get_rank() == 0 else None, root=0)
+    size, rank, done = comm.Get_size(), comm.Get_rank(), threading.Event()
+    with _NCCL_LOCK:
+        _NCCL_PENDING[key] = done
+
+    def make():
+        try:
+            with cupy.cuda.Device(int(device)):
+                made = nccl.NcclCommunicator(size, uid, rank)
+            with _NCCL_LOCK:
+                _NCCL[key] = (comm, made)
+        except Exception as exc:          # raised by the first collective that needs the communicator
+            with _NCCL_LOCK:
+                _NCCL_FAILED[key] = exc
+        finally:
+            with _NCCL_LOCK:
+                _NCCL_PENDING.pop(key).set()
+    thread = threading.Thread(target=make, name="hybridblas-nccl-setup", daemon=True)
+    thread.start()
+    return thread
 
 
 def _nccl_available():
@@ -175,6 +221,13 @@ def _nccl_comm(comm, x):
     from cupy.cuda import nccl
     key = (id(comm), x.device.id)
     with _NCCL_LOCK:
+        waiting = _NCCL_PENDING.get(key)
+    if waiting is not None:                 # prepare_collectives is making it
+        waiting.wait()
+    with _NCCL_LOCK:
+        error = _NCCL_FAILED.pop(key, None)
+        if error is not None:
+            raise error
         entry = _NCCL.get(key)
         if entry is None or entry[0] is not comm:
             # the entry holds the MPI communicator itself, so its id cannot be reused by another one

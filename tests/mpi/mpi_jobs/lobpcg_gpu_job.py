@@ -18,9 +18,14 @@ if comm is None:                          # one rank
     comm = MPI.COMM_WORLD
 # the queued gather and sum (NCCL) on uneven rows, one rank possibly without rows, against host values
 import cupy  # noqa: E402
-from hybridblas.distributed import allgather_rows, allreduce, gather_rows_into, local_rank  # noqa: E402
+from hybridblas.distributed import (allgather_rows, allreduce, gather_rows_into, local_rank,  # noqa: E402
+                                    prepare_collectives)
 cupy.cuda.Device(local_rank(comm)[0] % cupy.cuda.runtime.getDeviceCount()).use()
 size, rank = comm.Get_size(), comm.Get_rank()
+# NCCL's communicator made on a background thread: the collectives below wait for it and use it
+setup = prepare_collectives(comm, cupy.cuda.Device().id)
+assert setup is not None
+assert prepare_collectives(comm, cupy.cuda.Device().id) is None          # made or being made: not again
 for counts in ([3 + 2 * r for r in range(size)], [0] + [4] * (size - 1)):
     rows = [np.random.default_rng(r).standard_normal((c, 5)) for r, c in enumerate(counts)]
     full = cupy.full((sum(counts), 5), np.nan)
