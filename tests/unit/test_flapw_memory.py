@@ -155,7 +155,7 @@ def test_device_build_out_of_gpu_memory_matches_host(monkeypatch):
     """A CuPy pool limit below the full batch's device arrays forces the out-of-memory path: the first attempt
     (every atom, device arrays) fails, a later one completes, and H and S equal the host build's. The attempts
     are recorded at build_hs itself (not through log capture, which an in-process CLI run elsewhere in the
-    session can redirect)."""
+    same pytest run can redirect)."""
     import cupy
     cell = flapw.System.preset("NaCl", kmax=2.2, supercell=(1, 1, 1))
     h_ref, s_ref = flapw.build_hs(cell, interstitial=True, context=hb.Context("cpu"))
