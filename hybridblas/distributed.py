@@ -192,6 +192,7 @@ def prepare_collectives(comm, device):
         try:
             with cupy.cuda.Device(int(device)):
                 made = nccl.NcclCommunicator(size, uid, rank)
+                _connect(made, size)
             with _NCCL_LOCK:
                 _NCCL[key] = (comm, made)
         except Exception as exc:          # raised by the first collective that needs the communicator
@@ -203,6 +204,26 @@ def prepare_collectives(comm, device):
     thread = threading.Thread(target=make, name="hybridblas-nccl-setup", daemon=True)
     thread.start()
     return thread
+
+
+def _connect(made, size):
+    """One small sum and one broadcast from each rank on a new communicator, on a stream of their own: NCCL
+    connects its rings at a communicator's first collectives (0.5-1 s between two GPUs of a node), which this
+    moves onto prepare_collectives' thread. Every rank runs the same sequence, before anyone else can use the
+    communicator (its first user waits for prepare_collectives' thread)."""
+    import cupy
+    from cupy.cuda import nccl as _n
+    stream = cupy.cuda.Stream(non_blocking=True)
+    buf = cupy.zeros(1 << 16, dtype=cupy.float64)       # 512 KiB: past the small-message protocol as well
+    for count in (1, buf.size):
+        made.allReduce(buf.data.ptr, buf.data.ptr, count, _n.NCCL_FLOAT64, _n.NCCL_SUM, stream.ptr)
+    _n.groupStart()
+    try:
+        for root in range(size):
+            made.broadcast(buf.data.ptr, buf.data.ptr, 1, _n.NCCL_FLOAT64, root, stream.ptr)
+    finally:
+        _n.groupEnd()
+    stream.synchronize()
 
 
 def _nccl_available():
