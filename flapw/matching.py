@@ -31,7 +31,7 @@ from .special import spherical_harmonics, spherical_jn_all
 
 __all__ = ["species_factors", "fill_coefficients", "ylm_conj", "k_only_factors"]
 
-CHUNK = 4096                # G vectors per task of the k-only stage
+CHUNK = 4096                # G vectors per task of the k-only stage at least (below 2 CHUNK: one task)
 MAX_THREADS = 8             # threads of one k-only stage at most
 
 
@@ -45,6 +45,11 @@ def radial_matching(basis, radial, lmax):
     """a_l(|K|), b_l(|K|) of shape (N_G, lmax+1): the bracketed factors divided by W."""
     kk = basis.norm
     j, dj = spherical_jn_all(lmax, kk * radial.mesh.r[-1])
+    return _ab(j, dj, kk, radial)
+
+
+def _ab(j, dj, kk, radial):
+    """radial_matching's a_l, b_l from j_l(|K|R) and j_l'(|K|R) (dj is scaled in place)."""
     dj *= kk                                                             # |K| j_l'(|K|R)
     w = radial.wronskian[:, None]
     a = (radial.udot[:, None] * dj - radial.dudot[:, None] * j) / w
@@ -92,25 +97,30 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
                 raise ValueError(f"out's arrays must be C-ordered complex128 of shape {(n_g, n_l)}, got "
                                  f"{x.dtype} {x.shape}")
     device = None if isinstance(out[0][0], np.ndarray) else out[0][0].device
-    edges = list(range(0, n_g, CHUNK)) + [n_g]
+    edges = np.linspace(0, n_g, max(1, n_g // CHUNK) + 1).astype(int).tolist()   # chunks of CHUNK to 2 CHUNK
     if device is not None:
         import cupy
         with device:
             ls_on_device = cupy.asarray(ls)
 
+    def matching(part):
+        """radial_matching(part, r, lmax) for every radial r, j_l of all of them in one call."""
+        kk, n = part.norm, part.n_g
+        j, dj = spherical_jn_all(lmax, np.concatenate([kk * r.mesh.r[-1] for r in radials]))
+        return [_ab(j[:, i * n:(i + 1) * n], dj[:, i * n:(i + 1) * n], kk, r) for i, r in enumerate(radials)]
+
     def chunk(r0, r1):
         part = basis.rows(r0, r1)
         pref = _prefactor(ylm_conj(part, lmax), lmax, omega)
         if device is None:
-            for (fa, fb), radial in zip(out, radials):
-                a, b = radial_matching(part, radial, lmax)
+            for (fa, fb), (a, b) in zip(out, matching(part)):
                 np.multiply(pref, a[:, ls], out=fa[r0:r1])
                 np.multiply(pref, b[:, ls], out=fb[r0:r1])
             return
         with device:            # Y_lm's prefactor and a_l, b_l go up; the (N_G, N_L) products are formed there
             pref_d = cupy.asarray(pref)
-            for (fa, fb), radial in zip(out, radials):
-                for f, ab in zip((fa, fb), radial_matching(part, radial, lmax)):
+            for (fa, fb), pair in zip(out, matching(part)):
+                for f, ab in zip((fa, fb), pair):
                     cupy.multiply(pref_d, cupy.take(cupy.asarray(ab), ls_on_device, axis=1), out=f[r0:r1])
     jobs = list(zip(edges[:-1], edges[1:]))
     threads = min(threads or available_cores(), available_cores(), MAX_THREADS, len(jobs))
@@ -134,16 +144,41 @@ def phases(basis, positions_frac, xp=np):
 def fill_coefficients(out, factors, phase, species_of, n_l, for_each=None):
     """out[:, j·N_L:(j+1)·N_L] = factors[species_of[j]] * phase[:, j] for each atom j of a batch.
 
-    ``factors`` may be any per-atom-kind list (species, or species with U folded in: X = UB). Each block
-    is written straight into its strided columns, no temporary (numpy and cupy alike). ``for_each(jobs, fn)``
-    runs fn(j) for every j (default: a plain loop, queued in order on a GPU); hsdla passes one that spreads
-    the atoms over the host's cores, since one core wrote TiO2 Kmax 4.0's two 14.5 GB arrays in 25 s."""
+    ``factors`` may be any per-atom-kind list (species, or species with U folded in: X = UB). Atoms next to
+    each other with the same factor (hsdla orders a batch by atom class) are written as one run: one broadcast
+    product (N_G, 1, N_L) · (N_G, run, 1) straight into the run's columns, no temporary (numpy and cupy alike),
+    so a GPU gets a launch per run rather than per atom (TiO2: 2 instead of 384). ``for_each(jobs, fn)`` runs
+    fn(job) for every job (default: a plain loop, queued in order on a GPU); hsdla passes one that spreads the
+    jobs over the host's cores, for which runs are cut into at most ``runs_for`` pieces of similar size."""
     xp = array_module(out)
+    n_g = out.shape[0]
+    if not out.flags.c_contiguous or out.shape[1] != len(species_of) * n_l:
+        raise ValueError(f"out must be a C-ordered (N_G, {len(species_of)}·{n_l}) array, got shape {out.shape}, "
+                         f"C-contiguous {out.flags.c_contiguous}")
+    blocks = out.reshape(n_g, -1, n_l)          # a view of out
 
-    def one(j):
-        xp.multiply(factors[species_of[j]], phase[:, j:j + 1], out=out[:, j * n_l:(j + 1) * n_l])
-    (for_each or _loop)(range(len(species_of)), one)
+    def one(job):
+        j0, j1, f = job
+        xp.multiply(factors[f][:, None, :], phase[:, j0:j1, None], out=blocks[:, j0:j1, :])
+    jobs = _runs(species_of, 1 if for_each is None else _PIECES)
+    (for_each or _loop)(jobs, one)
     return out
+
+
+_PIECES = 64                 # host jobs a batch's runs are cut into at most (spread over the cores)
+
+
+def _runs(kinds, pieces):
+    """[(j0, j1, kind)]: the runs of equal consecutive ``kinds``, each cut so that there are about ``pieces``
+    jobs in all (at least one atom each)."""
+    kinds = np.asarray(kinds)
+    n = kinds.size
+    if n == 0:
+        return []
+    edges = np.flatnonzero(kinds[1:] != kinds[:-1]) + 1
+    bounds = [0] + edges.tolist() + [n]
+    most = max(1, -(-n // pieces))
+    return [(j, min(b, j + most), int(kinds[a])) for a, b in zip(bounds[:-1], bounds[1:]) for j in range(a, b, most)]
 
 
 def _loop(jobs, fn):

@@ -212,8 +212,29 @@ def test_threaded_coefficient_fill_equals_the_plain_one(rng):
     n_g, n_l, n_atoms = 301, 9, 7
     factors = [rng.standard_normal((n_g, n_l)) + 1j * rng.standard_normal((n_g, n_l)) for _ in range(2)]
     phase = np.exp(1j * rng.uniform(0, 6.3, (n_g, n_atoms)))
-    species = np.array([0, 1, 1, 0, 1, 0, 0])
-    want = np.hstack([factors[s] * phase[:, [j]] for j, s in enumerate(species)])
-    for each in (None, _on_host_cores):
-        out = np.full((n_g, n_atoms * n_l), np.nan, complex)
-        np.testing.assert_array_equal(fill_coefficients(out, factors, phase, species, n_l, each), want)
+    for species in (np.array([0, 1, 1, 0, 1, 0, 0]), np.array([0, 0, 0, 0, 1, 1, 1]), np.array([1] * 7)):
+        want = np.hstack([factors[s] * phase[:, [j]] for j, s in enumerate(species)])
+        for each in (None, _on_host_cores):
+            out = np.full((n_g, n_atoms * n_l), np.nan, complex)
+            np.testing.assert_array_equal(fill_coefficients(out, factors, phase, species, n_l, each), want)
+
+
+def test_coefficient_runs_cover_every_atom_once():
+    """The jobs of a fill: runs of one factor, cut into about the asked number of pieces, every atom once."""
+    from flapw.matching import _runs
+    kinds = [0, 0, 0, 1, 1, 0, 2, 2, 2, 2, 2]
+    for pieces in (1, 2, 3, 64):
+        jobs = _runs(kinds, pieces)
+        covered = [j for j0, j1, _ in jobs for j in range(j0, j1)]
+        assert covered == list(range(len(kinds)))
+        assert all(kinds[j] == k for j0, j1, k in jobs for j in range(j0, j1))
+    assert _runs(kinds, 1) == [(0, 3, 0), (3, 5, 1), (5, 6, 0), (6, 11, 2)]
+    assert _runs([], 4) == []
+
+
+def test_coefficient_fill_refuses_an_out_it_cannot_write_in_place():
+    from flapw.matching import fill_coefficients
+    factors = [np.ones((5, 4), complex)]
+    phase = np.ones((5, 2), complex)
+    with pytest.raises(ValueError, match="out must be"):
+        fill_coefficients(np.zeros((5, 16), complex)[:, ::2], factors, phase, [0, 0], 4)
