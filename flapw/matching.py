@@ -155,7 +155,7 @@ def fill_coefficients(out, factors, phase, species_of, n_l, for_each=None):
     if not out.flags.c_contiguous or out.shape[1] != len(species_of) * n_l:
         raise ValueError(f"out must be a C-ordered (N_G, {len(species_of)}·{n_l}) array, got shape {out.shape}, "
                          f"C-contiguous {out.flags.c_contiguous}")
-    blocks = out.reshape(n_g, -1, n_l)          # a view of out
+    blocks = out.reshape(n_g, len(species_of), n_l)          # a view of out
 
     def one(job):
         j0, j1, f = job
