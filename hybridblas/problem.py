@@ -345,7 +345,7 @@ def build_problem(kind, alpha, operands, beta, c, ops, lower, out_shape, overwri
 
     writeback = None
     if c is None:
-        c_arr = xp.zeros((m, n), dtype=dtype, order="F")
+        c_arr = xp.zeros((m, n), dtype=dtype, order="C" if _row_major_result(kind, dtype, arrays) else "F")
         beta = 0.0
     else:
         c_arr = _check_output(c, xp, dtype, kind, m, n, overwrite_c, list(zip(names, arrays)))
@@ -357,6 +357,15 @@ def build_problem(kind, alpha, operands, beta, c, ops, lower, out_shape, overwri
         kind = {"herk": "syrk", "her2k": "syr2k"}.get(kind, kind)
         ops = [op & T for op in ops]
     return _normalise(kind, alpha, beta, arrays, ops, c_arr, lower, m, n, k, xp, writeback)
+
+
+def _row_major_result(kind, dtype, arrays):
+    """Whether a new C should be C-ordered: complex herk and her2k on row-major operands (numpy's and CuPy's
+    default order). Their column-major form is the conjugate of every factor; with a row-major C the whole
+    equation is transposed (C^T = conj(C)), which undoes it, so no operand is copied (a column-major C would
+    need conj(A) in memory: a copy of every operand)."""
+    return (kind in ("herk", "her2k") and dtype.kind == "c"
+            and all(not is_column_major(x) and is_column_major(x.T) for x in arrays))
 
 
 def _normalise(kind, alpha, beta, arrays, ops, c_arr, lower, m, n, k, xp, writeback):

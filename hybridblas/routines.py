@@ -99,7 +99,8 @@ def herk(alpha: float, a: Array, beta: float = 0.0, c: Optional[Array] = None, t
     Returns
     -------
     numpy.ndarray or cupy.ndarray, shape (n, n)
-        ``c`` itself (overwrite_c=True), its updated copy, or the new C; it lives where ``a`` lives.
+        ``c`` itself (overwrite_c=True), its updated copy, or the new C; it lives where ``a`` lives. A new C
+        is C-ordered when ``a`` is (then no conjugated copy of ``a`` is made), else Fortran-ordered.
 
     Raises
     ------
@@ -161,7 +162,8 @@ def her2k(alpha: complex, a: Array, b: Array, beta: float = 0.0, c: Optional[Arr
     Returns
     -------
     numpy.ndarray or cupy.ndarray, shape (n, n)
-        ``c`` itself (overwrite_c=True), its updated copy, or the new C.
+        ``c`` itself (overwrite_c=True), its updated copy, or the new C (C-ordered when ``a`` and ``b`` are,
+        else Fortran-ordered).
 
     Raises
     ------

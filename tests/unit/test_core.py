@@ -16,7 +16,7 @@ from hybridblas.scheduler import static_assignment
 
 
 def _herk_problem(n, k, dtype=np.complex128, lower=True):
-    a = np.ones((n, k), dtype)
+    a = np.ones((n, k), dtype, order="F")       # a column-major C in the problem's own triangle
     return build_problem("herk", 1.0, [a], 0.0, None, [N], lower, None)
 
 
