@@ -201,7 +201,7 @@ class Context:
     def devices_for(self, problem):
         usable = [d for d in self.devices if d.accepts(problem)]
         if not usable:
-            where = "host (numpy)" if problem.xp.__name__ == "numpy" else "GPU (cupy)"
+            where = "host (numpy)" if problem.fxp.__name__ == "numpy" else "GPU (cupy)"
             raise ValueError(f"no device in {[d.name for d in self.devices]} can work on {where} operands")
         live = [d for d in usable if d.name not in self._failed]
         if not live:

@@ -208,10 +208,16 @@ class Problem:
     m: int               # rows of C
     n: int               # cols of C
     k: int               # inner dimension
-    xp: object = np      # numpy or cupy
+    xp: object = np      # C's module: numpy or cupy (the operands' too, unless operand_xp says otherwise)
     writeback: object = None   # caller's array when ``c`` is a working copy
     out: object = None         # the array the routine returns (the caller's c, its copy, or a new C)
     extra: dict = field(default_factory=dict)
+    operand_xp: object = None  # the operands' module where it is not C's (cupy operands, numpy C), else None
+
+    @property
+    def fxp(self):
+        """The operands' array module (numpy or cupy): ``xp`` unless the operands live on a GPU and C on the host."""
+        return self.xp if self.operand_xp is None else self.operand_xp
 
     @property
     def dtype(self):
@@ -281,8 +287,9 @@ def _check_output(c, xp, dtype, kind, m, n, overwrite, operands):
     except TypeError:
         raise TypeError(f"c must be a numpy.ndarray or cupy.ndarray (or None), got {type(c).__name__}") from None
     c_arr, cmod = _check_array(c, "c")
-    if cmod is not xp:
-        raise TypeError(f"c lives on a different device kind ({cmod.__name__}) than a ({xp.__name__})")
+    if cmod is not xp and not (cmod is np and xp.__name__ == "cupy"):
+        raise TypeError(f"c lives on a different device kind ({cmod.__name__}) than a ({xp.__name__}): C may be "
+                        f"on the host with the operands on a GPU, not on a GPU with host operands")
     if c_arr.dtype != dtype:
         raise TypeError(f"c has dtype {c_arr.dtype} but a has {dtype}: they must match")
     if kind != "gemm" and c_arr.shape[0] != c_arr.shape[1]:
@@ -293,7 +300,7 @@ def _check_output(c, xp, dtype, kind, m, n, overwrite, operands):
         return c_arr
     if getattr(getattr(c_arr, "flags", None), "writeable", True) is False:
         raise ValueError("c is read-only: it is updated in place (pass overwrite_c=False for a new array)")
-    for name, x in operands:
+    for name, x in operands if cmod is xp else ():      # a host C shares no memory with GPU operands
         how = _overlap(xp, c_arr, x)
         if how:
             raise ValueError(f"c {how} memory with {name}: c is written while {name} is read; pass a c of "
@@ -350,7 +357,7 @@ def build_problem(kind, alpha, operands, beta, c, ops, lower, out_shape, overwri
     else:
         c_arr = _check_output(c, xp, dtype, kind, m, n, overwrite_c, list(zip(names, arrays)))
         if not overwrite_c:
-            c_arr = xp.array(c_arr, copy=True, order="K")   # the caller's c is left as it is
+            c_arr = array_module(c_arr).array(c_arr, copy=True, order="K")   # the caller's c is left as it is
 
     # Real data: Hermitian kinds are the symmetric ones and "C" means "T".
     if dtype.kind != "c":
@@ -371,6 +378,7 @@ def _row_major_result(kind, dtype, arrays):
 def _normalise(kind, alpha, beta, arrays, ops, c_arr, lower, m, n, k, xp, writeback):
     # Factors as op(array) with the arrays as given; transposing the whole equation for a row-major C.
     factors = [Operand(x, op) for x, op in zip(arrays, ops)]
+    cxp = array_module(c_arr)            # xp, or numpy for a host C with the operands on a GPU
     work = c_arr
     if not is_column_major(c_arr):
         if is_column_major(c_arr.T):
@@ -384,7 +392,7 @@ def _normalise(kind, alpha, beta, arrays, ops, c_arr, lower, m, n, k, xp, writeb
                 left, right = factors
                 factors = [right.with_op(right.op ^ T), left.with_op(left.op ^ T)]
         else:                                      # odd strides: work on a copy, write it back at the end
-            work = xp.asfortranarray(c_arr)
+            work = cxp.asfortranarray(c_arr)
             writeback = c_arr
 
     # Describe each factor through a column-major base; BLAS can't take a conjugate without a transpose.
@@ -403,4 +411,5 @@ def _normalise(kind, alpha, beta, arrays, ops, c_arr, lower, m, n, k, xp, writeb
         base = {N: value, T: value.T, C: xp.conj(value).T}[want]
         factors[1] = Operand(xp.asfortranarray(base), want, scratch=True)
     return Problem(kind=kind, c=work, lower=lower, alpha=alpha, beta=beta, factors=factors,
-                   m=m, n=n, k=k, xp=xp, writeback=writeback, out=c_arr)
+                   m=m, n=n, k=k, xp=cxp, writeback=writeback, out=c_arr,
+                   operand_xp=None if cxp is xp else xp)

@@ -22,7 +22,7 @@ def execute(problem, ctx):
         if cuda_inline.applies(problem, devices[0]):
             cuda_inline.run(problem, devices[0])
             return "inline"
-    if problem.xp.__name__ == "cupy":
+    if problem.fxp.__name__ == "cupy":
         problem.extra["caller_events"] = _caller_events(problem)
     strategy = ctx.resolve_strategy(devices)
     with blas_threads.limit(ctx.blas_threads(devices)):
@@ -44,7 +44,8 @@ def _caller_events(problem):
     kernels that produced A, or the copies the normalisation made) has finished."""
     import cupy
     events = []
-    for gpu in sorted({x.device.id for x in [problem.c] + [f.base for f in problem.factors]}):
+    held = [x for x in [problem.c] + [f.base for f in problem.factors] if hasattr(x, "device")]
+    for gpu in sorted({x.device.id for x in held}):
         with cupy.cuda.Device(gpu):
             ev = cupy.cuda.Event(disable_timing=True)
             ev.record(cupy.cuda.get_current_stream())
@@ -74,15 +75,20 @@ def _transfer_rate(problem, device, ctx):
     """bytes/s at which the operands reach ``device``, which does not hold them: the profile's pinned
     host-to-GPU rate of that GPU for host operands, the pinned GPU-to-host rate of their GPU for a CPU worker;
     TRANSFER_RATE where the profile has none, and between GPUs (profiles do not measure those copies)."""
-    if problem.xp.__name__ == "numpy":
+    if problem.fxp.__name__ == "numpy":
         gpu, key = device.name, "h2d_pinned"
     elif device.kind == "cpu":
-        gpu, key = f"cuda:{problem.c.device.id}", "d2h_pinned"
+        gpu, key = f"cuda:{_home_gpu(problem)}", "d2h_pinned"
     else:
         return TRANSFER_RATE
     prof = ctx.profile
     measured = prof.transfer(gpu) if prof is not None else None
     return (measured or {}).get(key, TRANSFER_RATE)
+
+
+def _home_gpu(problem):
+    """The GPU that holds the operands of a call on GPU operands (C's where C is on a GPU too)."""
+    return (problem.c if problem.operand_xp is None else problem.factors[0].base).device.id
 
 
 def _one_device_if_small(problem, devices, rates, ctx):
@@ -93,10 +99,10 @@ def _one_device_if_small(problem, devices, rates, ctx):
     flops = problem.flops()
     if flops / max(rates) >= ctx.min_call_seconds:
         return devices, rates
-    if problem.xp.__name__ == "numpy":
+    if problem.fxp.__name__ == "numpy":
         home = {i for i, d in enumerate(devices) if d.kind == "cpu"}
     else:
-        home = {i for i, d in enumerate(devices) if d.name == f"cuda:{problem.c.device.id}"}
+        home = {i for i, d in enumerate(devices) if d.name == f"cuda:{_home_gpu(problem)}"}
     moved = problem.c.nbytes + sum({id(f.base): f.base.nbytes for f in problem.factors}.values())
     cost = [flops / r + (0.0 if i in home else REMOTE_LATENCY + moved / _transfer_rate(problem, devices[i], ctx))
             for i, r in enumerate(rates)]

@@ -35,7 +35,7 @@ class CPUDevice(Device):
         return "cpu" if self.index == 0 else f"cpu#{self.index}"
 
     def accepts(self, problem):
-        return problem.xp is np
+        return problem.fxp is np         # host operands (and so a host C)
 
     def open(self, problem):
         return _CPURun(problem, problem.extra.get("rates", {}).get(self.name, DEFAULT_RATE))

@@ -1,7 +1,8 @@
 """One CUDA GPU as a hybridblas device: CuPy arrays, cuBLAS through ctypes, three streams, a panel cache.
 
 Per call and per GPU (``_CUDARun``, living in the GPU's worker thread):
-- operands may be numpy (host) or cupy on any GPU; C is written where it lives;
+- operands may be numpy (host) or cupy on any GPU; C is written where it lives (on the host also for cupy
+  operands);
 - a task (a band or a tile of C) is cut into tiles on a grid aligned to multiples of the block, so GPUs
   of one call name panels alike and can copy them from each other;
 - ``s_in`` brings panels (host through the pinned ring, other GPUs peer-to-peer), ``s_comp`` runs cuBLAS,
@@ -181,7 +182,8 @@ class _CUDARun(DeviceRun):
             self.handle = cp.cuda.device.get_cublas_handle()
             self.backend = cublas.Backend(self.handle, self.s_comp)
             self.pool = cp.get_default_memory_pool()
-            self.host = problem.xp is np
+            self.host = problem.xp is np                 # C on the host: written back through the writer
+            self.host_operands = problem.fxp is np       # operands on the host: panels through the ring
             self.c_dev = device_of(problem.c)
             self.f_dev = [device_of(f.base) for f in problem.factors]
             self._enable_peers()
@@ -221,7 +223,7 @@ class _CUDARun(DeviceRun):
         """The run's shared resources: the call's panel index, a staging ring of each direction (lent by
         the GPU for this run only), the write-back thread, page-locked operands. ``_release`` undoes it."""
         device, problem = self.device, self.problem
-        self.share = join_share(self.call_id) if self.host else None
+        self.share = join_share(self.call_id) if self.host_operands else None
         self.cache = PanelCache(self._cache_capacity(), self.s_in, self.share, device.index)
         if not self.host:
             return
@@ -252,8 +254,8 @@ class _CUDARun(DeviceRun):
         p = self.problem
         after = 1 if p.extra.get("pin_host") == "auto" else 0
         call = p.extra.setdefault("call_token", object())     # one token shared by the call's GPUs
-        self.pin_f = [None if fac.scratch else host_pinning.acquire(fac.base, after_uses=after, call=call)
-                      for fac in p.factors]
+        self.pin_f = [None if fac.scratch or not self.host_operands
+                      else host_pinning.acquire(fac.base, after_uses=after, call=call) for fac in p.factors]
         self.pin_c = host_pinning.acquire(p.c, after_uses=after, call=call) if p.writeback is None else None
 
     def _enable_peers(self):
@@ -366,7 +368,7 @@ class _CUDARun(DeviceRun):
     def _host_fallback(self, t):
         """Last resort for host operands when even the smallest tile does not fit on the GPU."""
         p = self.problem
-        if not self.host:
+        if not (self.host and self.host_operands):
             raise MemoryError(f"{self.device.name}: GPU memory exhausted even for {MIN_BLOCK}-wide tiles "
                               f"of device-resident operands")
         from .cpu import _HostBackend

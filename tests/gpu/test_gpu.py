@@ -115,8 +115,38 @@ def test_gpu_contract_sweep(name, dtype, trans, lower, rng):
             check(name, out, expected, c0, lower, tol, where, alpha, beta, k)
 
 
+@pytest.mark.parametrize("name,dtype,trans,lower", list(contract_cases()))
+def test_gpu_operands_with_a_host_c(name, dtype, trans, lower, rng):
+    """Operands on the GPU and C in host memory (any layout): C is written on the host, the other triangle
+    and the operands untouched, on every context (the CPU cannot read the operands and sits out)."""
+    contexts = _contexts()
+    for (n, k), (alpha, beta) in itertools.product(SIZES, _alpha_beta(name, dtype)):
+        m = n + 2 if name == "gemm" else n
+        values, c0, expected, tol = make_case(rng, name, dtype, trans, lower, n, k, alpha, beta, m)
+        for ctx_name, ctx in contexts.items():
+            how = LAYOUTS[rng.integers(len(LAYOUTS))]
+            ops = [to_device(v, LAYOUTS[rng.integers(len(LAYOUTS))]) for v in values]
+            c = layout(c0, how)
+            with _pin_everything(ctx_name == "gpu-pinned-host"):
+                out = call_routine(name, alpha, ops, beta, c, trans, lower, ctx)
+            where = f"{ctx_name} cupy operands, numpy C n={n} k={k} alpha={alpha} beta={beta} c={how}"
+            assert out is c and isinstance(out, np.ndarray), where
+            for o, v in zip(ops, values):
+                np.testing.assert_array_equal(_host(o), v, err_msg="operand modified: " + where)
+            check(name, out, expected, c0, lower, tol, where, alpha, beta, k)
+
+
+def test_a_gpu_c_with_host_operands_is_refused(rng):
+    import cupy
+    a = random_matrix(rng, (6, 4), np.complex128)
+    c = cupy.zeros((6, 6), np.complex128)
+    with pytest.raises(TypeError, match="C may be on the host with the operands on a GPU"):
+        hb.herk(1.0, a, 0.0, c, context=hb.Context(devices=["cuda:0"]))
+    assert not c.any()
+
+
 @pytest.mark.parametrize("name", ["herk", "her2k", "gemmt", "syr2k", "gemm"])
-@pytest.mark.parametrize("where", ["numpy", "cupy"])
+@pytest.mark.parametrize("where", ["numpy", "cupy", "cupy operands, numpy C"])
 def test_out_of_core_long_k(name, where, rng):
     """A, B and C several times the capped memory: k is chunked, panels evicted and fetched again."""
     import cupy
@@ -135,8 +165,9 @@ def test_out_of_core_long_k(name, where, rng):
     limit = 200 * 1024            # operands + C are ~5 MB
     dev = _cuda(memory_limit=limit)
     ctx = hb.Context(devices=[dev], strategy="static")
-    put = (lambda v: cupy.asarray(v, order="F")) if where == "cupy" else (lambda v: np.asfortranarray(v))
-    out = call_routine(name, alpha, [put(v) for v in values], beta, put(c0), trans, True, ctx)
+    put = (lambda v: cupy.asarray(v, order="F")) if where != "numpy" else (lambda v: np.asfortranarray(v))
+    c = np.asfortranarray(c0) if where == "cupy operands, numpy C" else put(c0)
+    out = call_routine(name, alpha, [put(v) for v in values], beta, c, trans, True, ctx)
     tol = tolerance(dtype, k, alpha, values, beta, c0)
     check(name, out, expected, c0, True, tol, f"out-of-core {name} {where}", alpha, beta, k)
 

@@ -1,5 +1,6 @@
 """Several GPUs in one call (marked ``multi_gpu``): static bands and dynamic tiles across GPUs, host
-operands shared between GPUs over NVLink, cupy operands on one GPU and C on another, out-of-core."""
+operands shared between GPUs over NVLink, cupy operands on one GPU and C on another (or on the host),
+out-of-core."""
 import numpy as np
 import pytest
 
@@ -20,7 +21,7 @@ def _gpus(**kw):
 @pytest.mark.parametrize("name,trans", [("herk", ("N",)), ("her2k", ("C",)), ("gemmt", ("C", "N")),
                                         ("syrk", ("T",)), ("gemm", ("N", "C"))])
 @pytest.mark.parametrize("strategy", ["static", "dynamic"])
-@pytest.mark.parametrize("where", ["numpy", "cupy-split"])
+@pytest.mark.parametrize("where", ["numpy", "cupy-split", "cupy-host-c"])
 @pytest.mark.parametrize("lower", [True, False])
 def test_multi_gpu(name, trans, strategy, where, lower, rng):
     import cupy
@@ -40,10 +41,10 @@ def test_multi_gpu(name, trans, strategy, where, lower, rng):
                      min_call_seconds=0)       # small on purpose: every GPU must take part
     if where == "numpy":
         ops, c = [np.asfortranarray(v) for v in values], np.array(c0, order="C")
-    else:   # operands on the last GPU, C on the first
+    else:   # operands on the last GPU, C on the first (or in host memory)
         with cupy.cuda.Device(cupy.cuda.runtime.getDeviceCount() - 1):
             ops = [cupy.asarray(v, order="F") for v in values]
-        c = cupy.asarray(c0, order="F")
+        c = cupy.asarray(c0, order="F") if where == "cupy-split" else np.array(c0, order="C")
     out = call_routine(name, alpha, ops, beta, c, trans, None if name == "gemm" else lower, ctx)
     assert out is c
     tol = tolerance(dtype, k, alpha, values, beta, c0)

@@ -500,10 +500,17 @@ def test_a_short_call_times_the_operands_trip_at_the_measured_transfer_rate(rng)
         assert scheduler._transfer_rate(prob, devices[1], ctx) == scheduler.TRANSFER_RATE
         assert chosen(ctx) == ["cuda:0"]
     # operands on cuda:0: a CPU worker gets them at that GPU's GPU-to-host rate; another GPU at the constant
-    on_gpu = SimpleNamespace(xp=SimpleNamespace(__name__="cupy"), c=SimpleNamespace(device=SimpleNamespace(id=0)))
+    cupy_like = SimpleNamespace(__name__="cupy")
+    on_gpu = SimpleNamespace(xp=cupy_like, fxp=cupy_like, operand_xp=None,
+                             c=SimpleNamespace(device=SimpleNamespace(id=0)))
     assert scheduler._transfer_rate(on_gpu, devices[0], measured) == 3 * slow
     assert scheduler._transfer_rate(on_gpu, devices[0], bare) == scheduler.TRANSFER_RATE
     assert scheduler._transfer_rate(on_gpu, _fake_gpu(1), measured) == scheduler.TRANSFER_RATE
+    # operands on cuda:0 and C in host memory: the operands' GPU is the one whose rate counts
+    host_c = SimpleNamespace(xp=np, fxp=cupy_like, operand_xp=cupy_like, c=np.zeros((2, 2)),
+                             factors=[SimpleNamespace(base=SimpleNamespace(device=SimpleNamespace(id=0)))])
+    assert scheduler._transfer_rate(host_c, devices[0], measured) == 3 * slow
+    assert scheduler._home_gpu(host_c) == 0
 
 
 def test_block_size_from_profile(profile_dir, rng):
