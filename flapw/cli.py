@@ -26,7 +26,7 @@ from . import kpoints as side, parallel
 from .backends import BACKENDS, BackendUnavailable, get_backend
 from .eigen import solve
 from .hsdla import (METHODS, Workspace, _batch_size, _runs_on_gpu, build_bytes, build_hs_with_fallback,
-                    buffers_per_atom, fitting_batch, memory_breakdown)
+                    buffers_per_atom, fitting_batch, memory_breakdown, operands_place)
 from .output import HSWriter, check_writable, file_format, rank_path
 from .structures import PRESETS
 from .system import DEFAULT_K, System
@@ -82,6 +82,10 @@ def _parser():
                    help="where A, B, X, H, S live (device: cupy on this rank's first GPU; auto: there when "
                         "hybridblas runs on GPUs and they fit in its free memory, else host). A device build "
                         "that runs out of GPU memory is repeated with fewer atoms per batch, then on the host")
+    b.add_argument("--operands", default="auto", choices=("auto", "host", "device"),
+                   help="with host arrays: where A, B, X and the T products live (device: the first GPU of "
+                        "--devices, H and S stay in host memory and only their tiles cross PCIe; auto: there when "
+                        "hybridblas runs on GPUs, else host)")
     b.add_argument("--potential", default="model", choices=("model", "empty"))
     b.add_argument("--v0", type=_finite, default=0.0, help="interstitial potential (Ha)")
     b.add_argument("--supercell", type=console.positive_int, nargs=3, default=None,
@@ -266,6 +270,9 @@ def _plan(args, comm):
         arrays, nb = auto_arrays(backend, largest, args.method, nb, args.interstitial)
     elif arrays == "device" and not workers:
         _use_gpu(_context_gpus(backend)[0])
+    operands = operands_place(arrays, args.operands, backend)
+    if arrays == "host" and operands == "device":
+        _use_gpu(_context_gpus(backend)[0])
     overlap = args.overlap == "on"
     if overlap and (arrays != "host" or args.method != "refined"):
         raise ValueError(f"--overlap on is for the refined method on host arrays, got --method {args.method} and "
@@ -275,7 +282,8 @@ def _plan(args, comm):
         overlap = fitting_batch(largest, args.method, nb, room, args.interstitial, overlap=True) == nb
     nb = _host_batch(args, largest, nb, arrays, comm, len(workers or [None]), overlap)
     return SimpleNamespace(spec=spec, cell=cell, kpoints=kpoints, mine=mine, backend=backend, arrays=arrays,
-                           batch_atoms=nb, path=path, workers=workers, overlap=overlap, largest=largest)
+                           batch_atoms=nb, path=path, workers=workers, overlap=overlap, largest=largest,
+                           operands=operands)
 
 
 class _BatchProgress:
@@ -371,10 +379,11 @@ def _build(args):
                                                batch_atoms=state.nb, blas=state.backend, arrays=state.arrays,
                                                lower_only=not args.full, return_report=True, progress=bar,
                                                workspace=state.workspace if state.arrays == "host" else None,
-                                               overlap=plan.overlap)
-        if state.arrays == "device" and isinstance(h, np.ndarray):
+                                               overlap=plan.overlap, operands=state.operands)
+        if state.operands == "device" and rep.operands == "host":
             log.info("the remaining k-points%s are built on host arrays too", " of this GPU" if plan.workers else "")
         state.arrays, state.nb = ("host" if isinstance(h, np.ndarray) else "device"), rep.batch_atoms
+        state.operands = rep.operands
         d = rep.as_dict()
         d.update(k=list(k), k_index=ik, rank=rank, arrays=state.arrays, triangle="full" if args.full else "lower")
         if state.gpu is not None:
@@ -398,9 +407,10 @@ def _build(args):
 
     def ready(backend, gpu):
         """A worker's state, with the first-use costs of its builds paid (warmup.prepare)."""
-        state = SimpleNamespace(backend=backend, arrays=plan.arrays, nb=nb, workspace=Workspace(), gpu=gpu)
+        state = SimpleNamespace(backend=backend, arrays=plan.arrays, nb=nb, workspace=Workspace(), gpu=gpu,
+                                operands=plan.operands)
         spent = prepare(plan.largest, backend, plan.arrays, args.method, nb, interstitial=args.interstitial,
-                        nev=args.solve, workspace=state.workspace, overlap=plan.overlap)
+                        nev=args.solve, workspace=state.workspace, overlap=plan.overlap, operands=plan.operands)
         warm.update({f"{k} (GPU {gpu})" if gpu is not None else k: v for k, v in spent.items()})
         return state
     clock = {}

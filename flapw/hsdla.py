@@ -7,10 +7,12 @@ H and S with beta = 1, so a batch of all atoms is exactly the paper's algorithm 
 memory at the same flop count. Only the lower triangle of H and S is computed (the BLAS calls, the
 interstitial part); the upper one is filled at the end unless ``lower_only``.
 
-Where the small per-atom work runs: with device arrays everything is queued on the current GPU's stream
-(matching, X = UB, the T products as one batched product per run of atoms of one class). With host arrays
-it is spread over the host's cores, and when the BLAS runs on GPUs (``overlap``) it runs beside the BLAS
-calls that do not read what it writes, in a fourth buffer Y:
+Where the small per-atom work runs: where the operands A, B, X live (``operands``). On a GPU (device arrays,
+and by default host arrays whose BLAS runs on GPUs: H and S stay in host memory, hybridblas writes C's tiles
+there) everything is queued on the current GPU's stream (matching, X = UB, the T products as one batched
+product per run of atoms of one class). With host operands it is spread over the host's cores, and when the
+BLAS runs on GPUs (``overlap``) it runs beside the BLAS calls that do not read what it writes, in a fourth
+buffer Y:
 
     fill A | S = AᴴA ‖ fill B, X = UB | S += XᴴX ‖ Y = T^BA A + ½T^BB B | H = YᴴB + BᴴY ‖ X = T^AA A
            | H += AᴴX
@@ -55,6 +57,39 @@ def _array_module(arrays):
                              f"{hb.devspec.CUDA_INSTALL_HINT}") from None
         return cupy
     raise ValueError(f"arrays must be 'host' or 'device', got {arrays!r}")
+
+
+OPERAND_SHARE = 0.75          # of a GPU's free memory, at most, for host-array builds' operands (the rest: tiles)
+
+
+def operands_place(arrays, operands, backend):
+    """Where a build's A, B, X and T products live, "host" or "device": ``operands`` ("host", "device", or
+    None / "auto": on the current GPU for device arrays, and for host arrays whose BLAS is hybridblas on a
+    context with a GPU; else on the host)."""
+    if operands not in (None, "auto", "host", "device"):
+        raise ValueError(f"operands must be 'auto', 'host' or 'device', got {operands!r}")
+    if arrays == "device":
+        if operands == "host":
+            raise ValueError("operands='host' needs arrays='host': device H and S take device operands")
+        return "device"
+    able = _hybridblas_on_gpu(backend)
+    if operands == "device" and not able:
+        why = ("its context has no GPU (or CuPy is missing)" if backend.name == "hybridblas" and
+               not isinstance(backend, PeerBackend) else f"the backend is {backend.name!r}")
+        raise ValueError(f"operands 'device' with host arrays needs hybridblas on a GPU, but {why}")
+    if operands in ("host", "device"):
+        return operands
+    return "device" if able else "host"
+
+
+def _hybridblas_on_gpu(backend):
+    if isinstance(backend, PeerBackend) or backend.name != "hybridblas" or not _runs_on_gpu(backend):
+        return False
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _sync(xp):
@@ -126,11 +161,20 @@ def fitting_batch(cell, method, batch_atoms, limit, interstitial=False, *, overl
     return None
 
 
-def _require_host_memory(cell, method, nb, interstitial, overlap, held):
+def _host_bytes(cell, method, nb, interstitial, overlap, on_host=True):
+    """build_bytes for a host build; with the operands on a GPU (``on_host`` False), H and S and the
+    interstitial part's table and host scratch only."""
+    if on_host:
+        return build_bytes(cell, method, nb, interstitial, overlap=overlap)
+    extra = build_bytes(cell, method, 0, interstitial) - build_bytes(cell, method, 0) if interstitial else 0
+    return 2 * _C16 * cell.n_g ** 2 + extra
+
+
+def _require_host_memory(cell, method, nb, interstitial, overlap, held, on_host=True):
     """Refuse a host build whose estimate, less the ``held`` bytes a workspace already holds for it,
     exceeds 90 % of the host's available memory, before allocating."""
     hb.memory.require(
-        max(0, build_bytes(cell, method, nb, interstitial, overlap=overlap) - held), where="host",
+        max(0, _host_bytes(cell, method, nb, interstitial, overlap, on_host) - held), where="host",
         what=f"the {method} build of {cell.name} at kmax={cell.kmax} (N_G={cell.n_g}: "
              f"{memory_breakdown(cell, method, nb, overlap)})",
         advice="fewer atoms per batch (batch_atoms= or max_temp_bytes=) shrink the buffers; a smaller kmax "
@@ -236,15 +280,17 @@ class Workspace:
             buf = self._buffers[name] = xp.zeros(max(size, 1), complex)     # zeros: never junk that is not finite
         return buf[:size]
 
-    def reserve(self, cell, method, batch_atoms, overlap=False, xp=np, threads=None):
+    def reserve(self, cell, method, batch_atoms, overlap=False, xp=np, threads=None, operands="host"):
         """Allocate the buffers a build of ``cell`` with ``batch_atoms`` atoms per batch takes (build_hs's
         names and sizes) and, on the host, write every page once on all cores: the page faults of first
-        use are paid here rather than inside the first build."""
+        use are paid here rather than inside the first build. With ``operands`` "device" (host H and S,
+        operands on a GPU) only H and S: the build makes its GPU buffers itself."""
         n_g = cell.n_g
-        sizes = dict.fromkeys(_buffer_names(method, overlap), n_g * batch_atoms * cell.n_l)
+        sizes = {} if operands == "device" and xp is np else dict.fromkeys(_buffer_names(method, overlap),
+                                                                          n_g * batch_atoms * cell.n_l)
         sizes.update(H=n_g * n_g, S=n_g * n_g)
         bufs = [self.get(name, size, xp) for name, size in sizes.items()]
-        if xp is np:                  # with the k-only factors of each species (build_hs keeps them here)
+        if xp is np and operands != "device":   # with the k-only factors of each species (build_hs keeps them here)
             bufs += [self.get(f"k-only {f} {sp}", n_g * cell.n_l)
                      for sp in sorted({sp.symbol for sp in cell.structure.species}) for f in "AB"]
             from hybridblas.blas_threads import available_cores
@@ -283,7 +329,7 @@ def _runs_on_gpu(backend):
 
 def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_atoms=None,
              max_temp_bytes=None, lower_only=False, blas="hybridblas", arrays="host",
-             return_report=False, progress=None, workspace=None, overlap=None):
+             return_report=False, progress=None, workspace=None, overlap=None, operands=None):
     """H and S (N_G × N_G, complex, Hermitian) of ``cell`` at its k-point.
 
     method:         "refined" (Algorithm 3: zherk, zherk, zher2k, zherkx; one temporary buffer X)
@@ -297,6 +343,10 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     blas:           "hybridblas", "cublasxt" (hybridblas.peers.cublasxt_* on GPU 0; see backends.py), or a
                     backend object from flapw.backends.get_backend (e.g. cuBLASXt on chosen GPUs).
     arrays:         "host" (numpy) or "device" (cupy: A, B, X, H, S on the current GPU).
+    operands:       where A, B, X and the T products live with host arrays: "device" (the current GPU; H and
+                    S stay in host memory, only C's tiles cross PCIe), "host", or None / "auto": the device
+                    when blas is hybridblas on a context with a GPU (operands_place). The batch then takes
+                    at most OPERAND_SHARE of the GPU's free memory.
     return_report:  also return a BuildReport (per-stage seconds, flops, peak temporary bytes).
     progress:       called as progress(batch, batches) after each batch of atoms.
     workspace:      a flapw.Workspace to take the buffers and H, S from, and to leave them in for the next
@@ -313,22 +363,26 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     """
     _check_arguments(cell, method, context, blas, arrays, dict(interstitial=interstitial, lower_only=lower_only,
                      return_report=return_report), progress, workspace, overlap)
-    xp = _array_module(arrays)
+    hxp = _array_module(arrays)                 # H and S
     nb = _batch_size(cell, method, batch_atoms, max_temp_bytes)
     backend = get_backend(blas, context) if isinstance(blas, str) else blas
+    place = operands_place(arrays, operands, backend)
+    xp = _array_module(place)                   # A, B, X, the k-only factors, T
     if method != "refined" or xp is not np:
         overlap = False
-    if xp is np:
+    if hxp is np:
         held = workspace.held_bytes() if workspace is not None else 0
         if overlap is None:
             overlap = False
         elif overlap == "auto":
             overlap = _runs_on_gpu(backend) and build_bytes(cell, method, nb, interstitial, overlap=True) - held \
                 <= 0.9 * hb.memory.host_available()
-        _require_host_memory(cell, method, nb, interstitial, bool(overlap), held)
+        _require_host_memory(cell, method, nb, interstitial, bool(overlap), held, on_host=xp is np)
+        if xp is not np:
+            nb = _device_batch(cell, method, nb, workspace)
     n_g, n_l, n_a = cell.n_g, cell.n_l, cell.n_atoms
     rep = BuildReport(method=method, system=cell.name, n_atoms=n_a, n_g=n_g, n_l=n_l, batch_atoms=nb,
-                      backend=backend.name)
+                      backend=backend.name, operands=place)
     sync = _sync(xp)
 
     # k-independent data (computed on first use, then cached on the crystal)
@@ -362,8 +416,8 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
         del fac
     dev_t = _device_t(taa, tab, tbb, u, sorted(set(cls_of.tolist())), xp)
 
-    h = _matrix(workspace, "H", n_g, xp)
-    s = _matrix(workspace, "S", n_g, xp)
+    h = _matrix(workspace, "H", n_g, hxp)
+    s = _matrix(workspace, "S", n_g, hxp)
     rep.hs_bytes = 2 * _C16 * n_g * n_g
     width = nb * n_l
     bufs = {k: (workspace.get(k, n_g * width, xp) if workspace is not None else xp.empty(n_g * width, complex))
@@ -403,27 +457,41 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     if interstitial and n_g:       # an empty basis has no plane-wave part to add
         from .interstitial import add_interstitial
         with rep.stage("interstitial", sync=sync):
-            add_interstitial(h, s, cell, xp, threads=threads)
+            add_interstitial(h, s, cell, hxp, threads=threads)
     if not lower_only:
         with rep.stage("hermitian fill", sync=sync):
-            hermitian_fill(h, xp)
-            hermitian_fill(s, xp)
+            hermitian_fill(h, hxp)
+            hermitian_fill(s, hxp)
     return (h, s, rep) if return_report else (h, s)
+
+
+def _device_batch(cell, method, nb, workspace):
+    """Atoms per batch for operands on the current GPU beside host H and S: at most ``nb``, the batch's
+    buffers and the k-only factors within OPERAND_SHARE of the GPU's free memory (and what the workspace
+    already holds there); at least 1 (a batch that still does not fit runs out of memory, and
+    build_hs_with_fallback takes over)."""
+    import cupy
+    free = hb.memory.gpu_free(cupy.cuda.Device().id) + (workspace.held_bytes(cupy) if workspace is not None else 0)
+    n_species = len({sp.symbol for sp in cell.structure.species})
+    fixed = _C16 * cell.n_g * (3 * n_species + 2) * cell.n_l
+    per_atom = (_C16 * buffers_per_atom(method) * cell.n_l + 24) * cell.n_g
+    return max(1, min(nb, int((OPERAND_SHARE * free - fixed) // max(per_atom, 1))))
 
 
 def build_hs_with_fallback(cell, method="refined", context=None, interstitial=False, *, batch_atoms=None,
                            max_temp_bytes=None, lower_only=False, blas="hybridblas", arrays="host",
-                           return_report=False, progress=None, workspace=None, overlap=None,
+                           return_report=False, progress=None, workspace=None, overlap=None, operands=None,
                            out_of_memory=(MemoryError,)):
     """build_hs that outlives running out of memory, with the same H and S.
 
     An attempt that raises one of ``out_of_memory`` (default MemoryError, which covers CuPy's
     OutOfMemoryError and hybridblas's "GPU memory exhausted") is repeated with half the atoms per batch
-    (less A/B/X memory, the same flops; the workspace's buffers are freed first); a device build that fails
-    even with one atom per batch is built once more on host arrays, with the largest halving of the first
-    batch that the host's memory holds. Each retry logs one line on the 'flapw' logger. The estimate's
-    refusal (hybridblas.InsufficientMemory) and the error of the last possible attempt propagate. Other
-    arguments as for build_hs; after a fall back to the host, H and S are numpy arrays.
+    (less A/B/X memory, the same flops; the workspace's buffers are freed first); a device build (or a host
+    build with its operands on a GPU) that fails even with one atom per batch is built once more on host
+    arrays (host operands), with the largest halving of the first batch that the host's memory holds. Each
+    retry logs one line on the 'flapw' logger. The estimate's refusal (hybridblas.InsufficientMemory) and
+    the error of the last possible attempt propagate. Other arguments as for build_hs; after a fall back to
+    the host, H and S are numpy arrays.
     """
     _check_arguments(cell, method, context, blas, arrays, dict(interstitial=interstitial, lower_only=lower_only,
                      return_report=return_report), progress, workspace, overlap)
@@ -432,27 +500,30 @@ def build_hs_with_fallback(cell, method="refined", context=None, interstitial=Fa
         raise TypeError(f"out_of_memory must be a tuple of exception types, got {out_of_memory!r}")
     first = nb = _batch_size(cell, method, batch_atoms, max_temp_bytes)
     place = arrays
+    backend = get_backend(blas, context) if isinstance(blas, str) else blas
+    on_gpu = operands_place(arrays, operands, backend) == "device"
     while True:
         try:
-            return build_hs(cell, method, context, interstitial, batch_atoms=nb, lower_only=lower_only, blas=blas,
-                            arrays=place, return_report=return_report, progress=progress, workspace=workspace,
-                            overlap=overlap)
+            return build_hs(cell, method, None, interstitial, batch_atoms=nb,
+                            lower_only=lower_only, blas=backend, arrays=place, return_report=return_report,
+                            progress=progress, workspace=workspace, overlap=overlap,
+                            operands="device" if on_gpu else "host")
         except hb.InsufficientMemory:
             raise
         except out_of_memory as exc:
-            if nb == 1 and place != "device":
+            if nb == 1 and not on_gpu:
                 raise
             why = f"{type(exc).__name__}: {exc}".replace("\n", " ")
         if workspace is not None:
             workspace.release()
         _release_memory()          # the failed attempt's arrays, now that its traceback is gone
-        where = "GPU" if place == "device" else "host"
+        where = "GPU" if on_gpu else "host"
         if nb > 1:
             log.info("%s out of memory with %d atoms per batch (%s); retrying with %d", where, nb, why, nb // 2)
             nb //= 2
         else:
             limit = 0.9 * hb.memory.host_available()
-            place, nb = "host", fitting_batch(cell, method, first, limit, interstitial) or 1
+            place, on_gpu, nb = "host", False, fitting_batch(cell, method, first, limit, interstitial) or 1
             log.info("GPU out of memory even with 1 atom per batch (%s); building on host arrays with %d atoms "
                      "per batch", why, nb)
 

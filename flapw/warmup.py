@@ -2,9 +2,10 @@
 
 Found in the code (flapw, hybridblas, CuPy), on first use in a process:
 
-* host arrays: the page faults of the first writes to A, B, X (Y) and H, S. The CLI keeps these buffers in
-  one Workspace for every k-point; ``prepare`` allocates them for the largest k-point and writes each page
-  once, on all cores (TiO2 Kmax 2.5 on 2 cores: 24 s of its 'matching A, B' stage were such faults);
+* host arrays: the page faults of the first writes to A, B, X (Y) and H, S (H and S alone where the operands
+  live on a GPU). The CLI keeps these buffers in one Workspace for every k-point; ``prepare`` allocates them for
+  the largest k-point and writes each page once, on all cores (TiO2 Kmax 2.5 on 2 cores: 24 s of its
+  'matching A, B' stage were such faults);
 * the k-independent data (radial functions, T, the step-function table): computed before the loop;
 * GPUs: the CUDA context of each GPU (on its first allocation), CuPy's cuBLAS and cuSOLVER handles,
   CuPy's elementwise kernels (compiled once per machine into its kernel cache, loaded once per process),
@@ -24,7 +25,7 @@ import time
 import numpy as np
 
 from .eigen import solve
-from .hsdla import _array_module, _runs_on_gpu, build_hs
+from .hsdla import _array_module, _runs_on_gpu, build_hs, operands_place
 
 __all__ = ["prepare"]
 
@@ -34,27 +35,28 @@ log = logging.getLogger("flapw")
 
 
 def prepare(cell, backend, arrays, method, batch_atoms, *, interstitial=False, nev=0, workspace=None,
-            overlap=False):
+            overlap=False, operands=None):
     """Pay the first-use costs of builds of ``cell`` (its largest k-point) before they run; returns
     {what: seconds}. A warm-up that runs out of memory is skipped with a note (the build itself then
     decides what fits)."""
     seconds = {}
+    place = operands_place(arrays, operands, backend)
     if workspace is not None and arrays == "host":
         t0 = time.perf_counter()
-        workspace.reserve(cell, method, batch_atoms, overlap)
+        workspace.reserve(cell, method, batch_atoms, overlap, operands=place)
         seconds["workspace"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     try:
         tiny = cell.with_kmax(min(cell.kmax, (6 * math.pi ** 2 * TINY_N_G / cell.omega) ** (1 / 3)))
         h, s = build_hs(tiny, method, interstitial=interstitial, lower_only=True, blas=backend, arrays=arrays,
-                        batch_atoms=batch_atoms, overlap=False)
+                        batch_atoms=batch_atoms, overlap=False, operands=place)
         if nev and interstitial and tiny.n_g:
             solve(h, s, min(nev, tiny.n_g))
         del h, s
         if arrays == "device" or _runs_on_gpu(backend):
-            xp = _array_module(arrays)
-            a = xp.ones((SPLIT_EDGE, SPLIT_EDGE), complex)
-            backend.herk(1.0, a, 0.0, xp.zeros((SPLIT_EDGE, SPLIT_EDGE), complex, order="F"))
+            xp, hxp = _array_module(place), _array_module(arrays)        # the operands', H's and S's
+            a = xp.ones((SPLIT_EDGE, SPLIT_EDGE), complex, order="F")
+            backend.herk(1.0, a, 0.0, hxp.zeros((SPLIT_EDGE, SPLIT_EDGE), complex, order="F"))
             del a
             if xp is not np:
                 xp.cuda.get_current_stream().synchronize()

@@ -30,6 +30,33 @@ def test_flapw_build_on_gpu_equals_cpu(nacl_cpu, method, devices, strategy):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("method", ["refined", "original"])
+@pytest.mark.parametrize("lower_only", [False, True])
+def test_flapw_host_arrays_with_gpu_operands_equal_cpu(nacl_cpu, method, lower_only):
+    """Host H and S, A, B, X and the T products on the GPU (the default for host arrays on a GPU context)."""
+    cell, (h_cpu, s_cpu) = nacl_cpu
+    if method == "original":
+        h_cpu, s_cpu = flapw.build_hs(cell, method="original", interstitial=True, context=hb.Context("cpu"))
+    h, s, rep = flapw.build_hs(cell, method=method, interstitial=True, context=hb.Context(devices=["cuda:0"]),
+                               batch_atoms=3, lower_only=lower_only, return_report=True)
+    assert rep.operands == "device" and isinstance(h, np.ndarray) and isinstance(s, np.ndarray)
+    if lower_only:
+        h, s, h_cpu, s_cpu = np.tril(h), np.tril(s), np.tril(h_cpu), np.tril(s_cpu)
+    assert _rel(h, h_cpu) <= 1e-12 and _rel(s, s_cpu) <= 1e-12
+
+
+@pytest.mark.multi_gpu
+def test_flapw_host_arrays_with_gpu_operands_on_two_gpus_equal_cpu(nacl_cpu):
+    cell, (h_cpu, s_cpu) = nacl_cpu
+    ws = flapw.Workspace()
+    for _ in range(2):                   # the second build reuses the workspace's host H and S
+        h, s, rep = flapw.build_hs(cell, interstitial=True, context=hb.Context(devices=["cuda:0", "cuda:1"],
+                                   min_call_seconds=0), workspace=ws, return_report=True)
+        assert rep.operands == "device"
+        assert _rel(h, h_cpu) <= 1e-12 and _rel(s, s_cpu) <= 1e-12
+
+
+@pytest.mark.gpu
 def test_flapw_device_arrays_equal_cpu(nacl_cpu):
     cell, (h_cpu, s_cpu) = nacl_cpu
     h, s = flapw.build_hs(cell, interstitial=True, arrays="device", context=hb.Context(devices=["cuda:0"]))

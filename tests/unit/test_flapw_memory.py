@@ -98,6 +98,71 @@ def test_device_out_of_memory_falls_back_to_host_arrays(nacl, monkeypatch, caplo
     assert "building on host arrays with 8 atoms per batch" in notes[-1]
 
 
+class _FullGpuOperands(_FullGpu):
+    """A 'device' module whose A, B, X buffers do not fit either."""
+
+    def empty(self, *args, **kw):
+        raise _GpuOutOfMemory("Out of memory allocating 2,097,152 bytes")
+
+
+def test_gpu_operands_out_of_memory_fall_back_to_host_operands(nacl, monkeypatch, caplog):
+    """Host arrays with their operands on a GPU: halved batches, then host operands; H and S on the host."""
+    cell, (h_ref, s_ref) = nacl
+    real_module = hsdla._array_module
+    monkeypatch.setattr(hsdla, "_array_module", lambda arrays: _FullGpuOperands() if arrays == "device"
+                        else real_module(arrays))
+    monkeypatch.setattr(hsdla, "operands_place", lambda arrays, operands, backend: operands or "device")
+    monkeypatch.setattr(hsdla, "_device_batch", lambda cell, method, nb, workspace: nb)
+    seen = []
+    real = hsdla.build_hs
+    monkeypatch.setattr(hsdla, "build_hs", lambda *a, **kw: seen.append(
+        (kw["arrays"], kw["operands"], kw["batch_atoms"])) or real(*a, **kw))
+    with caplog.at_level(logging.INFO, logger="flapw"):
+        h, s, rep = flapw.build_hs_with_fallback(cell, interstitial=True, arrays="host", return_report=True,
+                                                 out_of_memory=(_GpuOutOfMemory,))
+    assert seen == [("host", "device", 8), ("host", "device", 4), ("host", "device", 2), ("host", "device", 1),
+                    ("host", "host", 8)]
+    assert isinstance(h, np.ndarray) and rep.operands == "host"
+    assert _rel(h, h_ref) <= 1e-12 and _rel(s, s_ref) <= 1e-12
+    assert "building on host arrays with 8 atoms per batch" in _notes(caplog)[-1]
+
+
+def test_operands_place_follows_the_backend_and_refuses_what_cannot_be(nacl):
+    from flapw.backends import get_backend
+    cpu = get_backend("hybridblas", hb.Context("cpu"))
+    assert hsdla.operands_place("host", None, cpu) == "host"
+    assert hsdla.operands_place("host", "auto", cpu) == "host"
+    assert hsdla.operands_place("host", "host", cpu) == "host"
+    with pytest.raises(ValueError, match="needs hybridblas on a GPU, but its context has no GPU"):
+        hsdla.operands_place("host", "device", cpu)
+    with pytest.raises(ValueError, match="operands must be 'auto', 'host' or 'device', got 'gpu'"):
+        hsdla.operands_place("host", "gpu", cpu)
+    with pytest.raises(ValueError, match="operands='host' needs arrays='host'"):
+        hsdla.operands_place("device", "host", cpu)
+    assert hsdla.operands_place("device", None, cpu) == "device"
+    cell, _ = nacl
+    with pytest.raises(ValueError, match="operands 'device' with host arrays"):
+        flapw.build_hs(cell, operands="device", context=hb.Context("cpu"))
+
+
+def test_workspace_for_gpu_operands_reserves_host_h_and_s_only(nacl):
+    cell, _ = nacl
+    ws = hsdla.Workspace()
+    ws.reserve(cell, "refined", cell.n_atoms, operands="device")
+    assert sorted(ws._buffers) == ["H", "S"]
+    assert ws.held_bytes() == 2 * 16 * cell.n_g ** 2
+    ws.reserve(cell, "refined", cell.n_atoms)
+    assert {"A", "B", "X", "H", "S"} <= set(ws._buffers)
+
+
+def test_cli_operands_device_without_a_gpu_is_refused(capsys):
+    rc = cli.main(["build", "--system", "NaCl", "--supercell", "1", "1", "1", "--kmax", "1.8", "--devices", "cpu",
+                   "--operands", "device"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "operands 'device' with host arrays needs hybridblas on a GPU" in err
+    assert "Traceback" not in err
+
+
 def test_other_errors_and_refusals_are_not_retried(nacl, monkeypatch, caplog):
     cell, _ = nacl
     calls = []
