@@ -44,7 +44,7 @@ def _caller_events(problem):
     kernels that produced A, or the copies the normalisation made) has finished."""
     import cupy
     events = []
-    held = [x for x in [problem.c] + [f.base for f in problem.factors] if hasattr(x, "device")]
+    held = [x for x in [problem.c] + [f.base for f in problem.factors] if type(x).__module__.startswith("cupy")]
     for gpu in sorted({x.device.id for x in held}):
         with cupy.cuda.Device(gpu):
             ev = cupy.cuda.Event(disable_timing=True)

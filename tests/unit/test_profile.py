@@ -530,3 +530,34 @@ def test_partial_coverage_falls_back_to_defaults_for_all(rng):
     prob = herk_problem(100, 20, rng)
     for d in ctx.devices:
         assert ctx.rate(d, prob) == bare.rate(d, prob)
+
+
+def test_caller_events_skip_a_host_c(monkeypatch):
+    """A host C beside GPU operands: only the operands' GPUs get an event (numpy arrays have a ``device``
+    attribute too, the string "cpu", which is no GPU)."""
+    import sys
+    from hybridblas import scheduler
+    recorded = []
+
+    class Event:
+        def __init__(self, **kw):
+            pass
+
+        def record(self, stream):
+            recorded.append(stream)
+
+    class Device:
+        def __init__(self, gpu):
+            self.gpu = gpu
+
+        def __enter__(self):
+            recorded.append(f"gpu {self.gpu}")
+
+        def __exit__(self, *exc):
+            return False
+    fake = SimpleNamespace(cuda=SimpleNamespace(Device=Device, Event=Event, get_current_stream=lambda: "stream"))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    operand = type("ndarray", (), {"__module__": "cupy._core.core", "device": SimpleNamespace(id=1)})()
+    prob = SimpleNamespace(c=np.zeros((2, 2)), factors=[SimpleNamespace(base=operand)])
+    assert len(scheduler._caller_events(prob)) == 1
+    assert recorded == ["gpu 1", "stream"]
