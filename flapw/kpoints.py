@@ -4,20 +4,12 @@ When one k-point's BLAS calls are too small to split well over several GPUs (N_G
 gets tiles too small to run at its rate, and every call waits for the slowest), whole k-points go to the
 GPUs instead: worker i builds k-points i, i + W, i + 2W, ... in order on a thread of its own, with its own
 single-GPU hybridblas Context and its own device arrays. Results come back in k-point order.
-
-The workers share one interpreter lock. A worker that lets it go (a GPU wait, a large numpy product) waits
-for the interpreter's switch interval (5 ms by default) to get it back while another worker queues GPU work,
-so while workers run the interval is SWITCH_INTERVAL. Measured on two H100s (TiO2 Kmax 3.0, two k-points side by
-side): the coefficient fill took 211-256 ms a k-point at 5 ms and 6-13 ms at 0.2 ms, a k-point's total 1.18-1.20 x
-its BLAS part against 1.05-1.07 x.
 """
-import sys
 import threading
 
-__all__ = ["assign", "side_by_side", "SPLIT_BELOW", "SWITCH_INTERVAL"]
+__all__ = ["assign", "side_by_side", "SPLIT_BELOW"]
 
 SPLIT_BELOW = 16384       # N_G below which k-points go side by side rather than every call over every GPU
-SWITCH_INTERVAL = 2e-4    # seconds: the interpreter's switch interval while workers run (at most)
 
 
 def assign(n_jobs, n_workers):
@@ -63,9 +55,6 @@ def side_by_side(jobs, workers, run, start=None, started=None):
                 return
     threads = [threading.Thread(target=work, args=(w, mine), name=f"flapw-worker-{w}", daemon=True)
                for w, mine in enumerate(plan) if mine]
-    interval = sys.getswitchinterval()
-    if len(threads) > 1:
-        sys.setswitchinterval(min(interval, SWITCH_INTERVAL))
     for t in threads:
         t.start()
     try:
@@ -80,8 +69,6 @@ def side_by_side(jobs, workers, run, start=None, started=None):
         ready.abort()
         go.set()
         raise
-    finally:
-        sys.setswitchinterval(interval)
     if errors:
         raise errors[min(errors)]
     return [results[j] for j in range(len(jobs))]

@@ -191,22 +191,3 @@ def test_cli_refuses_before_any_work(tmp_path, capsys, monkeypatch, extra, words
     assert rc == 2 and out == "" and "Traceback" not in err
     for w in words:
         assert w in err, (w, err)
-
-
-def test_workers_run_with_a_short_switch_interval_restored_after():
-    """While two or more workers run, the interpreter's switch interval is at most SWITCH_INTERVAL; the
-    caller's comes back afterwards, after an error too."""
-    import sys
-    from flapw.kpoints import SWITCH_INTERVAL
-    before = sys.getswitchinterval()
-    assert before > SWITCH_INTERVAL
-    seen = side_by_side(range(4), ["a", "b"], lambda w, j: sys.getswitchinterval())
-    assert seen == pytest.approx([SWITCH_INTERVAL] * 4)
-    assert sys.getswitchinterval() == before
-    assert side_by_side(range(2), ["a"], lambda w, j: sys.getswitchinterval()) == [before] * 2
-
-    def fail(w, j):
-        raise RuntimeError("k-point failed")
-    with pytest.raises(RuntimeError, match="k-point failed"):
-        side_by_side(range(4), ["a", "b"], fail)
-    assert sys.getswitchinterval() == before
