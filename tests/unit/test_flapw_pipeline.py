@@ -219,10 +219,14 @@ def test_gpu_interstitial_equals_host(rng):
 def test_gpu_overlap_beside_the_gpu_blas_equals_plain(tio2):
     cell, _ = tio2
     ctx = hb.Context(devices=["cuda:0"])
-    h0, s0 = flapw.build_hs(cell, interstitial=True, context=ctx, overlap=False)
-    h1, s1, rep = flapw.build_hs(cell, interstitial=True, context=ctx, return_report=True, overlap="auto")
+    h0, s0 = flapw.build_hs(cell, interstitial=True, context=ctx, overlap=False, operands="host")
+    h1, s1, rep = flapw.build_hs(cell, interstitial=True, context=ctx, return_report=True, overlap="auto",
+                                 operands="host")
     assert "waiting for the host" in rep.stages             # "auto": on, the BLAS runs on a GPU and it fits
     assert _rel(h1, h0) <= 1e-13 and _rel(s1, s0) <= 1e-13
+    h2, s2, rep = flapw.build_hs(cell, interstitial=True, context=ctx, return_report=True, overlap="auto")
+    assert rep.operands == "device" and "waiting for the host" not in rep.stages   # nothing on the host to overlap
+    assert _rel(h2, h0) <= 1e-12 and _rel(s2, s0) <= 1e-12
 
 
 def test_workspace_reserve_takes_what_the_build_uses(tio2):
