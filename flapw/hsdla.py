@@ -290,9 +290,10 @@ class Workspace:
                                                                           n_g * batch_atoms * cell.n_l)
         sizes.update(H=n_g * n_g, S=n_g * n_g)
         bufs = [self.get(name, size, xp) for name, size in sizes.items()]
-        if xp is np and operands != "device":   # with the k-only factors of each species (build_hs keeps them here)
-            bufs += [self.get(f"k-only {f} {sp}", n_g * cell.n_l)
-                     for sp in sorted({sp.symbol for sp in cell.structure.species}) for f in "AB"]
+        if xp is np:
+            if operands != "device":           # with the k-only factors of each species (build_hs keeps them here)
+                bufs += [self.get(f"k-only {f} {sp}", n_g * cell.n_l)
+                         for sp in sorted({sp.symbol for sp in cell.structure.species}) for f in "AB"]
             from hybridblas.blas_threads import available_cores
             chunk = 1 << 22
             jobs = [(b, i) for b in bufs for i in range(0, b.size, chunk)]

@@ -151,6 +151,17 @@ def test_workspace_for_gpu_operands_reserves_host_h_and_s_only(nacl):
     ws.reserve(cell, "refined", cell.n_atoms, operands="device")
     assert sorted(ws._buffers) == ["H", "S"]
     assert ws.held_bytes() == 2 * 16 * cell.n_g ** 2
+    written = []
+    real_fill = np.ndarray.fill
+
+    class Spy(np.ndarray):                 # the pages of H and S are written once (no faults in the build)
+        def fill(self, value):
+            written.append(self.size)
+            return real_fill(self, value)
+    for name in ("H", "S"):
+        ws._buffers[name] = ws._buffers[name].view(Spy)
+    ws.reserve(cell, "refined", cell.n_atoms, operands="device")
+    assert sum(written) == 2 * cell.n_g ** 2
     ws.reserve(cell, "refined", cell.n_atoms)
     assert {"A", "B", "X", "H", "S"} <= set(ws._buffers)
 
