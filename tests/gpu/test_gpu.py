@@ -95,45 +95,32 @@ def check(name, out, expected, c0, lower, tol, where, alpha, beta, k):
 
 
 @pytest.mark.parametrize("name,dtype,trans,lower", list(contract_cases()))
-def test_gpu_contract_sweep(name, dtype, trans, lower, rng):
+@pytest.mark.parametrize("where", ["either", "cupy operands, numpy C"])
+def test_gpu_contract_sweep(name, dtype, trans, lower, where, rng):
+    """Every routine on every context, operands and C both numpy or both cupy (drawn at random per call), or
+    the operands cupy and C numpy: C written where it lives (any layout), the other triangle and the operands
+    untouched (a CPU worker cannot read cupy operands and sits those calls out)."""
     contexts = _contexts()
     for (n, k), (alpha, beta) in itertools.product(SIZES, _alpha_beta(name, dtype)):
         m = n + 2 if name == "gemm" else n
         values, c0, expected, tol = make_case(rng, name, dtype, trans, lower, n, k, alpha, beta, m)
         for ctx_name, ctx in contexts.items():
-            on_gpu = ctx_name != "cpu+gpu-dynamic" and bool(rng.integers(2))
-            put = to_device if on_gpu else layout
+            if where == "either":
+                on_gpu = ctx_name != "cpu+gpu-dynamic" and bool(rng.integers(2))
+                put_ops = put_c = to_device if on_gpu else layout
+                label = "cupy" if on_gpu else "numpy"
+            else:
+                put_ops, put_c, label = to_device, layout, where
             how = LAYOUTS[rng.integers(len(LAYOUTS))]
-            ops = [put(v, LAYOUTS[rng.integers(len(LAYOUTS))]) for v in values]
-            c = put(c0, how)
+            ops = [put_ops(v, LAYOUTS[rng.integers(len(LAYOUTS))]) for v in values]
+            c = put_c(c0, how)
             with _pin_everything(ctx_name == "gpu-pinned-host"):
                 out = call_routine(name, alpha, ops, beta, c, trans, lower, ctx)
-            where = f"{ctx_name} {'cupy' if on_gpu else 'numpy'} n={n} k={k} alpha={alpha} beta={beta} c={how}"
-            assert out is c, where
+            at = f"{ctx_name} {label} n={n} k={k} alpha={alpha} beta={beta} c={how}"
+            assert out is c, at
             for o, v in zip(ops, values):
-                np.testing.assert_array_equal(_host(o), v, err_msg="operand modified: " + where)
-            check(name, out, expected, c0, lower, tol, where, alpha, beta, k)
-
-
-@pytest.mark.parametrize("name,dtype,trans,lower", list(contract_cases()))
-def test_gpu_operands_with_a_host_c(name, dtype, trans, lower, rng):
-    """Operands on the GPU and C in host memory (any layout): C is written on the host, the other triangle
-    and the operands untouched, on every context (the CPU cannot read the operands and sits out)."""
-    contexts = _contexts()
-    for (n, k), (alpha, beta) in itertools.product(SIZES, _alpha_beta(name, dtype)):
-        m = n + 2 if name == "gemm" else n
-        values, c0, expected, tol = make_case(rng, name, dtype, trans, lower, n, k, alpha, beta, m)
-        for ctx_name, ctx in contexts.items():
-            how = LAYOUTS[rng.integers(len(LAYOUTS))]
-            ops = [to_device(v, LAYOUTS[rng.integers(len(LAYOUTS))]) for v in values]
-            c = layout(c0, how)
-            with _pin_everything(ctx_name == "gpu-pinned-host"):
-                out = call_routine(name, alpha, ops, beta, c, trans, lower, ctx)
-            where = f"{ctx_name} cupy operands, numpy C n={n} k={k} alpha={alpha} beta={beta} c={how}"
-            assert out is c and isinstance(out, np.ndarray), where
-            for o, v in zip(ops, values):
-                np.testing.assert_array_equal(_host(o), v, err_msg="operand modified: " + where)
-            check(name, out, expected, c0, lower, tol, where, alpha, beta, k)
+                np.testing.assert_array_equal(_host(o), v, err_msg="operand modified: " + at)
+            check(name, out, expected, c0, lower, tol, at, alpha, beta, k)
 
 
 def test_a_gpu_c_with_host_operands_is_refused(rng):
