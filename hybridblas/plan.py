@@ -31,12 +31,6 @@ def whole(problem):
     return make_task(problem, 0, problem.m, 0, problem.n, 0, problem.k, diag=problem.triangular)
 
 
-def wants_split_k(problem, n_devices):
-    """Small C, huge inner dimension (Gram matrices of tall blocks): parallelism must come from k."""
-    size = max(problem.m, problem.n)
-    return n_devices > 1 and problem.k >= 8 * size and problem.k >= 2048
-
-
 def _edges(total, step):
     step = max(1, int(step))
     return list(range(0, total, step)) + [total]

@@ -1,9 +1,9 @@
 """Plan a call and run it on the context's devices: static split, dynamic queues, or one thread (sync).
 
-This module decides which devices take part and what each gets (``static_assignment``, ``dynamic_tasks``);
-``engine.Engine`` runs the tasks, one worker per device, and survives a device that fails.
+``policy`` decides which devices take part; this module what each gets (``static_assignment``,
+``dynamic_tasks``); ``engine.Engine`` runs the tasks, one worker per device, and survives a device that fails.
 """
-from . import blas_threads, plan
+from . import blas_threads, plan, policy
 from .engine import Engine
 from .triangle import reduce_partials
 
@@ -11,8 +11,7 @@ from .triangle import reduce_partials
 def execute(problem, ctx):
     available = ctx.devices_for(problem)
     rates = [ctx.rate(d, problem) for d in available]
-    devices, rates = _without_idle_cpus(available, rates, ctx.min_cpu_share(available))
-    devices, rates = _one_device_if_small(problem, devices, rates, ctx)
+    devices, rates = policy.participants(problem, available, rates, ctx)
     reserves = [d for d in available if d not in devices]
     problem.extra.setdefault("memory_limit", getattr(ctx, "memory_limit", None))
     problem.extra.setdefault("pin_host", getattr(ctx, "pin_host", False))
@@ -55,68 +54,13 @@ def _caller_events(problem):
 
 # ---------------------------------------------------------------- planning
 
-def _without_idle_cpus(devices, rates, min_share):
-    """Drop the CPU workers when beside accelerators their share of the rate is below ``min_share``:
-    their tiles would arrive last, and their cores are better spent staging host data for the GPUs."""
-    cpu = [i for i, d in enumerate(devices) if d.kind == "cpu"]
-    if not cpu or len(cpu) == len(devices):
-        return devices, rates
-    if sum(rates[i] for i in cpu) >= min_share * sum(rates):
-        return devices, rates
-    keep = [i for i in range(len(devices)) if i not in cpu]
-    return [devices[i] for i in keep], [rates[i] for i in keep]
-
-
-TRANSFER_RATE = 25e9     # bytes/s to move operands to a device that does not hold them, where no profile measured it
-REMOTE_LATENCY = 1e-4    # s: streams, staging and the copy back on a device that does not hold the data
-
-
-def _transfer_rate(problem, device, ctx):
-    """bytes/s at which the operands reach ``device``, which does not hold them: the profile's pinned
-    host-to-GPU rate of that GPU for host operands, the pinned GPU-to-host rate of their GPU for a CPU worker;
-    TRANSFER_RATE where the profile has none, and between GPUs (profiles do not measure those copies)."""
-    if problem.fxp.__name__ == "numpy":
-        gpu, key = device.name, "h2d_pinned"
-    elif device.kind == "cpu":
-        gpu, key = f"cuda:{_home_gpu(problem)}", "d2h_pinned"
-    else:
-        return TRANSFER_RATE
-    prof = ctx.profile
-    measured = prof.transfer(gpu) if prof is not None else None
-    return (measured or {}).get(key, TRANSFER_RATE)
-
-
-def _home_gpu(problem):
-    """The GPU that holds the operands of a call on GPU operands (C's where C is on a GPU too)."""
-    return (problem.c if problem.operand_xp is None else problem.factors[0].base).device.id
-
-
-def _one_device_if_small(problem, devices, rates, ctx):
-    """Calls too short to share run on one device: the one that finishes first once the operands'
-    trip to a device that does not hold them is counted (tiny Gram matrices stay where their data is)."""
-    if len(devices) == 1 or ctx.block_size or ctx.min_call_seconds <= 0:
-        return devices, rates
-    flops = problem.flops()
-    if flops / max(rates) >= ctx.min_call_seconds:
-        return devices, rates
-    if problem.fxp.__name__ == "numpy":
-        home = {i for i, d in enumerate(devices) if d.kind == "cpu"}
-    else:
-        home = {i for i, d in enumerate(devices) if d.name == f"cuda:{_home_gpu(problem)}"}
-    moved = problem.c.nbytes + sum({id(f.base): f.base.nbytes for f in problem.factors}.values())
-    cost = [flops / r + (0.0 if i in home else REMOTE_LATENCY + moved / _transfer_rate(problem, devices[i], ctx))
-            for i, r in enumerate(rates)]
-    i = min(range(len(devices)), key=cost.__getitem__)
-    return [devices[i]], [rates[i]]
-
-
 def static_assignment(problem, devices, rates, ctx):
     """Tasks per device: contiguous bands (or k ranges) whose flops follow the devices' rates."""
     nb = ctx.block_size
     if len(devices) == 1:
         tasks = [plan.whole(problem)]
         return [_retile(problem, tasks, nb)]
-    if plan.wants_split_k(problem, len(devices)):
+    if policy.wants_split_k(problem, len(devices)):
         bounds = plan.band_edges(problem.k, rates, triangular=False)
         out = []
         for k0, k1 in zip(bounds, bounds[1:]):
@@ -152,7 +96,7 @@ def _retile(problem, tasks, nb):
 
 
 def dynamic_tasks(problem, devices, ctx):
-    if plan.wants_split_k(problem, len(devices)):
+    if policy.wants_split_k(problem, len(devices)):
         pieces = -(-problem.k // ctx.block_size) if ctx.block_size else 4 * len(devices)
         return plan.k_chunks(problem, max(1, pieces))
     nb = ctx.block_size_for(problem, devices) or min(d.preferred_block(problem) for d in devices)

@@ -207,12 +207,12 @@ def test_default_context_uses_gpu_and_cupy_stays_on_device(rng):
 
 
 def test_cpu_dropped_beside_gpus_when_it_does_not_pay():
-    from hybridblas.scheduler import _without_idle_cpus
+    from hybridblas.policy import without_idle_cpus
     ctx = hb.Context(devices=["cpu", "cuda:0"])
     devs = ctx.devices
-    kept, rates = _without_idle_cpus(devs, [1e9, 50e12], 0.05)
+    kept, rates = without_idle_cpus(devs, [1e9, 50e12], 0.05)
     assert [d.name for d in kept] == ["cuda:0"]
-    kept, _ = _without_idle_cpus(devs, [10e12, 50e12], 0.05)
+    kept, _ = without_idle_cpus(devs, [10e12, 50e12], 0.05)
     assert len(kept) == 2
 
 

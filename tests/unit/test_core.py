@@ -9,7 +9,7 @@ import pytest
 
 import hybridblas as hb
 from blas_cases import random_matrix, triangle_mask
-from hybridblas import host_blas, plan, reference
+from hybridblas import host_blas, plan, policy, reference
 from hybridblas.devices import CPUDevice, DeviceRun
 from hybridblas.problem import Operand, build_problem, N, C
 from hybridblas.scheduler import static_assignment
@@ -42,7 +42,7 @@ def test_split_k_tall_skinny(strategy, routine, rng):
     hs = random_matrix(rng, (6000, 24), np.float64)
     ctx = hb.Context(devices=["cpu", "cpu"], strategy=strategy, min_call_seconds=0)
     prob = build_problem("syrk", 1.0, [s], 0.0, None, [1], True, None)
-    assert plan.wants_split_k(prob, 2)
+    assert policy.wants_split_k(prob, 2)
     c0 = random_matrix(rng, (24, 24), np.float64)
     if routine == "gemmt":
         got = hb.gemmt(2.0, s, hs, 0.5, c0.copy(), transa="T", context=ctx)
@@ -357,17 +357,27 @@ def test_small_calls_stay_on_one_device(rng):
 def test_small_call_goes_where_it_finishes_first():
     """Numpy operands: a tiny call stays on the CPU; a mid-size one goes to a much faster device even
     after its operands' trip there."""
-    from hybridblas.scheduler import _one_device_if_small
+    from hybridblas.policy import one_device_if_small
     ctx = hb.Context(devices=["cpu", "cpu"])
     fast = CPUDevice(5)            # stands in for a GPU: not the operands' home in this test
     fast.kind = "cuda"
     devs = [ctx.devices[0], fast]
     tiny = _herk_problem(64, 8)
-    kept, _ = _one_device_if_small(tiny, devs, [1e11, 50e12], ctx)
+    kept, _ = one_device_if_small(tiny, devs, [1e11, 50e12], ctx)
     assert kept == [devs[0]]
     mid = _herk_problem(1024, 1024)
-    kept, _ = _one_device_if_small(mid, devs, [1e11, 50e12], ctx)
+    kept, _ = one_device_if_small(mid, devs, [1e11, 50e12], ctx)
     assert kept == [fast]
     big = _herk_problem(2048, 2048)
-    kept, _ = _one_device_if_small(big, devs, [1e9, 1e11], ctx)
+    kept, _ = one_device_if_small(big, devs, [1e9, 1e11], ctx)
     assert kept == devs            # long enough to share
+
+
+def test_policy_drops_a_cpu_whose_share_is_below_the_minimum():
+    """participants' first rule: beside GPUs a CPU that would do under min_share of the work sits out."""
+    from types import SimpleNamespace
+    cpu, gpu = SimpleNamespace(kind="cpu", name="cpu"), SimpleNamespace(kind="cuda", name="cuda:0")
+    kept, rates = policy.without_idle_cpus([cpu, gpu], [1e9, 50e12], 0.05)
+    assert kept == [gpu] and rates == [50e12]
+    assert policy.without_idle_cpus([cpu, gpu], [10e12, 50e12], 0.05)[0] == [cpu, gpu]
+    assert policy.without_idle_cpus([cpu], [1e9], 0.5)[0] == [cpu]          # a CPU alone stays

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import hybridblas as hb
-from hybridblas import plan, scheduler
+from hybridblas import plan, policy, scheduler
 from hybridblas.problem import build_problem, N
 from hybridblas.profile.model import (BLOCK_SIZE_RANGE, DTYPES, FORMAT, ROUTINE_KINDS, TRANSFER_KEYS, Profile,
                                      ProfileError)
@@ -478,13 +478,13 @@ def test_cpu_share_and_cpu_helps_drive_the_hybrid_split(profile_dir, rng):
 
 def test_a_short_call_times_the_operands_trip_at_the_measured_transfer_rate(rng):
     """A call too short to share runs on the device that finishes first, the operands' trip to a GPU
-    counted at the profile's pinned host-to-GPU rate of that GPU; without one, at scheduler.TRANSFER_RATE."""
+    counted at the profile's pinned host-to-GPU rate of that GPU; without one, at policy.TRANSFER_RATE."""
     prob = herk_problem(64, 32, rng)
     moved = prob.c.nbytes + prob.factors[0].base.nbytes
     devices = [hb.devices.CPUDevice(0), _fake_gpu(0)]
-    slow = scheduler.TRANSFER_RATE / 100
+    slow = policy.TRANSFER_RATE / 100
     # the CPU takes as long as the trip at 10 x slow: it wins against the slow link only; the GPU computes at once
-    rates = [prob.flops() / (scheduler.REMOTE_LATENCY + moved / (10 * slow)), prob.flops() * 1e6]
+    rates = [prob.flops() / (policy.REMOTE_LATENCY + moved / (10 * slow)), prob.flops() * 1e6]
     data = make_profile({"cpu": 1e10, "cuda:0": 1e12})
     data["devices"]["cuda:0"]["transfer"] = {"h2d_pinned": slow, "h2d_pageable": slow / 2,
                                              "d2h_pinned": 3 * slow, "d2h_pageable": slow / 3}
@@ -493,24 +493,24 @@ def test_a_short_call_times_the_operands_trip_at_the_measured_transfer_rate(rng)
     bare = hb.Context(devices=devices, profile=False)
 
     def chosen(ctx):
-        return [d.name for d in scheduler._one_device_if_small(prob, devices, rates, ctx)[0]]
-    assert scheduler._transfer_rate(prob, devices[1], measured) == slow
+        return [d.name for d in policy.one_device_if_small(prob, devices, rates, ctx)[0]]
+    assert policy.transfer_rate(prob, devices[1], measured) == slow
     assert chosen(measured) == ["cpu"]
     for ctx in (unmeasured, bare):
-        assert scheduler._transfer_rate(prob, devices[1], ctx) == scheduler.TRANSFER_RATE
+        assert policy.transfer_rate(prob, devices[1], ctx) == policy.TRANSFER_RATE
         assert chosen(ctx) == ["cuda:0"]
     # operands on cuda:0: a CPU worker gets them at that GPU's GPU-to-host rate; another GPU at the constant
     cupy_like = SimpleNamespace(__name__="cupy")
     on_gpu = SimpleNamespace(xp=cupy_like, fxp=cupy_like, operand_xp=None,
                              c=SimpleNamespace(device=SimpleNamespace(id=0)))
-    assert scheduler._transfer_rate(on_gpu, devices[0], measured) == 3 * slow
-    assert scheduler._transfer_rate(on_gpu, devices[0], bare) == scheduler.TRANSFER_RATE
-    assert scheduler._transfer_rate(on_gpu, _fake_gpu(1), measured) == scheduler.TRANSFER_RATE
+    assert policy.transfer_rate(on_gpu, devices[0], measured) == 3 * slow
+    assert policy.transfer_rate(on_gpu, devices[0], bare) == policy.TRANSFER_RATE
+    assert policy.transfer_rate(on_gpu, _fake_gpu(1), measured) == policy.TRANSFER_RATE
     # operands on cuda:0 and C in host memory: the operands' GPU is the one whose rate counts
     host_c = SimpleNamespace(xp=np, fxp=cupy_like, operand_xp=cupy_like, c=np.zeros((2, 2)),
                              factors=[SimpleNamespace(base=SimpleNamespace(device=SimpleNamespace(id=0)))])
-    assert scheduler._transfer_rate(host_c, devices[0], measured) == 3 * slow
-    assert scheduler._home_gpu(host_c) == 0
+    assert policy.transfer_rate(host_c, devices[0], measured) == 3 * slow
+    assert policy.home_gpu(host_c) == 0
 
 
 def test_block_size_from_profile(profile_dir, rng):
