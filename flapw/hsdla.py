@@ -473,9 +473,8 @@ def _device_batch(cell, method, nb, workspace):
     build_hs_with_fallback takes over)."""
     import cupy
     free = hb.memory.gpu_free(cupy.cuda.Device().id) + (workspace.held_bytes(cupy) if workspace is not None else 0)
-    n_species = len({sp.symbol for sp in cell.structure.species})
-    fixed = _C16 * cell.n_g * (3 * n_species + 2) * cell.n_l
-    per_atom = (_C16 * buffers_per_atom(method) * cell.n_l + 24) * cell.n_g
+    fixed = build_bytes(cell, method, 0) - 2 * _C16 * cell.n_g ** 2          # build_bytes without H and S
+    per_atom = build_bytes(cell, method, 1) - build_bytes(cell, method, 0)
     return max(1, min(nb, int((OPERAND_SHARE * free - fixed) // max(per_atom, 1))))
 
 

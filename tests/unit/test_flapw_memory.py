@@ -276,3 +276,17 @@ def test_cli_device_arrays_write_the_host_build(tmp_path, capsys):
     cell = flapw.System.preset("NaCl", kmax=2.0, supercell=(1, 1, 1))
     h, s = flapw.build_hs(cell, interstitial=True, context=hb.Context("cpu"))
     assert _rel(got["H"], h) <= 1e-12 and _rel(got["S"], s) <= 1e-12
+
+
+def test_gpu_operand_batch_takes_at_most_its_share_of_the_free_memory(nacl, monkeypatch):
+    """_device_batch: the largest batch (at most the asked one, at least one atom) whose buffers and k-only
+    factors fit in OPERAND_SHARE of the GPU's free memory."""
+    import sys
+    cell, _ = nacl
+    fake = SimpleNamespace(cuda=SimpleNamespace(Device=lambda: SimpleNamespace(id=2)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    fixed = build_bytes(cell, "refined", 0) - 2 * 16 * cell.n_g ** 2
+    per_atom = build_bytes(cell, "refined", 1) - build_bytes(cell, "refined", 0)
+    for free, want in [((fixed + 3 * per_atom) / hsdla.OPERAND_SHARE + 1, 3), (1 << 50, 8), (0, 1)]:
+        monkeypatch.setattr(hb.memory, "gpu_free", lambda index, free=free: free if index == 2 else 0)
+        assert hsdla._device_batch(cell, "refined", 8, None) == want
