@@ -34,7 +34,7 @@ import hybridblas as hb
 
 from .backends import BACKENDS, PeerBackend, get_backend
 from .interstitial import scratch_bytes, table_span
-from .matching import fill_coefficients, k_only_factors, phases
+from .matching import atom_runs, fill_coefficients, k_only_factors, phases
 from .report import BuildReport, flops
 from .system import System
 
@@ -543,7 +543,7 @@ class _Batch:
         self.rep, self.be, self.a, self.b, self.h, self.s = rep, backend, a, b, h, s
         self.t_index, self.dev_t, self.beta = np.asarray(t_index), dev_t, 1.0 if accumulate else 0.0
         self.n_l, self.n_g, self.w, self.sync, self.xp, self.pool = n_l, a.shape[0], a.shape[1], sync, xp, pool
-        self.runs = _runs(self.t_index)
+        self.runs = atom_runs(self.t_index)   # (j0, j1, T set) of every run of atoms with one T set
 
     def blas(self, name, kind, fn, k=None):
         with self.rep.stage(name, flops(kind, self.n_g, self.w if k is None else k), blas=True, sync=self.sync):
@@ -569,12 +569,6 @@ class _Batch:
     def products(self, out, terms):
         """out = Σ src @ T[key] per atom (T of the atom's set): _products on this batch."""
         _products(self.xp, out, terms, self.runs, self.dev_t, self.n_l)
-
-
-def _runs(t_index):
-    """(j0, j1, set) for every run of consecutive atoms with the same T set."""
-    edges = [0] + [j for j in range(1, len(t_index)) if t_index[j] != t_index[j - 1]] + [len(t_index)]
-    return [(j0, j1, int(t_index[j0])) for j0, j1 in zip(edges[:-1], edges[1:]) if j1 > j0]
 
 
 def _device_t(taa, tab, tbb, u, used, xp):

@@ -149,7 +149,7 @@ def fill_coefficients(out, factors, phase, species_of, n_l, for_each=None):
     product (N_G, 1, N_L) · (N_G, run, 1) straight into the run's columns, no temporary (numpy and cupy alike),
     so a GPU gets a launch per run rather than per atom (TiO2: 2 instead of 384). ``for_each(jobs, fn)`` runs
     fn(job) for every job (default: a plain loop, queued in order on a GPU); hsdla passes one that spreads the
-    jobs over the host's cores, for which runs are cut into at most ``runs_for`` pieces of similar size."""
+    jobs over the host's cores, for which the runs are cut into about _PIECES jobs."""
     xp = array_module(out)
     n_g = out.shape[0]
     if not out.flags.c_contiguous or out.shape[1] != len(species_of) * n_l:
@@ -160,7 +160,7 @@ def fill_coefficients(out, factors, phase, species_of, n_l, for_each=None):
     def one(job):
         j0, j1, f = job
         xp.multiply(factors[f][:, None, :], phase[:, j0:j1, None], out=blocks[:, j0:j1, :])
-    jobs = _runs(species_of, 1 if for_each is None else _PIECES)
+    jobs = atom_runs(species_of, 1 if for_each is None else _PIECES)
     (for_each or _loop)(jobs, one)
     return out
 
@@ -168,9 +168,9 @@ def fill_coefficients(out, factors, phase, species_of, n_l, for_each=None):
 _PIECES = 64                 # host jobs a batch's runs are cut into at most (spread over the cores)
 
 
-def _runs(kinds, pieces):
-    """[(j0, j1, kind)]: the runs of equal consecutive ``kinds``, each cut so that there are about ``pieces``
-    jobs in all (at least one atom each)."""
+def atom_runs(kinds, pieces=1):
+    """[(j0, j1, kind)]: the runs of equal consecutive ``kinds`` (atoms of one species, or of one T set), each
+    cut so that there are about ``pieces`` jobs in all (at least one atom each; 1: every run whole)."""
     kinds = np.asarray(kinds)
     n = kinds.size
     if n == 0:

@@ -221,15 +221,15 @@ def test_threaded_coefficient_fill_equals_the_plain_one(rng):
 
 def test_coefficient_runs_cover_every_atom_once():
     """The jobs of a fill: runs of one factor, cut into about the asked number of pieces, every atom once."""
-    from flapw.matching import _runs
+    from flapw.matching import atom_runs
     kinds = [0, 0, 0, 1, 1, 0, 2, 2, 2, 2, 2]
     for pieces in (1, 2, 3, 64):
-        jobs = _runs(kinds, pieces)
+        jobs = atom_runs(kinds, pieces)
         covered = [j for j0, j1, _ in jobs for j in range(j0, j1)]
         assert covered == list(range(len(kinds)))
         assert all(kinds[j] == k for j0, j1, k in jobs for j in range(j0, j1))
-    assert _runs(kinds, 1) == [(0, 3, 0), (3, 5, 1), (5, 6, 0), (6, 11, 2)]
-    assert _runs([], 4) == []
+    assert atom_runs(kinds, 1) == atom_runs(kinds) == [(0, 3, 0), (3, 5, 1), (5, 6, 0), (6, 11, 2)]
+    assert atom_runs([], 4) == []
 
 
 def test_coefficient_fill_refuses_an_out_it_cannot_write_in_place():

@@ -149,7 +149,7 @@ def test_batched_products_per_run_equal_the_per_atom_ones(order, rng):
     a, b = operand(), operand()
     blocks = [slice(j * n_l, (j + 1) * n_l) for j in range(n)]
     want = np.hstack([a[:, sl] @ dev_t[c]["tba_t"] + b[:, sl] @ dev_t[c]["half_tbb_t"] for sl, c in zip(blocks, t_index)])
-    runs = hsdla._runs(t_index)
+    runs = hsdla.atom_runs(t_index)
     assert runs == [(0, 2, 2), (2, 5, 0), (5, 6, 1), (6, 7, 2)]
     for xp in (np, _NumpyAsDevice()):
         out = np.full((n_g, n * n_l), np.nan, complex)
@@ -191,7 +191,7 @@ def test_gpu_batched_products_equal_host(rng):
     dev_t = {c: {"taa_t": rng.standard_normal((n_l, n_l)) + 1j * rng.standard_normal((n_l, n_l))} for c in range(3)}
     a = rng.standard_normal((n_g, n * n_l)) + 1j * rng.standard_normal((n_g, n * n_l))
     want = np.empty_like(a)
-    runs = hsdla._runs(t_index)
+    runs = hsdla.atom_runs(t_index)
     hsdla._products(np, want, [(a, "taa_t")], runs, dev_t, n_l)
     out = cupy.full(a.shape, cupy.nan, complex)
     hsdla._products(cupy, out, [(cupy.asarray(a), "taa_t")], runs,
