@@ -43,7 +43,7 @@ def _caller_events(problem):
     kernels that produced A, or the copies the normalisation made) has finished."""
     import cupy
     events = []
-    held = [x for x in [problem.c] + [f.base for f in problem.factors] if type(x).__module__.startswith("cupy")]
+    held = [f.base for f in problem.factors] + ([problem.c] if problem.xp is problem.fxp else [])   # a host C: none
     for gpu in sorted({x.device.id for x in held}):
         with cupy.cuda.Device(gpu):
             ev = cupy.cuda.Event(disable_timing=True)

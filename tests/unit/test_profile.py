@@ -533,8 +533,8 @@ def test_partial_coverage_falls_back_to_defaults_for_all(rng):
 
 
 def test_caller_events_skip_a_host_c(monkeypatch):
-    """A host C beside GPU operands: only the operands' GPUs get an event (numpy arrays have a ``device``
-    attribute too, the string "cpu", which is no GPU)."""
+    """A host C beside GPU operands: only the operands' GPUs get an event (the problem says where C lives; a
+    numpy array's own ``device`` attribute is the string "cpu", no GPU)."""
     import sys
     from hybridblas import scheduler
     recorded = []
@@ -558,6 +558,6 @@ def test_caller_events_skip_a_host_c(monkeypatch):
     fake = SimpleNamespace(cuda=SimpleNamespace(Device=Device, Event=Event, get_current_stream=lambda: "stream"))
     monkeypatch.setitem(sys.modules, "cupy", fake)
     operand = type("ndarray", (), {"__module__": "cupy._core.core", "device": SimpleNamespace(id=1)})()
-    prob = SimpleNamespace(c=np.zeros((2, 2)), factors=[SimpleNamespace(base=operand)])
+    prob = SimpleNamespace(c=np.zeros((2, 2)), factors=[SimpleNamespace(base=operand)], xp=np, fxp=fake)
     assert len(scheduler._caller_events(prob)) == 1
     assert recorded == ["gpu 1", "stream"]
