@@ -268,10 +268,8 @@ def _plan(args, comm):
     arrays = "device" if workers else args.arrays
     if arrays == "auto":
         arrays, nb = auto_arrays(backend, largest, args.method, nb, args.interstitial)
-    elif arrays == "device" and not workers:
-        _use_gpu(_context_gpus(backend)[0])
     operands = operands_place(arrays, args.operands, backend)
-    if arrays == "host" and operands == "device":
+    if operands == "device" and not workers:     # device arrays, or host arrays with their operands on the GPU
         _use_gpu(_context_gpus(backend)[0])
     overlap = args.overlap == "on"
     if overlap and (arrays != "host" or args.method != "refined"):
