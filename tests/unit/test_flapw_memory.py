@@ -78,15 +78,19 @@ class _FullGpu:
         raise _GpuOutOfMemory("Out of memory allocating 14,495,514,624 bytes")
 
 
+def _full_gpu_attempts(monkeypatch, module, keys):
+    """The 'device' array module replaced by ``module`` (numpy that runs out of memory); returns the list that
+    records each build_hs attempt's ``keys`` arguments."""
+    real_module, real_build, seen = hsdla._array_module, hsdla.build_hs, []
+    monkeypatch.setattr(hsdla, "_array_module", lambda arrays: module if arrays == "device" else real_module(arrays))
+    monkeypatch.setattr(hsdla, "build_hs", lambda *a, **kw: seen.append(tuple(kw[k] for k in keys))
+                        or real_build(*a, **kw))
+    return seen
+
+
 def test_device_out_of_memory_falls_back_to_host_arrays(nacl, monkeypatch, caplog):
     cell, (h_ref, s_ref) = nacl
-    real_module = hsdla._array_module
-    monkeypatch.setattr(hsdla, "_array_module", lambda arrays: _FullGpu() if arrays == "device"
-                        else real_module(arrays))
-    seen = []
-    real = hsdla.build_hs
-    monkeypatch.setattr(hsdla, "build_hs", lambda *a, **kw: seen.append((kw["arrays"], kw["batch_atoms"]))
-                        or real(*a, **kw))
+    seen = _full_gpu_attempts(monkeypatch, _FullGpu(), ("arrays", "batch_atoms"))
     with caplog.at_level(logging.INFO, logger="flapw"):
         h, s = flapw.build_hs_with_fallback(cell, interstitial=True, arrays="device",
                                             out_of_memory=(_GpuOutOfMemory,))
@@ -108,15 +112,9 @@ class _FullGpuOperands(_FullGpu):
 def test_gpu_operands_out_of_memory_fall_back_to_host_operands(nacl, monkeypatch, caplog):
     """Host arrays with their operands on a GPU: halved batches, then host operands; H and S on the host."""
     cell, (h_ref, s_ref) = nacl
-    real_module = hsdla._array_module
-    monkeypatch.setattr(hsdla, "_array_module", lambda arrays: _FullGpuOperands() if arrays == "device"
-                        else real_module(arrays))
     monkeypatch.setattr(hsdla, "operands_place", lambda arrays, operands, backend: operands or "device")
     monkeypatch.setattr(hsdla, "_device_batch", lambda cell, method, nb, workspace: nb)
-    seen = []
-    real = hsdla.build_hs
-    monkeypatch.setattr(hsdla, "build_hs", lambda *a, **kw: seen.append(
-        (kw["arrays"], kw["operands"], kw["batch_atoms"])) or real(*a, **kw))
+    seen = _full_gpu_attempts(monkeypatch, _FullGpuOperands(), ("arrays", "operands", "batch_atoms"))
     with caplog.at_level(logging.INFO, logger="flapw"):
         h, s, rep = flapw.build_hs_with_fallback(cell, interstitial=True, arrays="host", return_report=True,
                                                  out_of_memory=(_GpuOutOfMemory,))
