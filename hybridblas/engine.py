@@ -65,7 +65,7 @@ class Engine:
         self.pending_flops = sum(t.flops for t in self.shared) if self.shared else 0.0
         self.reserves = list(reserves)
         self.cancel = threading.Event()
-        problem.extra["cancel"] = self.cancel
+        problem.run.cancel = self.cancel
         self.results = queue.Queue()
         self.partials = []
         self.errors = []

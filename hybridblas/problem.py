@@ -197,6 +197,17 @@ def product_terms(kind, alpha, factors):
 
 
 @dataclass
+class RunOptions:
+    """What the scheduler tells the devices about one call, beside the call itself."""
+    cancel: object = None            # threading.Event set when the call is abandoned (an error, an interrupt)
+    memory_limit: int = None         # bytes a GPU may use for this call (the Context's cap), None: its free memory
+    pin_host: object = False         # page-lock host operands: False, True, or "auto" (from the second sighting)
+    rates: dict = field(default_factory=dict)         # device name -> expected flop/s
+    caller_events: tuple = ()        # events on the caller's streams that the GPUs' work must follow
+    call: object = field(default_factory=object)      # one token for the call, shared by its GPUs
+
+
+@dataclass
 class Problem:
     """One normalised level-3 call; the planner, schedulers and devices read only this."""
     kind: str            # herk her2k syrk syr2k gemmt gemm
@@ -211,7 +222,7 @@ class Problem:
     xp: object = np      # C's module: numpy or cupy (the operands' too, unless operand_xp says otherwise)
     writeback: object = None   # caller's array when ``c`` is a working copy
     out: object = None         # the array the routine returns (the caller's c, its copy, or a new C)
-    extra: dict = field(default_factory=dict)
+    run: RunOptions = field(default_factory=RunOptions)
     operand_xp: object = None  # the operands' module where it is not C's (cupy operands, numpy C), else None
 
     @property

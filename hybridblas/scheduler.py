@@ -13,16 +13,16 @@ def execute(problem, ctx):
     rates = [ctx.rate(d, problem) for d in available]
     devices, rates = policy.participants(problem, available, rates, ctx)
     reserves = [d for d in available if d not in devices]
-    problem.extra.setdefault("memory_limit", getattr(ctx, "memory_limit", None))
-    problem.extra.setdefault("pin_host", getattr(ctx, "pin_host", False))
-    problem.extra["rates"] = {d.name: r for d, r in zip(devices, rates)}
+    problem.run.memory_limit = getattr(ctx, "memory_limit", None)
+    problem.run.pin_host = getattr(ctx, "pin_host", False)
+    problem.run.rates = {d.name: r for d, r in zip(devices, rates)}
     if len(devices) == 1 and devices[0].kind == "cuda":
         from .devices import cuda_inline
         if cuda_inline.applies(problem, devices[0]):
             cuda_inline.run(problem, devices[0])
             return "inline"
     if problem.fxp.__name__ == "cupy":
-        problem.extra["caller_events"] = _caller_events(problem)
+        problem.run.caller_events = _caller_events(problem)
     strategy = ctx.resolve_strategy(devices)
     with blas_threads.limit(ctx.blas_threads(devices)):
         if strategy == "static":

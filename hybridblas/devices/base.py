@@ -8,7 +8,7 @@ if it accumulated one, as an array on C's side (host or the GPU holding C), or N
 
 After a run raised, ``remainder(task)`` says what is left of a task it was given and did not finish:
 (clean, torn) lists of smaller tasks, clean ones not yet written into C, torn ones partly written.
-Between tiles a run checks ``problem.extra["cancel"]`` (a threading.Event) and raises
+Between tiles a run checks ``problem.run.cancel`` (a threading.Event) and raises
 ``faults.Cancelled`` when it is set, so an interrupted call stops within a tile's time.
 """
 import abc
@@ -17,7 +17,7 @@ from ..faults import Cancelled
 
 
 def check_cancel(problem):
-    ev = problem.extra.get("cancel")
+    ev = problem.run.cancel
     if ev is not None and ev.is_set():
         raise Cancelled()
 

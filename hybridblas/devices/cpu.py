@@ -38,7 +38,7 @@ class CPUDevice(Device):
         return problem.fxp is np         # host operands (and so a host C)
 
     def open(self, problem):
-        return _CPURun(problem, problem.extra.get("rates", {}).get(self.name, DEFAULT_RATE))
+        return _CPURun(problem, problem.run.rates.get(self.name, DEFAULT_RATE))
 
     def preferred_block(self, problem):
         return 512

@@ -99,7 +99,7 @@ class CUDADevice(Device):
 def _budget(device, problem):
     """Bytes this call may hold on the current GPU."""
     cp = _cupy()
-    limit = device.memory_limit or problem.extra.get("memory_limit")
+    limit = device.memory_limit or problem.run.memory_limit
     if limit:
         return int(limit)
     free, _total = cp.cuda.runtime.memGetInfo()
@@ -176,7 +176,7 @@ class _CUDARun(DeviceRun):
             self.s_comp = cp.cuda.Stream(non_blocking=True)
             self.s_in = cp.cuda.Stream(non_blocking=True)
             self.s_out = cp.cuda.Stream(non_blocking=True)
-            for ev in problem.extra.get("caller_events", ()):   # the caller's queued work comes first
+            for ev in problem.run.caller_events:   # the caller's queued work comes first
                 self.s_in.wait_event(ev)
                 self.s_comp.wait_event(ev)
             self.handle = cp.cuda.device.get_cublas_handle()
@@ -188,7 +188,7 @@ class _CUDARun(DeviceRun):
             self.f_dev = [device_of(f.base) for f in problem.factors]
             self._enable_peers()
             self.budget = _budget(device, problem)
-            fixed = device.block or problem.extra.get("device_block")
+            fixed = device.block
             self.nb, self.kc = _block_plan(problem, self.budget, fixed)
             if self.host or any(d != device.index for d in self.f_dev):
                 self.kc = min(self.kc, max(self.nb, STREAM_K))
@@ -197,7 +197,7 @@ class _CUDARun(DeviceRun):
                 # LOBPCG's tall Gram matrices (k ~ 3e4) that gave 10x the error of CPU BLAS and of a gemm;
                 # short k chunks, summed in C, bring it back (measured in docs/performance.md)
                 self.kc = min(self.kc, SINGLE_K)
-            self.call_id = problem.extra.setdefault("call_id", object())
+            self.call_id = problem.run.call
             self.pending = collections.deque()
             self.partial = None
             self.scratch = None
@@ -232,7 +232,7 @@ class _CUDARun(DeviceRun):
         self.write_q = queue.Queue()     # host write-back on its own thread: the feeder never waits for a kernel
         self.writer = threading.Thread(target=self._writer_loop, daemon=True, name=f"hybridblas-{device.name}-writer")
         self.writer.start()
-        if problem.extra.get("pin_host"):
+        if problem.run.pin_host:
             self._pin_host_operands()
 
     def _release(self):
@@ -252,8 +252,8 @@ class _CUDARun(DeviceRun):
         """Start page-locking the caller's large host operands (kept while they live): once locked, an
         upload is one DMA. Until then (a first call) they go through the staging ring."""
         p = self.problem
-        after = 1 if p.extra.get("pin_host") == "auto" else 0
-        call = p.extra.setdefault("call_token", object())     # one token shared by the call's GPUs
+        after = 1 if p.run.pin_host == "auto" else 0
+        call = p.run.call          # one token shared by the call's GPUs
         self.pin_f = [None if fac.scratch or not self.host_operands
                       else host_pinning.acquire(fac.base, after_uses=after, call=call) for fac in p.factors]
         self.pin_c = host_pinning.acquire(p.c, after_uses=after, call=call) if p.writeback is None else None

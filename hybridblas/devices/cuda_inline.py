@@ -37,8 +37,7 @@ def applies(problem, device):
     """One GPU, every operand on it, C small, no memory cap or fixed block asked for (those want tiles)."""
     if device.kind != "cuda" or problem.xp is np or max(problem.m, problem.n) > MAX_EDGE:
         return False
-    if device.memory_limit or device.block or problem.extra.get("memory_limit") \
-            or problem.extra.get("device_block"):
+    if device.memory_limit or device.block or problem.run.memory_limit:
         return False
     return all(x.device.id == device.index for x in [problem.c] + [f.base for f in problem.factors])
 
