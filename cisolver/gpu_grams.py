@@ -29,8 +29,7 @@ THREADS = 256
 TOTAL_THREADS = 128      # per element of the Grams in the second kernel
 BLOCKS_PER_SM = 2        # the prefetched tile's registers leave room for two blocks of THREADS per SM
 # The staged kernel (rows whole 16-byte vectors): tiles copied by cp.async into STAGES buffers, STAGES - 1 of
-# them in flight; STAGED False: the register-prefetch kernel everywhere (benchmarks compare the two)
-STAGED = True
+# them in flight (``grams(..., staged=False)``: the register-prefetch kernel also where the staged one fits)
 STAGES = 3
 # float64 blocks the staged kernel takes up to this many rows: at 47V's 484 k rows (H200) both Grams in 116 us
 # against 120 for cuBLAS and 128 for hybridblas' gemmt and syrk, and 46 us of host time against 262; at
@@ -329,7 +328,7 @@ def _staged_shared(s, hs):
 def _staged(s, hs):
     """The staged kernel takes these (covered) blocks: rows of whole 16-byte vectors that fit its buffers."""
     k = s.shape[1]
-    return (STAGED and k % (16 // s.itemsize) == 0 and aligned_rows(s) and (hs is None or aligned_rows(hs))
+    return (k % (16 // s.itemsize) == 0 and aligned_rows(s) and (hs is None or aligned_rows(hs))
             and _staged_shared(s, hs) <= 48 << 10)      # CUDA's default limit of dynamic shared memory
 
 
@@ -359,9 +358,10 @@ def _vector_rows(x, k):
     return k % 4 == 0 and aligned_rows(x)
 
 
-def grams(s, hs=None):
+def grams(s, hs=None, staged=True):
     """(k, k, 2) float64 GPU array, column-major per Gram like dense.gram_buffer: [:, :, 0] = S^T H S (with
-    ``hs``; zeros without) and [:, :, 1] = S^T S, both whole (not only their lower triangles)."""
+    ``hs``; zeros without) and [:, :, 1] = S^T S, both whole (not only their lower triangles). ``staged`` False: the register-prefetch kernel also where
+    the staged one fits."""
     import cupy
     from hybridblas import gpu_multiprocessors
     if not fits(s, hs):
@@ -374,7 +374,7 @@ def grams(s, hs=None):
     partial_kernel, total_kernel, staged_kernel = _kernels(cupy, s.dtype)
     hs_arg = hs if hs is not None else np.uint64(0)
     ldh = np.int64(row_stride(hs) if hs is not None else 0)
-    if _staged(s, hs):
+    if staged and _staged(s, hs):
         blocks = max(1, min(STAGED_BLOCKS_PER_SM * gpu_multiprocessors(), -(-n // TILE)))
         partials = cupy.empty((2, k, k, blocks), dtype=np.float64)
         staged_kernel((blocks,), (THREADS,), (s, np.int64(row_stride(s)), hs_arg, ldh, np.int64(n), np.int32(k),

@@ -102,74 +102,106 @@ class Iterations:
         self.w_holds_r = False    # s[:, 2b:] holds R (the queued update wrote it there): no copy when W = R fits
 
     def run(self, maxiter):
-        b = self.b
+        """Iterate until the wanted columns have converged or ``maxiter`` iterations are done; a GPU
+        Rayleigh-Ritz step still open at the end is settled."""
         for self.it in range(1, maxiter + 1):
-            if self.overlap and self.declined >= 3 and self.declined * 10 > self.it:
-                # the GPU passes are declined often (float32 whose [P W] wants a second pass): each decline
-                # costs a wait and a host pass beside the GPU's, so the run takes the trip path from here on
-                self.overlap = False
-                if self.open_rr is not None:
-                    self._settle()
-            if not self.overlap and self._residuals_read():
+            if self.step():
                 return
-            active = np.nonzero(~self.converged)[0]
-            n_w = len(active)
-            guess = self.open_rr is not None and self.precond is None
-            if self.open_rr is not None and not guess:
-                self._settle()
-            w = self._directions(active)
-            usable = np.ones(b, dtype=bool) if guess else self.p_usable
-            n_p, k, flag = self._orthonormalise(active[usable[active]], w, n_w)
-            if guess:
-                if not self._settle():                # redone on the host: new X, R and S
-                    w = self._directions(active)
-                    n_p, k, flag = self._orthonormalise(active[self.p_usable[active]], w, n_w)
-                elif not self.p_usable[active].all():
-                    # an unusable P column is exactly zero, so the GPU pass declined and left the moved layout
-                    if flag.result()[0] == gpu_ortho.OK:
-                        raise RuntimeError("internal: the GPU pass took a P column of zeros")
-                    self.redone += 1
-                    n_p, k, flag = self._orthonormalise(np.nonzero(self.p_usable[active])[0], w, n_w)
-            if self.overlap and self._residuals_read():
-                return
-            with self.timer.phase("spmm"):
-                self._multiply(b + n_p, k)
-            rr = grams = None
-            if self.overlap:
-                with self.timer.phase("dense", "rayleigh_ritz"):
-                    s, hs = self.s[:, :k], self.hs[:, :k]
-                    if gpu_grams.preferred(s, hs):
-                        both = gpu_grams.grams(s, hs)
-                    else:
-                        both = dense.gram_buffer(s, hs, context=self.context)
-                    both = device_sum(both, self.comm)
-                    if gpu_rayleigh_ritz.fits(s, b):
-                        rr = gpu_rayleigh_ritz.queue(both, b, s.dtype)
-                    else:
-                        grams = Later(both, dense.split_grams)
-                if flag is not None and flag.result()[0]:
-                    # the GPU pass left S and H S as they were (V would cancel, is rank deficient or wants a
-                    # second pass): the host path, and H W again
-                    self.declined, rr, grams = self.declined + 1, None, None
-                    n_p, k = self._orthonormalise_on_host_path(w, n_p, k)
-                    with self.timer.phase("spmm"):
-                        self._multiply(b + n_p, k)
-            if rr is None:
-                self._rayleigh_ritz_and_update(k, n_p, n_w, grams)
-                continue
-            # R also into the next basis's W columns, where the next orthonormalisation wants it when nothing
-            # moves (no preconditioner, every column active as now, all P usable): the staged kernel writes it
-            # beside R, which saves that copy (15 us a rank at 47V, H200; the kernel's stores cost 12)
-            r_in_w = self.precond is None and not self.converged.any()
-            with self.timer.phase("dense", "update"):
-                sums = update_with_residual(self.s_next[:, :2 * b], self.s[:, :k], self.hs_next[:, :2 * b],
-                                            self.hs[:, :k], rr.m, self.r, rr.theta, later=True,
-                                            r_copy=self.s_next[:, 2 * b:] if r_in_w else None)
-            self.open_rr = (rr, sums, k, n_p, n_w)
-            self._swap()
-            self.w_holds_r = r_in_w
         if self.open_rr is not None:
             self._settle()
+
+    def step(self):
+        """One iteration, host-trip or queued (``overlap``); True when the residuals it reads say the wanted
+        columns have converged (the iteration stops there: X is the answer)."""
+        b = self.b
+        if self.overlap and self.declined >= 3 and self.declined * 10 > self.it:
+            # the GPU passes are declined often (float32 whose [P W] wants a second pass): each decline
+            # costs a wait and a host pass beside the GPU's, so the run takes the trip path from here on
+            self.overlap = False
+            if self.open_rr is not None:
+                self._settle()
+        if not self.overlap and self._residuals_read():
+            return True
+        active = np.nonzero(~self.converged)[0]
+        n_w = len(active)
+        guess = self.open_rr is not None and self.precond is None
+        if self.open_rr is not None and not guess:
+            self._settle()
+        w = self._directions(active)
+        usable = np.ones(b, dtype=bool) if guess else self.p_usable
+        n_p, k, flag = self._orthonormalise(active[usable[active]], w, n_w)
+        if guess:
+            w, n_p, k, flag = self._settle_guess(active, w, n_w, (n_p, k, flag))
+        if self.overlap and self._residuals_read():
+            return True
+        with self.timer.phase("spmm"):
+            self._multiply(b + n_p, k)
+        rr = grams = None
+        if self.overlap:
+            rr, grams, n_p, k = self._queue_rayleigh_ritz(w, n_p, k, flag)
+        if rr is None:
+            self._rayleigh_ritz_and_update(k, n_p, n_w, grams)
+        else:
+            self._queue_update(rr, k, n_p, n_w)
+        return False
+
+    def _settle_guess(self, active, w, n_w, orthonormalised):
+        """The next [P W] pass was queued on the guess that every active P column is usable: read the open
+        Rayleigh-Ritz step now, and redo the pass where the guess did not hold. Returns W, n_p, k and the
+        flag."""
+        n_p, k, flag = orthonormalised
+        if not self._settle():                # redone on the host: new X, R and S
+            w = self._directions(active)
+            return (w,) + self._orthonormalise(active[self.p_usable[active]], w, n_w)
+        if not self.p_usable[active].all():
+            # an unusable P column is exactly zero, so the GPU pass declined and left the moved layout
+            if flag.result()[0] == gpu_ortho.OK:
+                raise RuntimeError("internal: the GPU pass took a P column of zeros")
+            self.redone += 1
+            return (w,) + self._orthonormalise(np.nonzero(self.p_usable[active])[0], w, n_w)
+        return w, n_p, k, flag
+
+    def _queue_rayleigh_ritz(self, w, n_p, k, flag):
+        """The Grams of S and H S summed (over ranks too) on the GPU and Rayleigh-Ritz queued there when it
+        fits (rr), else the Grams for the host's Rayleigh-Ritz (grams). A declined GPU pass takes the host
+        path first, and H W again. Returns rr, grams, n_p, k."""
+        rr = grams = None
+        b = self.b
+        with self.timer.phase("dense", "rayleigh_ritz"):
+            s, hs = self.s[:, :k], self.hs[:, :k]
+            if gpu_grams.preferred(s, hs):
+                both = gpu_grams.grams(s, hs)
+            else:
+                both = dense.gram_buffer(s, hs, context=self.context)
+            both = device_sum(both, self.comm)
+            if gpu_rayleigh_ritz.fits(s, b):
+                rr = gpu_rayleigh_ritz.queue(both, b, s.dtype)
+            else:
+                grams = Later(both, dense.split_grams)
+        if flag is not None and flag.result()[0]:
+            # the GPU pass left S and H S as they were (V would cancel, is rank deficient or wants a
+            # second pass): the host path, and H W again
+            self.declined, rr, grams = self.declined + 1, None, None
+            n_p, k = self._orthonormalise_on_host_path(w, n_p, k)
+            with self.timer.phase("spmm"):
+                self._multiply(b + n_p, k)
+        return rr, grams, n_p, k
+
+    def _queue_update(self, rr, k, n_p, n_w):
+        """The new X, P, H X, H P and R from the queued Rayleigh-Ritz step, left open until the next
+        iteration reads its summary."""
+        b = self.b
+        # R also into the next basis's W columns, where the next orthonormalisation wants it when nothing
+        # moves (no preconditioner, every column active as now, all P usable): the staged kernel writes it
+        # beside R, which saves that copy (15 us a rank at 47V, H200; the kernel's stores cost 12)
+        r_in_w = self.precond is None and not self.converged.any()
+        with self.timer.phase("dense", "update"):
+            sums = update_with_residual(self.s_next[:, :2 * b], self.s[:, :k], self.hs_next[:, :2 * b],
+                                        self.hs[:, :k], rr.m, self.r, rr.theta, later=True,
+                                        r_copy=self.s_next[:, 2 * b:] if r_in_w else None)
+        self.open_rr = (rr, sums, k, n_p, n_w)
+        self._swap()
+        self.w_holds_r = r_in_w
 
     def _residuals_read(self):
         """Relative residuals of the current X into the history; True when the wanted ones have converged."""

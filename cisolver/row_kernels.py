@@ -36,14 +36,12 @@ BLOCKS_PER_SM = 4
 # the kernels ran at 2 blocks per SM (104-128 registers), 22-31 % of the warps, 12-30 % of the DRAM bandwidth
 # (Nsight Compute, 242 k rows, float64, H200: latency-bound; benchmarks.cisolver iteration-kernels)
 MIN_BLOCKS = 2
-ENABLED = True                     # False: every caller takes its cuBLAS route (benchmarks compare the two)
 # The staged kernels: a block copies tiles of STAGE_ROWS rows of its inputs into shared memory with cp.async
 # (16-byte copies, coalesced, the next tile in flight while this one is multiplied) and two threads share a
 # row, each with half of the output columns. The thread-per-row kernels above load their rows themselves
 # and wait for every chunk: latency-bound at 22-31 % of the warps and a quarter of the H200's bandwidth
 # (benchmarks.cisolver iteration-kernels). They cover rows whose every input is whole 16-byte vectors (p a
-# multiple of VEC, aligned); STAGED False: the thread-per-row kernels everywhere (benchmarks compare the two)
-STAGED = True
+# multiple of VEC, aligned); ``staged=False`` asks a caller's kernel entry for the thread-per-row kernel
 STAGE_ROWS = 48                    # H200, 242 k float64 rows: end of iteration 78.0 / 76.8 / 74.3 us at 16 / 32 / 48
 STAGED_SHARED = 200 << 10          # bytes of shared memory a multiprocessor gives the staged blocks (H100/H200: 228 K)
 # LOBPCG's end of iteration on float64 blocks longer than this takes cuBLAS where the thread-per-row kernel would
@@ -371,7 +369,7 @@ def _staged_fits(inputs, p, q):
     (benchmarks.cisolver queued-steps)."""
     vec = 16 // inputs[0].itemsize
     qmax = _qmax(q)
-    return (STAGED and inputs[0].dtype == np.float64 and p % vec == 0 and qmax is not None
+    return (inputs[0].dtype == np.float64 and p % vec == 0 and qmax is not None
             and _staged_shared(p, qmax, inputs[0].itemsize, len(inputs)) <= 48 << 10
             and all(aligned_rows(x) for x in inputs))
 
@@ -409,7 +407,7 @@ def _fits(blocks, p, q, long_double=False, staged=False):
     or for the staged kernels."""
     x0 = blocks[0]
     qmax = _qmax(q)
-    return (ENABLED and type(x0).__module__.startswith("cupy") and x0.dtype in (np.float32, np.float64)
+    return (type(x0).__module__.startswith("cupy") and x0.dtype in (np.float32, np.float64)
             and (x0.dtype == np.float32 or long_double or staged or x0.shape[0] <= DOUBLE_ROWS_LIMIT)
             and qmax is not None and p * qmax * x0.dtype.itemsize <= SHARED_LIMIT
             and all(x.dtype == x0.dtype and x.device.id == x0.device.id and row_major(x) for x in blocks))
@@ -420,15 +418,15 @@ def _grid(n):
     return max(1, min(BLOCKS_PER_SM * gpu_multiprocessors(), -(-n // THREADS)))
 
 
-def product(out, a, m, long_double=True):
+def product(out, a, m, long_double=True, staged=True):
     """out <- a @ m on the caller's stream (``m`` a small host or device matrix); ``out`` may be a column
     range of ``a`` over the same rows. False (nothing done) when the kernel does not cover these blocks
     (with ``long_double`` False: nor float64 blocks beyond DOUBLE_ROWS_LIMIT rows that the staged kernel does
-    not take)."""
+    not take). ``staged`` False: the thread-per-row kernel also where the staged one fits."""
     import cupy
     n, q = out.shape
     p = a.shape[1]
-    use_staged = type(a).__module__.startswith("cupy") and _staged_fits([a], p, q)
+    use_staged = staged and type(a).__module__.startswith("cupy") and _staged_fits([a], p, q)
     if not _fits([out, a], p, q, long_double, staged=use_staged) or m.shape != (p, q) or a.shape[0] != n:
         return False
     if n == 0 or q == 0:
@@ -453,17 +451,18 @@ def product(out, a, m, long_double=True):
     return True
 
 
-def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False, r_copy=None):
+def update_with_residual(x_next, s, hx_next, hs, m, r, theta, later=False, r_copy=None, staged=True):
     """x_next <- s m, hx_next <- hs m (m is k x 2b), r <- hx_next[:, :b] - x_next[:, :b] diag(theta); returns
     the column sums of squares of r (float64 host array; with ``later`` an arrays.Later of it, the host not
     waiting for the GPU), or None when the kernel does not cover these blocks (nothing done). ``r_copy`` (like
-    r, or None) receives r too: from the staged kernel beside r where it can, else by a copy after."""
+    r, or None) receives r too: from the staged kernel beside r where it can, else by a copy after.
+    ``staged`` False: the thread-per-row kernel also where the staged one fits."""
     import cupy
     n, q = x_next.shape
     p = s.shape[1]
     b = r.shape[1]
     blocks = [x_next, s, hx_next, hs, r]
-    use_staged = all(type(x).__module__.startswith("cupy") for x in (s, hs)) and _staged_fits([s, hs], p, q)
+    use_staged = staged and all(type(x).__module__.startswith("cupy") for x in (s, hs)) and _staged_fits([s, hs], p, q)
     if (not _fits(blocks, p, q, staged=use_staged) or q != 2 * b or m.shape != (p, q) or hs.shape != s.shape
             or hx_next.shape != x_next.shape or r.shape[0] != n or s.shape[0] != n):
         return None

@@ -52,7 +52,6 @@ def _as_operator(h, dtype):
     return SymmetricOperator(h, dtype=dtype)
 
 
-OVERLAP = True        # False: GPU runs wait for every host trip as CPU runs do (benchmarks compare the two)
 _host_contexts = {}
 
 
@@ -107,7 +106,7 @@ def _check_matrix(h, dtype):
 
 
 def _check_arguments(h, nev, block_size, x0=None, tol=1e-8, maxiter=300, precond=None, seed=0, dtype=None,
-                     context=None, callback=None, comm=None):
+                     context=None, callback=None, comm=None, queued=True):
     """Every argument of ``lobpcg``, before any work: a ValueError or TypeError naming it and its value."""
     if dtype is not None:
         try:
@@ -158,6 +157,8 @@ def _check_arguments(h, nev, block_size, x0=None, tol=1e-8, maxiter=300, precond
         raise ValueError(f"seed must be an integer >= 0 or None, got {_name_value(seed)}")
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be callable or None, got {_name_value(callback)}")
+    if not isinstance(queued, (bool, np.bool_)):
+        raise TypeError(f"queued must be True or False, got {_name_value(queued)}")
     if context is not None:
         import hybridblas as hb
         if not isinstance(context, hb.Context):
@@ -200,7 +201,7 @@ def lobpcg(h, nev, *, block_size=None, **kwargs):
 
 
 def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=None, seed=0,
-            dtype=None, context=None, callback=None, comm=None):
+            dtype=None, context=None, callback=None, comm=None, queued=True):
     """Lowest ``nev`` eigenpairs of symmetric ``h`` (scipy/cupyx sparse, a SymmetricOperator, or dense),
     arguments checked by ``lobpcg``.
 
@@ -210,6 +211,9 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
     comm: an MPI communicator when ``h`` is a DistributedOperator (rows over ranks); x0 is then the whole start
     block on every rank, the vectors and the returned eigenvectors this rank's rows, and the results equal
     the serial ones.
+    queued: on GPUs, each iteration (and the start) is queued on the device and the host reads its small
+    results at the end of the iteration; False waits for the GPU at every host trip, as CPU runs do (the
+    same iterates to rounding; slower). CPU runs, and MPI runs whose operator cannot queue, always wait.
     """
     op = _as_operator(h, dtype)
     n = op.shape[0]
@@ -235,7 +239,7 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
     r = xp.empty((hi - lo, b), dtype=dtype)
     # a GPU run queues whole iterations (cisolver.iterations), and its start: in one process, or on MPI ranks
     # whose sums and gathers NCCL queues on the GPU; CPUs and other MPI runs wait at every host trip
-    overlap = (OVERLAP and xp is not np and (comm is None or getattr(op, "queued", False))
+    overlap = (queued and xp is not np and (comm is None or getattr(op, "queued", False))
                and gpu_ortho.fits(s, b))
     theta, largest, sq, start_redone = first_block(op, x, s, hs, r, context=context, comm=comm, timer=timer,
                                                    queued=overlap, agree=lambda value: agreed(value, comm))

@@ -18,9 +18,6 @@ from .arrays import Later
 from .blocks import product_into, residual_into
 from .distributed import device_sum
 
-QUEUED = True       # False: GPU runs take the host path's start too (benchmarks compare the two)
-
-
 def first_block(op, x, s, hs, r, *, context, comm, timer, queued, agree):
     """s[:, :b] <- the Ritz vectors X of span(x), hs[:, :b] <- H X, r <- H X - X Theta (b = x's columns; x,
     this rank's rows of the start block, is overwritten). ``queued``: try the GPU's queued start first.
@@ -28,7 +25,7 @@ def first_block(op, x, s, hs, r, *, context, comm, timer, queued, agree):
     Returns (theta, the largest |Ritz value|, r's column sums of squares on the host, and 1 when the GPU's
     queued start was declined and the host path redid it, else 0)."""
     b = x.shape[1]
-    tried = queued and QUEUED and gpu_ortho.fits(x, 0) and gpu_rayleigh_ritz.fits(x, b)
+    tried = queued and gpu_ortho.fits(x, 0) and gpu_rayleigh_ritz.fits(x, b)
     if tried:
         got = _queued(op, x, s, hs, r, context=context, comm=comm, timer=timer, agree=agree)
         if got is not None:

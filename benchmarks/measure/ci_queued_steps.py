@@ -130,21 +130,16 @@ def run(args):
         "update: update_with_residual": lambda: blocks.update_with_residual(
             s_next[:, :2 * b], s, hs_next[:, :2 * b], hs, rr.m, r, rr.theta, later=True),
     }
+    def row_kernel_limit(fn):             # a row kernel also beyond DOUBLE_ROWS_LIMIT float64 rows
+        return with_settings(fn, (row_kernels, "DOUBLE_ROWS_LIMIT", 1 << 62))
     if dt == np.float64 and n > row_kernels.DOUBLE_ROWS_LIMIT:
-        def row_kernel_route(fn):
-            def call():
-                limit, row_kernels.DOUBLE_ROWS_LIMIT = row_kernels.DOUBLE_ROWS_LIMIT, 1 << 62
-                try:
-                    return fn()
-                finally:
-                    row_kernels.DOUBLE_ROWS_LIMIT = limit
-            return call
-        steps["update: update_with_residual (row kernel)"] = row_kernel_route(steps["update: update_with_residual"])
+        steps["update: update_with_residual (row kernel)"] = row_kernel_limit(steps["update: update_with_residual"])
 
-    for name in ("ortho: S[:, b:] <- S m", "ortho: HP <- H[X P] m_hp", "update: update_with_residual",
-                 "update: update_with_residual (row kernel)"):
-        if name in steps:
-            steps[name + " (thread per row)"] = with_settings(steps[name], (row_kernels, "STAGED", False))
+    steps["ortho: S[:, b:] <- S m (thread per row)"] = lambda: row_kernels.product(s[:, b:], s, m, staged=False)
+    steps["ortho: HP <- H[X P] m_hp (thread per row)"] = lambda: row_kernels.product(
+        hs[:, b:2 * b], hs[:, :2 * b], m_hp, staged=False)
+    steps["update: update_with_residual (thread per row)"] = row_kernel_limit(lambda: row_kernels.update_with_residual(
+        s_next[:, :2 * b], s, hs_next[:, :2 * b], hs, rr.m, r, rr.theta, later=True, staged=False))
     for name in ("ortho: S[:, b:] <- S m", "update: update_with_residual"):
         for rows in (16, 48):
             steps[name + f" (staged, {rows} rows a tile)"] = with_settings(steps[name],
@@ -155,10 +150,11 @@ def run(args):
         steps[f"rr: whole queue ({threads} threads)"] = with_settings(
             steps["rr: whole queue (prepare, syevj, finish)"], (gpu_rayleigh_ritz, "THREADS", threads))
     for name in ("ortho: gpu_grams S^T S (one pass)", "grams: gpu_grams S^T HS and S^T S (one pass)"):
-        steps[name + " (register prefetch)"] = with_settings(steps[name], (gpu_grams, "STAGED", False))
         for per_sm in (3, 4):
             steps[name + f" (staged, {per_sm} blocks/SM)"] = with_settings(
-                steps[name], (gpu_grams, "STAGED", True), (gpu_grams, "STAGED_BLOCKS_PER_SM", per_sm))
+                steps[name], (gpu_grams, "STAGED_BLOCKS_PER_SM", per_sm))
+    steps["ortho: gpu_grams S^T S (register prefetch)"] = lambda: gpu_grams.grams(s, staged=False)
+    steps["grams: gpu_grams S^T HS and S^T S (register prefetch)"] = lambda: gpu_grams.grams(s, hs, staged=False)
 
     def iteration():                  # as cisolver.iterations queues them
         w_copy()
@@ -168,8 +164,6 @@ def run(args):
         blocks.update_with_residual(s_next[:, :2 * b], s, hs_next[:, :2 * b], hs, queued.m, r, queued.theta,
                                     later=True)
     steps["iteration's dense steps, queued"] = iteration
-    steps["iteration's dense steps, queued (thread per row, register prefetch)"] = with_settings(
-        iteration, (row_kernels, "STAGED", False), (gpu_grams, "STAGED", False))
     dev = device_name()
     print(f"n = {n}, b = {b}, {dt}, {dev}; us per call: paced (as issued), GPU only (queued behind a spin), host")
     out = {"rows": n, "block": b, "dtype": str(dt), "device": dev, "us": {}}

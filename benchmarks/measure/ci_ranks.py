@@ -8,14 +8,12 @@ command's one- and two-GPU runs in one process.
 Each case runs with its iterations queued on the GPUs (NCCL sums and gathers, cisolver.iterations) and,
 with --compare-trips, once more waiting at every host trip. Rank 0 writes cisolver_ranks_<case>.json.
 """
-import argparse
 import os
 import time
 
 import numpy as np
 
-from cisolver import gpu_grams, lobpcg, row_kernels, solver
-from cisolver import start as cisolver_start
+from cisolver import lobpcg
 from cisolver.data import resolve_interaction
 from cisolver.distributed import DistributedOperator, build_local
 from cisolver.shellmodel import hamiltonian, snt
@@ -46,20 +44,13 @@ def run_case(name, comm, args, log):
     log(f"{name}: dim {problem.dimension}, nnz per rank {nnz}, local SpMM of {b} vectors per rank "
         f"{[round(x, 3) for x in spmm_ms]} ms, build {t_build:.1f} s")
     for queued in (True, False) if args.compare_trips else (True,):   # this case's kernels (sizes, alignments)
-        solver.OVERLAP = queued                                         # compiled before any timing
-        for b in sizes:
-            for staged in args.staged:
-                for queued_start in args.queued_start:
-                    _set_variant(staged, queued_start)
-                    lobpcg(op, args.nev, block_size=b, x0=start[:, :b], tol=args.tol, maxiter=3, dtype=dtype,
-                           comm=comm)
-    # the block sizes and variants alternate, so that a drift of the machine touches all of them
-    runs = [(True, b, staged, queued_start) for _ in range(args.repeats) for b in sizes for staged in args.staged
-            for queued_start in args.queued_start]
-    runs += [(False, sizes[0], args.staged[0], args.queued_start[0])] if args.compare_trips else []
-    for repeat, (queued, b, staged, queued_start) in enumerate(runs):
-        solver.OVERLAP = queued
-        _set_variant(staged, queued_start)
+        for b in sizes:                                                 # compiled before any timing
+            lobpcg(op, args.nev, block_size=b, x0=start[:, :b], tol=args.tol, maxiter=3, dtype=dtype, comm=comm,
+                   queued=queued)
+    # the block sizes alternate, so that a drift of the machine touches all of them
+    runs = [(True, b) for _ in range(args.repeats) for b in sizes]
+    runs += [(False, sizes[0])] if args.compare_trips else []
+    for repeat, (queued, b) in enumerate(runs):
         x0 = start[:, :b]
         comm.Barrier()
         profile = None
@@ -68,7 +59,8 @@ def run_case(name, comm, args, log):
             profile = cProfile.Profile()
             profile.enable()
         t0 = time.perf_counter()
-        res = lobpcg(op, args.nev, block_size=b, x0=x0, tol=args.tol, maxiter=args.maxiter, dtype=dtype, comm=comm)
+        res = lobpcg(op, args.nev, block_size=b, x0=x0, tol=args.tol, maxiter=args.maxiter, dtype=dtype, comm=comm,
+                     queued=queued)
         seconds = time.perf_counter() - t0
         if profile is not None:
             profile.disable()
@@ -78,12 +70,8 @@ def run_case(name, comm, args, log):
         share = per.get("dense", 0.0) / max(per.get("dense", 0.0) + per.get("spmm", 0.0), 1e-30)
         per_rank = comm.allgather(per)
         label = (f"cisolver-ranks{comm.Get_size()}" + ("" if queued else "-trips")
-                 + (f"-b{b}" if len(sizes) > 1 else "")
-                 + (("-staged" if staged else "-unstaged") if len(args.staged) > 1 else "")
-                 + (("-queued-start" if queued_start else "-host-start") if len(args.queued_start) > 1 and queued
-                    else ""))
-        rec["runs"].append({"solver": label, "block_size": b, "staged_kernels": staged,
-                            "queued_start": queued_start and queued, "queued": res.queued,
+                 + (f"-b{b}" if len(sizes) > 1 else ""))
+        rec["runs"].append({"solver": label, "block_size": b, "queued": res.queued,
                             "seconds": seconds,
                             "iterations": res.iterations,
                             "converged": res.converged, "declined": res.declined, "redone": res.redone,
@@ -93,14 +81,7 @@ def run_case(name, comm, args, log):
             f"spmm {per.get('spmm', 0) * 1e3:.2f} ms/it, dense share {100 * share:.1f} %, "
             f"declined {res.declined}, redone {res.redone}, {res.eigenvalues[:3]}; per rank dense / spmm ms "
             f"{[(round(p.get('dense', 0) * 1e3, 3), round(p.get('spmm', 0) * 1e3, 3)) for p in per_rank]}")
-    solver.OVERLAP = True
-    _set_variant(args.staged[0], args.queued_start[0])
     return rec
-
-
-def _set_variant(staged, queued_start):
-    row_kernels.STAGED = gpu_grams.STAGED = staged
-    cisolver_start.QUEUED = queued_start
 
 
 def _print_profile(profile, comm, log):
@@ -138,17 +119,8 @@ def warm_up(comm, dtype):
     h, lo, hi = build_local(problem, comm, dtype=dtype)
     op = DistributedOperator(h, lo, hi, problem.dimension, comm, dtype=dtype, device=cupy.cuda.Device().id)
     for queued in (True, False):
-        solver.OVERLAP = queued
-        lobpcg(op, 5, maxiter=200, dtype=dtype, comm=comm)
-    solver.OVERLAP = True
+        lobpcg(op, 5, maxiter=200, dtype=dtype, comm=comm, queued=queued)
     cupy.cuda.Device().synchronize()
-
-
-def _on_off_list(text):
-    words = text.split(",")
-    if not words or any(w not in ("on", "off") for w in words):
-        raise argparse.ArgumentTypeError(f"expected on, off or a comma list of them, got {text!r}")
-    return [w == "on" for w in words]
 
 
 def add_arguments(ap):
@@ -165,12 +137,6 @@ def add_arguments(ap):
     ap.add_argument("--profile", action="store_true", help="profile the first queued run's host time (cProfile)")
     ap.add_argument("--block-sizes", type=lambda text: [int(v) for v in text.split(",")], default=None,
                     help="LOBPCG block sizes to alternate, comma list (default nev + 3)")
-    ap.add_argument("--staged", type=_on_off_list, default=[row_kernels.STAGED],
-                    help="kernels to alternate: on (cp.async-staged row and Gram kernels), off (thread per row, "
-                         "register prefetch), or on,off (cisolver.row_kernels.STAGED and gpu_grams.STAGED)")
-    ap.add_argument("--queued-start", type=_on_off_list, default=[cisolver_start.QUEUED],
-                    help="LOBPCG's start to alternate: on (queued on the GPU), off (host path), or on,off "
-                         "(cisolver.start.QUEUED)")
 
 
 def run(args):

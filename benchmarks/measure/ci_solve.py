@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from cisolver import lobpcg, solver
+from cisolver import lobpcg
 from cisolver.operators import SymmetricOperator
 from hybridblas.console import positive_float, positive_int
 from hybridblas.devspec import parse_devices
@@ -44,10 +44,11 @@ def run_case(name, nev, tol, devices, dtype, maxiter, threads, log, path, meta, 
         rec["runs"].append(entry)
         write_json(path, rec)
 
-    def ours(label, devs, storage, h):
+    def ours(label, devs, storage, h, queued=True):
         backend = {"backend": cpu_backend} if devs == "cpu" else {}
         op = SymmetricOperator(h, storage=storage, devices=devs, **backend)
-        res, t = timed(lambda: lobpcg(op, nev, block_size=b, x0=x0, tol=tol, maxiter=maxiter, dtype=dtype))
+        res, t = timed(lambda: lobpcg(op, nev, block_size=b, x0=x0, tol=tol, maxiter=maxiter, dtype=dtype,
+                                           queued=queued))
         it = max(res.iterations, 1)
         record({"solver": label, "backend": getattr(op, "backend", None), "seconds": t,
                 "iterations": res.iterations, "converged": res.converged, "restarts": res.restarts,
@@ -57,12 +58,8 @@ def run_case(name, nev, tol, devices, dtype, maxiter, threads, log, path, meta, 
         log(f"  {label}: {t:.2f}s, {res.iterations} it ({res.second_passes} with a second CholQR pass, "
             f"{res.declined} GPU passes declined, {res.redone} GPU steps redone), dense {res.seconds.get('dense', 0) / it * 1e3:.2f} ms/it, "
             f"spmm {res.seconds.get('spmm', 0) / it * 1e3:.2f} ms/it, {res.eigenvalues[:3]}")
-        if devs != "cpu" and COMPARE_TRIPS and solver.OVERLAP:
-            solver.OVERLAP = False            # the same run waiting at every host trip
-            try:
-                ours(label + "-trips", devs, storage, h)
-            finally:
-                solver.OVERLAP = True
+        if devs != "cpu" and COMPARE_TRIPS and queued:
+            ours(label + "-trips", devs, storage, h, queued=False)      # the same run waiting at every host trip
 
     def peer(label, fn):
         try:
@@ -150,7 +147,7 @@ def add_arguments(ap):
                     help="sparse product of ours on the CPU (auto: MKL when installed)")
     ap.add_argument("--gpu-only", action="store_true", help="skip the CPU solvers (ours and the peers)")
     ap.add_argument("--compare-trips", action="store_true",
-                    help="run each GPU solve of ours a second time waiting at every host trip (solver.OVERLAP off)")
+                    help="run each GPU solve of ours a second time waiting at every host trip (lobpcg queued=False)")
 
 
 def run(args):

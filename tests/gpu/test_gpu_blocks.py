@@ -69,16 +69,15 @@ def test_residual_on_gpu_matches_numpy(dtype, rows, order, rng):
 @pytest.mark.parametrize("rows", [0, 1, 255, 100_003])
 @pytest.mark.parametrize("b, k", [(8, 24), (8, 21), (5, 13), (4, 12), (10, 20)])
 @pytest.mark.parametrize("staged", [True, False])
-def test_update_with_residual_on_gpu_matches_numpy(dtype, rows, b, k, staged, rng, monkeypatch):
+def test_update_with_residual_on_gpu_matches_numpy(dtype, rows, b, k, staged, rng):
     """The end-of-iteration kernel (new X, P, H X, H P, residual and its norms in one launch) against
     numpy: full and partial bases (k odd: no vector loads), b = 5 (rows of 5: no vector stores), poisoned
     outputs, columns beyond the outputs untouched, bit-reproducible sums; staged (cp.async tiles, float64 with
     k even: b = 8, 4 and 10, the last with 32 accumulators) and thread-per-row kernels; R's copy into a
-    column range, 16-byte aligned rows or not."""
+    column range, 16-byte aligned rows or not (the callers' route: staged where it fits)."""
     import cupy
     from cisolver import row_kernels
     from cisolver.blocks import update_with_residual
-    monkeypatch.setattr(row_kernels, "STAGED", staged)
     s = rng.standard_normal((rows, 3 * b)).astype(dtype)
     hs = rng.standard_normal((rows, 3 * b)).astype(dtype)
     m = rng.standard_normal((k, 2 * b))
@@ -91,9 +90,10 @@ def test_update_with_residual_on_gpu_matches_numpy(dtype, rows, b, k, staged, rn
                                    np.full_like(r, np.nan))]
     s_d, hs_d, x_d, hx_d, r_d = d
     took = row_kernels.update_with_residual(x_d[:, :2 * b], s_d[:, :k], hx_d[:, :2 * b], hs_d[:, :k], m, r_d,
-                                            theta) is not None
+                                            theta, staged=staged) is not None
     assert took or rows == 0                                                      # the kernel took it
-    expect_staged = staged and dtype == np.float64 and k % 2 == 0
+    first = [x_d.get(), hx_d.get(), r_d.get()]
+    expect_staged = dtype == np.float64 and k % 2 == 0
     assert row_kernels._staged_fits([s_d[:, :k], hs_d[:, :k]], k, 2 * b) == expect_staged
     for lead in (2, 1):                  # R's copy into a column range: rows 16-byte aligned (b + 2 wide) or not
         w_d = cupy.full((rows, b + lead), np.nan, dtype=dtype)
@@ -105,11 +105,11 @@ def test_update_with_residual_on_gpu_matches_numpy(dtype, rows, b, k, staged, rn
         assert np.isnan(w_d[:, :lead].get()).all()
     scale = max(np.abs(m).sum(axis=0).max() * max(np.abs(s).max(initial=0), np.abs(hs).max(initial=0)), 1.0)
     tol = 32 * np.finfo(dtype).eps * scale
-    for got, want in ((x_d, x_next), (hx_d, hx_next)):
-        got = got.get()
-        assert np.isnan(got[:, 2 * b:]).all()
-        np.testing.assert_allclose(got[:, :2 * b], want[:, :2 * b], rtol=0, atol=tol)
-    np.testing.assert_allclose(r_d.get(), r, rtol=0, atol=(2 + np.abs(theta).max()) * tol)
+    for got_x, got_hx, got_r in (first, (x_d.get(), hx_d.get(), r_d.get())):     # this kernel's, the callers'
+        for got, want in ((got_x, x_next), (got_hx, hx_next)):
+            assert np.isnan(got[:, 2 * b:]).all()
+            np.testing.assert_allclose(got[:, :2 * b], want[:, :2 * b], rtol=0, atol=tol)
+        np.testing.assert_allclose(got_r, r, rtol=0, atol=(2 + np.abs(theta).max()) * tol)
     exact = (hs[:, :k].astype(np.float64) @ m[:, :b] - (s[:, :k].astype(np.float64) @ m[:, :b]) * theta) ** 2
     rtol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(sq_d, exact.sum(axis=0), rtol=rtol, atol=1e-300)
@@ -149,7 +149,7 @@ def test_row_kernel_in_place_and_fallbacks(dtype, cols, rng):
 @pytest.mark.parametrize("rows", [0, 1, 31, 33, 4099, 100_003])
 @pytest.mark.parametrize("p, q", [(24, 16), (24, 8), (16, 3), (32, 32), (8, 20), (12, 5)])
 @pytest.mark.parametrize("in_place", [False, True])
-def test_staged_and_thread_per_row_products_match_numpy(dtype, rows, p, q, in_place, rng, monkeypatch):
+def test_staged_and_thread_per_row_products_match_numpy(dtype, rows, p, q, in_place, rng):
     """out <- a m by the staged kernel (float64; tiles of STAGE_ROWS rows through shared memory: edge tiles,
     one row, an empty block) and by the thread-per-row kernel, against float64 numpy: aligned column ranges of
     a wider buffer, in place over the same rows or into another buffer, poisoned outputs, other columns
@@ -169,11 +169,10 @@ def test_staged_and_thread_per_row_products_match_numpy(dtype, rows, p, q, in_pl
     expected[:, o0:o1] = host[:, :p].astype(np.float64) @ m
     tol = 32 * np.finfo(dtype).eps * max(np.abs(host[:, :p]).max(initial=0.0), 1.0) * np.abs(m).sum(axis=0).max()
     for staged in (True, False):
-        monkeypatch.setattr(row_kernels, "STAGED", staged)
         dev = cupy.asarray(host)
         a, out = dev[:, :p], dev[:, o0:o1]
-        assert row_kernels._staged_fits([a], p, q) == (staged and dtype == np.float64)
-        assert row_kernels.product(out, a, m) or rows == 0      # an empty block: the caller's route
+        assert row_kernels._staged_fits([a], p, q) == (dtype == np.float64)
+        assert row_kernels.product(out, a, m, staged=staged) or rows == 0      # an empty block: the caller's route
         got = dev.get().astype(np.float64)
         np.testing.assert_allclose(got[:, o0:o1], expected[:, o0:o1], rtol=0, atol=tol, err_msg=f"staged={staged}")
         untouched = np.ones(width, dtype=bool)
@@ -190,17 +189,17 @@ def test_long_float64_blocks_take_cublas_at_the_end_of_iteration(staged, rng, mo
     from cisolver import row_kernels
     from cisolver.blocks import update_with_residual
     monkeypatch.setattr(row_kernels, "DOUBLE_ROWS_LIMIT", 100)
-    monkeypatch.setattr(row_kernels, "STAGED", staged)
     for dtype, kernel in ((np.float64, staged), (np.float32, True)):
         s = cupy.asarray(rng.standard_normal((255, 24)).astype(dtype))
         out = cupy.full((255, 16), np.nan, dtype=dtype)
         m = rng.standard_normal((24, 16))
-        assert row_kernels.product(out, s, m)
-        assert row_kernels.product(out, s, m, long_double=False) == kernel
+        assert row_kernels.product(out, s, m, staged=staged)
+        assert row_kernels.product(out, s, m, long_double=False, staged=staged) == kernel
         np.testing.assert_allclose(out.get(), s.get().astype(np.float64) @ m, rtol=0,
                                    atol=1e-4 * np.abs(s.get().astype(np.float64) @ m).max())
         r = cupy.empty((255, 8), dtype=dtype)
-        took = row_kernels.update_with_residual(out, s, cupy.empty_like(out), s, m, r, np.ones(8)) is not None
+        took = row_kernels.update_with_residual(out, s, cupy.empty_like(out), s, m, r, np.ones(8),
+                                                staged=staged) is not None
         assert took == kernel
         out[...] = np.nan
         sq = update_with_residual(out, s, cupy.empty_like(out), s, m, r, np.ones(8))

@@ -32,11 +32,10 @@ def _buffers(rng, rows, k, dtype, width=None):
 @pytest.mark.parametrize("rows,k", [(0, 5), (1, 1), (5, 3), (63, 24), (64, 24), (65, 24), (3001, 16), (4099, 30),
                                     (2000, 32), (300001, 24), (777, 7)])
 @pytest.mark.parametrize("staged", [True, False])
-def test_grams_equal_float64_products(dtype, rows, k, staged, rng, monkeypatch):
-    monkeypatch.setattr(gpu_grams, "STAGED", staged)
+def test_grams_equal_float64_products(dtype, rows, k, staged, rng):
     s, hs, s_dev, hs_dev = _buffers(rng, rows, k, dtype)
     _poison_pool()
-    got = gpu_grams.grams(s_dev, hs_dev).get()
+    got = gpu_grams.grams(s_dev, hs_dev, staged=staged).get()
     assert got.shape == (k, k, 2) and got.dtype == np.float64
     s64, hs64 = s.astype(np.float64), hs.astype(np.float64)
     for g, want in enumerate([s64.T @ hs64, s64.T @ s64]):
@@ -49,15 +48,14 @@ def test_grams_equal_float64_products(dtype, rows, k, staged, rng, monkeypatch):
 @pytest.mark.parametrize("rows,k,width", [(100003, 24, 24), (65, 24, 32), (5001, 16, 20), (4099, 32, 32), (7, 4, 4),
                                           (3001, 8, 24)])
 @pytest.mark.parametrize("staged", [True, False])
-def test_grams_of_aligned_rows(dtype, rows, k, width, staged, rng, monkeypatch):
+def test_grams_of_aligned_rows(dtype, rows, k, width, staged, rng):
     """Rows that start on 16-byte boundaries are staged by vector loads (the LOBPCG buffers' usual layout):
     by cp.async copies (staged) or through registers."""
-    monkeypatch.setattr(gpu_grams, "STAGED", staged)
     s, hs, s_dev, hs_dev = _buffers(rng, rows, k, dtype, width=width)
     assert gpu_grams._vector_rows(s_dev, k)
-    assert gpu_grams._staged(s_dev, hs_dev) == staged          # every shape here fits the staged buffers
+    assert gpu_grams._staged(s_dev, hs_dev)          # every shape here fits the staged buffers
     _poison_pool()
-    got = gpu_grams.grams(s_dev, hs_dev).get()
+    got = gpu_grams.grams(s_dev, hs_dev, staged=staged).get()
     s64, hs64 = s.astype(np.float64), hs.astype(np.float64)
     for g, want in enumerate([s64.T @ hs64, s64.T @ s64]):
         assert np.abs(got[:, :, g] - want).max() <= 1e-12 * max(np.abs(want).max(), 1.0)
@@ -65,11 +63,10 @@ def test_grams_of_aligned_rows(dtype, rows, k, width, staged, rng, monkeypatch):
 
 @pytest.mark.parametrize("rows,k,width", [(5001, 6, 8), (1000, 18, 18), (33, 2, 2), (100003, 10, 12)])
 @pytest.mark.parametrize("with_hs", [True, False])
-def test_staged_grams_with_padding_columns(rows, k, width, with_hs, rng, monkeypatch):
+def test_staged_grams_with_padding_columns(rows, k, width, with_hs, rng):
     """float64 rows of whole 16-byte vectors but k not a multiple of 4: the staged kernel's tiles are rows of
     k values padded to the next multiple of 4 (its 4 x 4 tasks), so the copies and the products index a row
     stride other than k."""
-    monkeypatch.setattr(gpu_grams, "STAGED", True)
     s, hs, s_dev, hs_dev = _buffers(rng, rows, k, np.float64, width=width)
     assert gpu_grams._staged(s_dev, hs_dev if with_hs else None)
     _poison_pool()

@@ -156,16 +156,16 @@ def _symmetric(n, rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_lobpcg_queued_iterations_equal_the_host_trip_path(dtype, rng, monkeypatch):
+def test_lobpcg_queued_iterations_equal_the_host_trip_path(dtype, rng):
     """Whole iterations queued (GPU pass, residuals read one pass late) against the path that waits at every
     trip, and the CPU: the same eigenvalues, iterations within a few, every residual in the history."""
     a = _symmetric(3000, rng)
     ref = np.linalg.eigh(a.toarray())[0][:5]
     tol = 1e-9 if dtype == np.float64 else 1e-5
     runs = {}
-    for overlap in (True, False):
-        monkeypatch.setattr(solver, "OVERLAP", overlap)
-        runs[overlap] = solver.lobpcg(SymmetricOperator(a, devices=[0], dtype=dtype), 5, tol=tol, maxiter=600, seed=2)
+    for queued in (True, False):
+        runs[queued] = solver.lobpcg(SymmetricOperator(a, devices=[0], dtype=dtype), 5, tol=tol, maxiter=600, seed=2,
+                                     queued=queued)
     cpu = solver.lobpcg(a, 5, tol=tol, maxiter=600, seed=2, dtype=dtype)
     for res in (runs[True], runs[False], cpu):
         assert res.converged
@@ -197,17 +197,17 @@ def test_lobpcg_queued_iterations_fall_back_on_a_rank_deficient_w(rng):
     np.testing.assert_allclose(res.eigenvalues, np.linalg.eigh(a.toarray())[0][:4], rtol=1e-8)
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_lobpcg_on_gpu_fails_clearly_on_a_nan_preconditioner(overlap, rng, monkeypatch):
+@pytest.mark.parametrize("queued", [True, False])
+def test_lobpcg_on_gpu_fails_clearly_on_a_nan_preconditioner(queued, rng):
     class Poisoning:
         def apply(self, r, theta):
             w = r.copy()
             w[::7, 0] = np.nan
             return w
-    monkeypatch.setattr(solver, "OVERLAP", overlap)
     a = _symmetric(1200, rng)
     with pytest.raises(dense.NotPositiveDefinite):
-        solver.lobpcg(SymmetricOperator(a, devices=[0]), 4, tol=1e-9, maxiter=50, seed=3, precond=Poisoning())
+        solver.lobpcg(SymmetricOperator(a, devices=[0]), 4, tol=1e-9, maxiter=50, seed=3, precond=Poisoning(),
+                      queued=queued)
 
 
 def test_an_unread_later_holds_its_pinned_buffer_until_the_copy_lands():

@@ -127,6 +127,8 @@ def test_bad_precond_callback_context_comm_and_unknown_keyword(h):
     _refused(ValueError, "comm needs h to be an operator whose rows are split over the ranks", h, 2,
              comm=object())
     _refused(TypeError, "unexpected keyword argument 'tolerance'", h, 2, tolerance=1e-8)
+    _refused(TypeError, "queued must be True or False, got str 'yes'", h, 2, queued="yes")
+    _refused(TypeError, "queued must be True or False, got int 1", h, 2, queued=1)
 
 
 # ---- the start block -----------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ and multiply like them; the distributed LOBPCG with one GPU per rank, its rows b
 the host and uploaded), gives the serial energies, with its iterations queued on the GPUs (NCCL sums and
 gathers) and waiting at every host trip; prints the build's stages, the time per iteration and the
 communication share."""
+import functools
+
 import numpy as np
 
 from cisolver import cuda_modules, gpu_build, gpu_grams, solver
@@ -68,8 +70,9 @@ cases = (("float64", 1e-9, True, 5, ""), ("float32", 1e-5, True, 5, ""), ("float
          ("float64", 1e-9, True, 5, "rank 0's Grams through hybridblas, rank 1's through gpu_grams"),
          ("float64", 1e-9, True, 5, "rows built on the host and uploaded"))
 fits = gpu_build.fits
+lobpcg = solver.lobpcg
 for dtype, tol, queued, nev, note in cases:
-    solver.OVERLAP = queued
+    solver.lobpcg = functools.partial(lobpcg, queued=queued)        # compute_spectrum's solver, queued or not
     gpu_grams.ROWS_LIMIT = 0 if "rank 0's" in note and rank == 0 else ROWS_LIMIT
     gpu_build.fits = (lambda *args: False) if "on the host" in note else fits
     dist = compute_spectrum("usdb", 3, 4, nev=nev, tol=tol, comm=comm, devices="all", dtype=dtype)
