@@ -72,6 +72,8 @@ from operator import attrgetter
 
 import numpy as np
 
+from hybridblas import workers
+
 _CTYPES = {np.dtype(np.float32): ("float", "float4"), np.dtype(np.float64): ("double", "double2")}
 OPTIONS = ("--std=c++14",)
 # the families in "main"'s order, row_kernels and OWN_UNIT apart (units of their own): (module of cisolver, its
@@ -355,7 +357,7 @@ def function(cupy, dtype, name):
 
 
 class Compilations:
-    """The background compilations ``prepare`` started: one thread per unit."""
+    """The background compilations ``prepare`` started: one job per unit (hybridblas.workers)."""
 
     def __init__(self, threads):
         self.threads = tuple(threads)
@@ -395,7 +397,7 @@ def prepare(cupy, dtype, devices):
     unit."""
     dtype = _dtype(dtype)
     constants = _constants()
-    threads = []
+    units_todo = []
     for unit, code, names in units(dtype):
         todo = []
         with _lock:
@@ -405,8 +407,7 @@ def prepare(cupy, dtype, devices):
                     _pending[key] = threading.Event()
                     todo.append(key)
         if todo:
-            threads.append(threading.Thread(target=_compile_on_devices, args=(cupy, code, names, todo),
-                                            name=f"cisolver-cuda-{unit}", daemon=True))
-    for thread in threads:
-        thread.start()
-    return Compilations(threads) if threads else None
+            units_todo.append((code, names, todo))
+    jobs = [workers.start(_compile_on_devices, cupy, code, names, todo, name="cuda-compile")
+            for code, names, todo in units_todo]
+    return Compilations(jobs) if jobs else None

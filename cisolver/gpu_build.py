@@ -12,9 +12,10 @@ same works for a row range of H alone (``rows=``): under MPI each rank builds it
 """
 import time
 import types
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from hybridblas import workers
 
 from .arrays import module_of
 from .gpu_spmm import INT32_MAX, PEAK_FRACTION, RESERVE_FRACTION, balanced_bounds, csr_bytes, require_on_gpu
@@ -155,8 +156,7 @@ def build_rows_on_gpus(problem, devices, dtype, n_threads=None, group_entries=No
         with cupy.cuda.Device(dev):
             fill_range(plans, rng[0], rng[3], csr[2], csr[1], types.SimpleNamespace())
 
-    with ThreadPoolExecutor(max_workers=len(devices)) as pool:
-        list(pool.map(fill, devices, ranges, arrays))
+    workers.map(lambda job: fill(*job), list(zip(devices, ranges, arrays)), len(devices))
     t3 = time.perf_counter()
     parts = [(dev, r0, r1, csr) for dev, (_, r0, r1, _, _, _), csr in zip(devices, ranges, arrays)]
     return parts, {"plans": t1 - t0, "allocation": t2 - t1, "fill": t3 - t2}

@@ -13,14 +13,12 @@ the parallelism is ours: row pieces of at least MIN_ROWS_PER_THREAD rows on ``th
     upper_update(v, u, x, c)        v <- v u + x c         (u upper triangular, in place: BLAS trmm)
     residual(r, hx, x, theta)       r <- hx - x diag(theta), and the column sums of squares of r
 """
-import concurrent.futures
 import contextlib
 import os
-import threading
 
 import numpy as np
 
-from hybridblas import lowlevel
+from hybridblas import lowlevel, workers
 from hybridblas.blas_threads import available_cores
 
 from .arrays import row_major
@@ -28,8 +26,6 @@ from .arrays import row_major
 MIN_ROWS_PER_THREAD = 12288     # 2 x H200 node, 32 cores: 24Mg (28503 rows) best on 2 threads, 46Ti on 4-8
 MAX_THREADS = 16
 _PREFIX = {np.dtype(np.float32): "s", np.dtype(np.float64): "d"}
-_pools = {}
-_pools_lock = threading.Lock()
 
 
 def cores():
@@ -62,20 +58,13 @@ def limit(threads):
         _cap = before
 
 
-def _pool(threads):
-    with _pools_lock:
-        if threads not in _pools:
-            _pools[threads] = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="cisolver-rows")
-        return _pools[threads]
-
-
 def by_rows(n, piece, threads=None):
     """Call ``piece(r0, r1)`` on row ranges covering 0..n, on ``threads`` threads; returns their results."""
     threads = threads_for(n) if threads is None else max(1, min(threads, n // MIN_ROWS_PER_THREAD or 1))
     if threads == 1:
         return [piece(0, n)]
     edges = np.linspace(0, n, threads + 1).astype(int)
-    return list(_pool(threads).map(piece, edges[:-1], edges[1:]))
+    return workers.map(lambda edge: piece(*edge), list(zip(edges[:-1].tolist(), edges[1:].tolist())), threads)
 
 
 def blas_ready(*blocks):

@@ -8,11 +8,11 @@ partials are summed by row ranges, again one range per thread. With Intel MKL in
 sparse block product instead (cisolver.mkl_sparse): it reads the upper triangle directly and costs far
 less than k single-vector products.
 """
-import concurrent.futures
 
 import numpy as np
 import scipy.sparse as sp
 
+from hybridblas import workers
 from hybridblas.blas_threads import available_cores
 
 from . import mkl_sparse
@@ -115,7 +115,7 @@ class SymmetricOperator:
             self.pieces = [(r0, r1, h[r0:r1, r0:]) for r0, r1 in zip(bounds, bounds[1:])]
         else:
             self.pieces = [(r0, r1, h[r0:r1]) for r0, r1 in zip(bounds, bounds[1:])]
-        self.pool = concurrent.futures.ThreadPoolExecutor(threads) if threads > 1 else None
+        self.threads = threads
 
     def _matmat_cpu(self, x):
         x = np.ascontiguousarray(x)
@@ -123,7 +123,7 @@ class SymmetricOperator:
             return self.mkl.matmat(x)
         n, k = x.shape
         upper = self.storage == "upper"
-        if self.pool is None:
+        if self.threads == 1:
             (_, _, h), = self.pieces
             y = h @ x
             if upper:
@@ -139,7 +139,7 @@ class SymmetricOperator:
                 return None
             y[r0:r1] = h @ x[r0:]
             return h.T @ x[r0:r1]          # U_p^T x_p: rows r0.. only (CSC view, no copy)
-        partials = list(self.pool.map(rows, self.pieces))
+        partials = workers.map(rows, self.pieces, self.threads)
         if upper:
             def add(q):
                 q0, q1, _ = self.pieces[q]
@@ -147,7 +147,7 @@ class SymmetricOperator:
                 for (r0, _, _), z in zip(self.pieces[:q + 1], partials):    # pieces that start at or before q0
                     block += z[q0 - r0:q1 - r0]
                 block -= self.diag[q0:q1, None] * x[q0:q1]
-            list(self.pool.map(add, range(len(self.pieces))))
+            workers.map(add, range(len(self.pieces)), self.threads)
         return y
 
     def _to_devices(self, h, devices, gpu_storage):

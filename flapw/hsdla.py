@@ -26,7 +26,6 @@ k-points after the first allocate nothing and find their host memory already pag
 import gc
 import logging
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -297,8 +296,8 @@ class Workspace:
             from hybridblas.blas_threads import available_cores
             chunk = 1 << 22
             jobs = [(b, i) for b in bufs for i in range(0, b.size, chunk)]
-            with ThreadPoolExecutor(min(max(1, len(jobs)), threads or available_cores())) as pool:
-                list(pool.map(lambda job: job[0][job[1]:job[1] + chunk].fill(0), jobs))
+            hb.workers.map(lambda job: job[0][job[1]:job[1] + chunk].fill(0), jobs,
+                           min(max(1, len(jobs)), threads or available_cores()))
 
     def held_bytes(self, xp=np):
         """Bytes held in ``xp``'s memory (host for numpy)."""
@@ -428,7 +427,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     order = np.argsort(cls_of, kind="stable")          # the atoms of one class side by side
     batches = [order[i:i + nb] for i in range(0, n_a, nb)]
     each = _on_host_cores if xp is np else None
-    pool = ThreadPoolExecutor(1, thread_name_prefix="flapw-host") if overlap else None
+    pool = _HostLane() if overlap else None
     try:
         for ib, atoms in enumerate(batches):
             w = len(atoms) * n_l
@@ -453,7 +452,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
                 progress(ib + 1, len(batches))
     finally:
         if pool is not None:
-            pool.shutdown()
+            pool.wait()
     bufs = view = batch = None           # without a workspace the buffers go before the interstitial part
     if interstitial and n_g:       # an empty basis has no plane-wave part to add
         from .interstitial import add_interstitial
@@ -534,6 +533,27 @@ def _release_memory():
     cupy = sys.modules.get("cupy")      # only when a device build imported it
     if cupy is not None:
         cupy.get_default_memory_pool().free_all_blocks()
+
+
+class _HostLane:
+    """Host jobs run one after the other beside the GPU calls, in the order they were started."""
+
+    def __init__(self):
+        self.last = None
+
+    def submit(self, fn):
+        before = self.last
+
+        def run():
+            if before is not None:
+                before.wait()
+            return fn()
+        self.last = hb.workers.start(run, name="flapw-host")
+        return self.last
+
+    def wait(self):
+        if self.last is not None:
+            self.last.wait()
 
 
 class _Batch:
@@ -672,8 +692,8 @@ def _on_host_cores(jobs, fn):
             fn(job)
         return
     from hybridblas import blas_threads
-    with blas_threads.limit(1), ThreadPoolExecutor(min(len(jobs), blas_threads.available_cores())) as pool:
-        list(pool.map(fn, jobs))
+    with blas_threads.limit(1):
+        hb.workers.map(fn, jobs, min(len(jobs), blas_threads.available_cores()))
 
 
 def _cholesky_factors(taa, xp):

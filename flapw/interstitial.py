@@ -152,14 +152,8 @@ def _host(h, s, table, big, base, kin, v0, threads):
         _add_tile(h, s, r0, r1, c0, c1, table, big[r0:r1], lc_all[c0:c1], kin[r0:r1], kc_all[c0:c1],
                   local.idx[:size].reshape(shape), local.th[:size].reshape(shape), local.kin[:size].reshape(shape),
                   np, _host_take)
-    workers = min(threads or available_cores(), len(tiles))
-    if workers <= 1:
-        for tile in tiles:
-            one(tile)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(one, tiles, chunksize=max(1, len(tiles) // (8 * workers))))
+    from hybridblas import workers
+    workers.map(one, tiles, min(threads or available_cores(), len(tiles)))
 
 
 def _device(h, s, table, lc_all, big, kin, kc_all, xp):

@@ -7,6 +7,8 @@ single-GPU hybridblas Context and its own device arrays. Results come back in k-
 """
 import threading
 
+from hybridblas import workers as background
+
 __all__ = ["assign", "side_by_side", "SPLIT_BELOW"]
 
 SPLIT_BELOW = 16384       # N_G below which k-points go side by side rather than every call over every GPU
@@ -53,10 +55,7 @@ def side_by_side(jobs, workers, run, start=None, started=None):
                 errors[j] = exc
                 failed.set()
                 return
-    threads = [threading.Thread(target=work, args=(w, mine), name=f"flapw-worker-{w}", daemon=True)
-               for w, mine in enumerate(plan) if mine]
-    for t in threads:
-        t.start()
+    threads = [background.start(work, w, mine, name="flapw-kpoints") for w, mine in enumerate(plan) if mine]
     try:
         ready.wait()
         if started is not None and not failed.is_set():

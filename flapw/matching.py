@@ -82,7 +82,7 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
     chunk's prefactor (4π/√Ω) i^l Y*_lm and its a_l, b_l are then made on the host and copied to the GPU, which
     forms the (N_G, N_L) products in their rows: a quarter of the bytes to copy, and no whole host array to
     fault in); default new numpy arrays. Returns the pairs, on a GPU complete when this returns."""
-    from concurrent.futures import ThreadPoolExecutor
+    from hybridblas import workers
     from hybridblas.blas_threads import available_cores
     n_g, n_l = basis.n_g, (lmax + 1) ** 2
     ls = lm_index(lmax)
@@ -128,8 +128,7 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
         for r0, r1 in jobs:
             chunk(r0, r1)
     else:
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(lambda job: chunk(*job), jobs))
+        workers.map(lambda job: chunk(*job), jobs, threads)
     if device is not None:
         device.synchronize()    # the products were queued from the pool's threads: done before anyone reads
     return out

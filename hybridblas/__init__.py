@@ -11,7 +11,7 @@ helpers), ``lowlevel`` (single BLAS calls for hot loops), ``peers`` (cuBLAS and 
 ``array_module`` and ``gpu_multiprocessors``; ``console``, ``devspec``, ``memory`` and ``testing`` for
 the tools built on the library. Every name in ``__all__`` is public; other modules are internal.
 """
-from . import blas_threads, console, devspec, distributed, lowlevel, memory, peers, testing
+from . import blas_threads, console, devspec, distributed, lowlevel, memory, peers, testing, workers
 from ._version import __version__
 from .batched import gemm_batched
 from .context import Context, default_context, set_default_context
@@ -27,4 +27,4 @@ __all__ = ["herk", "her2k", "gemmt", "herkx", "syrk", "syr2k", "gemm", "gemm_bat
            "DeviceSpec", "parse_devices", "gpu_count", "gpu_multiprocessors", "array_module", "InsufficientMemory",
            "DeviceFailure", "DeviceFailureWarning",
            "blas_threads", "console", "devspec", "distributed", "lowlevel", "memory", "peers", "testing",
-           "__version__"]
+           "workers", "__version__"]

@@ -1,7 +1,7 @@
 """The cores this process may use and one process-wide BLAS thread limit (public: ``hybridblas.blas_threads``).
 
-    with hb.blas_threads.limit(1), ThreadPoolExecutor(hb.blas_threads.available_cores()) as pool:
-        ...                                   # one BLAS thread per worker, one worker per core
+    with hb.blas_threads.limit(1):
+        hb.workers.map(work, items, hb.blas_threads.available_cores())   # one BLAS thread per worker
 
 threadpoolctl's limits are process-wide and not thread-safe, so concurrent hybrid calls (and callers of
 ``limit``) share one limit: the first caller sets it, the last one out restores the original. Callers asking

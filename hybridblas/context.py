@@ -156,6 +156,7 @@ class Context:
         self.memory_limit = memory_limit
         self.min_call_seconds = min_call_seconds
         self.cpu_min_share = cpu_min_share
+        self._closed = False
         self._failed = {}            # device name -> the exception that put it out
         self._faults = {}            # device name -> testing.FaultPlan (hybridblas.testing.inject_fault)
         self._fault_lock = threading.Lock()
@@ -199,6 +200,8 @@ class Context:
         return self._profile or None
 
     def devices_for(self, problem):
+        if self._closed:
+            raise ValueError(f"context: {self!r} is closed (Context.close()); make a new Context")
         usable = [d for d in self.devices if d.accepts(problem)]
         if not usable:
             where = "host (numpy)" if problem.fxp.__name__ == "numpy" else "GPU (cupy)"
@@ -336,6 +339,29 @@ class Context:
         cores = self.cpu_threads or min(blas_threads.current(), self._cpu_cores())
         return max(1, cores // n_cpu)
 
+    # ------------------------------------------------------------ life
+    @property
+    def closed(self):
+        return self._closed
+
+    def close(self):
+        """Give back what this Context keeps between calls: its GPUs' page-locked staging rings, and the
+        page-locking of host operands that no call is using. Later calls on it raise ValueError; a call
+        running now in another thread finishes first and keeps what it holds until then. Closing twice is
+        harmless. ``with Context(...) as ctx:`` closes it at the end of the block."""
+        self._closed = True
+        for device in self.devices:
+            device.release()
+        from . import host_pinning
+        host_pinning.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
     def __repr__(self):
         return (f"Context(devices={[d.name for d in self.devices]}, strategy={self.strategy!r}, "
                 f"block_size={self.block_size})")
@@ -349,7 +375,7 @@ def default_context():
     """The context used when a call passes none: every device of the node, strategy 'auto'."""
     global _default
     with _default_lock:
-        if _default is None:
+        if _default is None or _default.closed:
             _default = Context("all")
         return _default
 

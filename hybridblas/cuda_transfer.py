@@ -7,22 +7,21 @@ and a diagonal tile is copied out by its triangle only (the other triangle of th
 written).
 """
 import collections
-import concurrent.futures
 import os
 import threading
 
 import numpy as np
 
-from . import envvars
+from . import envvars, workers
 
 PAR_MIN_BYTES = 8 << 20     # below this one thread copies
 TRI_BLOCK = 256             # column block of triangle copies
 MAX_COPY_THREADS = 16
 ENV_THREADS = "HYBRIDBLAS_COPY_THREADS"
 
-_pool = None
 _threads = None
-_pool_lock = threading.Lock()
+_slots = None                # (size, semaphore): copies running at once over every GPU's calls
+_slots_lock = threading.Lock()
 
 
 def copy_threads():
@@ -42,33 +41,36 @@ def copy_threads():
 
 
 def set_copy_threads(n):
-    """Fix the copy pool's size (None: back to the default); the pool is remade on next use."""
-    global _pool, _threads
+    """Fix the number of host copies at once (None: back to the default)."""
+    global _threads
     if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"copy threads must be a positive integer or None, got {n!r}")
-    with _pool_lock:
-        old, _pool, _threads = _pool, None, n
-    if old is not None:
-        old.shutdown(wait=True)
+    with _slots_lock:
+        _threads = n
 
 
-def copy_pool():
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(copy_threads(), thread_name_prefix="hybridblas-copy")
-    return _pool
+def _copy_slots():
+    """The semaphore that lets copy_threads() host copies run at once, whichever GPUs' calls they serve."""
+    global _slots
+    size = copy_threads()
+    with _slots_lock:
+        if _slots is None or _slots[0] != size:
+            _slots = (size, threading.BoundedSemaphore(size))
+        return _slots[1]
 
 
 def _run_all(jobs):
-    """Run (fn, args) jobs on the copy pool (inline when there is one), re-raising the first error."""
+    """Run (fn, args) jobs on hybridblas's workers (inline when there is one), re-raising the first error."""
     if len(jobs) == 1:
         fn, args = jobs[0]
         fn(*args)
         return
-    futures = [copy_pool().submit(fn, *args) for fn, args in jobs]
-    for f in futures:
-        f.result()
+    slots = _copy_slots()
+
+    def one(job):
+        with slots:
+            job[0](*job[1])
+    workers.map(one, jobs, len(jobs))
 
 
 def par_copy(dst, src):
@@ -197,6 +199,14 @@ class RingPool:
         with self._cond:
             self._idle.append(ring)
             self._cond.notify()
+
+    def clear(self):
+        """Drop the idle rings (their page-locked slots go back to CuPy's pinned pool); lent ones stay lent."""
+        with self._cond:
+            dropped, self._idle = self._idle, []
+            self._made -= len(dropped)
+            self._cond.notify_all()
+        del dropped
 
     @property
     def made(self):

@@ -16,6 +16,7 @@ from numbers import Integral
 
 import numpy as np
 
+from . import workers
 from .problem import array_module
 
 __all__ = ["world", "local_rank", "block_range", "allreduce", "allgather_rows", "gather_rows_into",
@@ -201,9 +202,7 @@ def prepare_collectives(comm, device):
         finally:
             with _NCCL_LOCK:
                 _NCCL_PENDING.pop(key).set()
-    thread = threading.Thread(target=make, name="hybridblas-nccl-setup", daemon=True)
-    thread.start()
-    return thread
+    return workers.start(make, name="nccl-setup")
 
 
 def _connect(made, size):

@@ -22,6 +22,7 @@ import threading
 import time
 import warnings
 
+from . import workers
 from .faults import Cancelled, DeviceFailure, DeviceFailureWarning
 
 _STOP = None
@@ -246,7 +247,7 @@ class Engine:
         if s.inbox is None:
             s.inbox = queue.Queue()
             s.closed = False
-            s.finished = _Runner.take().start(_work, self, i, s.device, s.inbox)
+            s.finished = workers.start(_work, self, i, s.device, s.inbox, name="device")
         self._mark_given(i, task)
         s.inbox.put(task)
 
@@ -376,40 +377,3 @@ def _close_quietly(run):
         run.close()
     except Exception:
         pass
-
-
-class _Runner:
-    """A long-lived thread that runs one device worker at a time, then waits for the next: starting and
-    joining a thread per device on every call cost 1 ms each on a small VM, more than a 28503 x 24 Gram
-    split over two CPU workers saves (5.2 ms against 1.8 ms on one). Runners are not tied to a device:
-    a call takes idle ones (or starts new ones), so calls from several caller threads never share one."""
-
-    _idle = queue.SimpleQueue()
-
-    def __init__(self):
-        self.jobs = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name="hybridblas-worker", daemon=True).start()
-
-    @classmethod
-    def take(cls):
-        try:
-            return cls._idle.get_nowait()
-        except queue.Empty:
-            return cls()
-
-    def start(self, fn, *args):
-        """Run fn(*args) on this runner; returns an event set when it has finished."""
-        done = threading.Event()
-        self.jobs.put((fn, args, done))
-        return done
-
-    def _loop(self):
-        while True:
-            fn, args, done = self.jobs.get()
-            try:
-                fn(*args)
-            except BaseException:      # _worker reports its own errors; nothing may kill the runner
-                pass
-            finally:
-                _Runner._idle.put(self)
-                done.set()

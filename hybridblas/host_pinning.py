@@ -23,7 +23,7 @@ import weakref
 
 import numpy as np
 
-from . import envvars
+from . import envvars, workers
 
 PIN_MIN_BYTES = 256 << 20          # smaller operands go through the staging ring (cheap enough)
 ENV_MAX_GB = "HYBRIDBLAS_PIN_MAX_GB"
@@ -140,8 +140,7 @@ def acquire(arr, min_bytes=None, after_uses=0, call=None):
             pin = _Pin(ptr, nbytes)
             pin.finalizer = weakref.finalize(owner, _freed, ptr)
             _pins[ptr] = pin
-            threading.Thread(target=_register, args=(lib, pin, owner), daemon=True,
-                             name="hybridblas-pin").start()
+            workers.start(_register, lib, pin, owner, name="pin")
         elif pin.nbytes != nbytes:
             return None
         pin.users += 1

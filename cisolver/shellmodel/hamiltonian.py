@@ -22,11 +22,12 @@ Sizes before building, for memory checks:
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
+
+from hybridblas import workers
 
 from . import basis as _basis
 from . import elements, rowblocks, species
@@ -282,17 +283,17 @@ class ShellModelProblem:
                                  (B.offset + np.arange(p0, p1, dtype=np.int64) * n_n).astype(cols), n_n)
         return lo, own, hi
 
-    def _plans(self, upper, blocks, rows, pool):
+    def _plans(self, upper, blocks, rows, threads):
         """The RowBlock of every part of the rows asked for: the BLAS products first (see _products), then
-        the rest on the pool's threads with BLAS on one."""
+        the rest on ``threads`` threads with BLAS on one."""
         parts = self._parts(blocks, rows)
         products = {bi: self._products(bi) for bi in dict.fromkeys(bi for bi, _, _ in parts)}
         with _one_blas_thread():
-            return list(pool.map(lambda part: self._row_block(*part, upper, products[part[0]]), parts))
+            return workers.map(lambda part: self._row_block(*part, upper, products[part[0]]), parts, threads)
 
-    def _planned(self, upper, blocks, rows, pool):
+    def _planned(self, upper, blocks, rows, threads):
         """The RowBlocks of the rows asked for and the starts of every row's stored entries (int64, from 0)."""
-        plans = self._plans(upper, blocks, rows, pool)
+        plans = self._plans(upper, blocks, rows, threads)
         counts = np.concatenate([pl.counts for pl in plans]) if plans else np.zeros(0, dtype=np.int64)
         indptr = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
@@ -303,16 +304,14 @@ class ShellModelProblem:
         rows, on the host, in row order; the int64 starts of every row's stored entries, from 0). A GPU fills
         the same rows from them (cisolver.gpu_build)."""
         upper = _check_storage(storage)
-        with ThreadPoolExecutor(max_workers=_threads(n_threads)) as pool:
-            return self._planned(upper, blocks, rows, pool)
+        return self._planned(upper, blocks, rows, _threads(n_threads))
 
     def stored_nonzeros(self, storage="upper", n_threads=None, blocks=None, rows=None):
         """Exact stored nonzeros of every row block (int64, one per row block built, in build order) that
         ``build`` with the same arguments stores, counted from the jump lists and v̄'s nonzero pattern
         without computing H; ``.sum()`` sizes H before it is built."""
         upper = _check_storage(storage)
-        with ThreadPoolExecutor(max_workers=_threads(n_threads)) as pool:
-            plans = self._plans(upper, blocks, rows, pool)
+        plans = self._plans(upper, blocks, rows, _threads(n_threads))
         return np.array([int(pl.counts.sum()) for pl in plans], dtype=np.int64)
 
     def csr_nbytes(self, storage="upper", dtype=np.float64, n_threads=None, blocks=None, rows=None):
@@ -340,21 +339,18 @@ class ShellModelProblem:
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
         n_threads = _threads(n_threads)
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=n_threads) as pool:
-            plans, indptr = self._planned(upper, blocks, rows, pool)
-            nnz = int(indptr[-1])
-            index_dtype = np.int32 if max(nnz, self.dimension) <= np.iinfo(np.int32).max else np.int64
-            data = np.empty(nnz, dtype=dtype)
-            indices = np.empty(nnz, dtype=index_dtype)
-            t1 = time.perf_counter()
-            groups = row_groups(plans, indptr)
-            scratch = threading.local()
-            futures = [pool.submit(plans[i].fill, g0, g1, q0, q1, data[s0:s1], indices[s0:s1], scratch)
-                       for i, g0, g1, q0, q1, s0, s1 in groups]
-            for done, fut in enumerate(as_completed(futures), start=1):
-                fut.result()
-                if progress:
-                    progress(done, len(futures))
+        plans, indptr = self._planned(upper, blocks, rows, n_threads)
+        nnz = int(indptr[-1])
+        index_dtype = np.int32 if max(nnz, self.dimension) <= np.iinfo(np.int32).max else np.int64
+        data = np.empty(nnz, dtype=dtype)
+        indices = np.empty(nnz, dtype=index_dtype)
+        t1 = time.perf_counter()
+        scratch = threading.local()
+
+        def fill(group):
+            i, g0, g1, q0, q1, s0, s1 = group
+            plans[i].fill(g0, g1, q0, q1, data[s0:s1], indices[s0:s1], scratch)
+        workers.map(fill, row_groups(plans, indptr), n_threads, progress=progress)
         h = sp.csr_matrix((data, indices, indptr.astype(index_dtype, copy=False)),
                           shape=(len(indptr) - 1, self.dimension), copy=False)
         h.has_canonical_format = True          # sorted, each (row, column) once: by construction

@@ -61,6 +61,10 @@ class Device(abc.ABC):
         """Tile edge this device likes for the dynamic strategy."""
         return 1024
 
+    def release(self):
+        """Give back what the device keeps between calls (its Context is being closed). Calls running
+        now keep what they hold; a later call makes it again."""
+
     def __repr__(self):
         return f"<{type(self).__name__} {self.name}>"
 

@@ -14,12 +14,13 @@ Per call and per GPU (``_CUDARun``, living in the GPU's worker thread):
 """
 import collections
 import queue
+import sys
 import threading
 import time
 
 import numpy as np
 
-from .. import cublas, cuda_transfer, host_pinning
+from .. import cublas, cuda_transfer, host_pinning, workers
 from ..cuda_panels import Panel, PanelCache, join_share, leave_share
 from ..kernels import rect_block
 from ..plan import subtiles, with_k
@@ -89,6 +90,13 @@ class CUDADevice(Device):
         with cp.cuda.Device(self.index):
             budget = _budget(self, problem)
         return _block_plan(problem, budget, None)[0]
+
+    def release(self):
+        """The staging rings no call is using go, and with them CuPy's idle page-locked blocks."""
+        for pool in self._rings.values():
+            pool.clear()
+        if "cupy" in sys.modules:
+            sys.modules["cupy"].get_default_pinned_memory_pool().free_all_blocks()
 
     def ring_pool(self, which="in"):
         """This GPU's pinned staging rings ('in' for the feeder, 'out' for the writer): a call borrows one
@@ -230,8 +238,7 @@ class _CUDARun(DeviceRun):
         self.ring = device.ring_pool("in").take()
         self.out_ring = device.ring_pool("out").take()
         self.write_q = queue.Queue()     # host write-back on its own thread: the feeder never waits for a kernel
-        self.writer = threading.Thread(target=self._writer_loop, daemon=True, name=f"hybridblas-{device.name}-writer")
-        self.writer.start()
+        self.writer = workers.start(self._writer_loop, name="writer")
         if problem.run.pin_host:
             self._pin_host_operands()
 
@@ -495,7 +502,7 @@ class _CUDARun(DeviceRun):
     def _stop_writer(self):
         if self.writer is not None:
             self.write_q.put(None)
-            self.writer.join()
+            self.writer.wait()
             self.writer = None
 
     # ------------------------------------------------------------------ C blocks

@@ -22,6 +22,7 @@ import threading
 
 import numpy as np
 
+from .. import workers
 from ..devspec import gpu_multiprocessors
 from ..problem import leading_dim
 
@@ -214,9 +215,7 @@ def prepare(cupy, dtype, devices):
                     _kernels(cupy, dtype)
             except Exception:           # the call that needs the kernels compiles again and raises
                 pass
-    thread = threading.Thread(target=work, name="hybridblas-cuda-compile", daemon=True)
-    thread.start()
-    return thread
+    return workers.start(work, name="cuda-compile")
 
 
 def run(problem):

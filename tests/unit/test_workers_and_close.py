@@ -1,0 +1,122 @@
+"""hybridblas.workers (the library's one mechanism for background threads) and Context.close()."""
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+
+import hybridblas as hb
+from hybridblas import cuda_transfer, workers
+
+
+def test_map_keeps_the_order_and_runs_at_once():
+    inside, most = [0], [0]
+    lock = threading.Lock()
+
+    def slow_square(x):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.02)
+        with lock:
+            inside[0] -= 1
+        return x * x
+    assert workers.map(slow_square, range(12), 4) == [x * x for x in range(12)]
+    assert 2 <= most[0] <= 4                  # parallel, never more than the threads asked for
+    assert workers.map(slow_square, [], 4) == []
+    assert workers.map(slow_square, [3], 4) == [9]
+    assert workers.map(slow_square, range(3), 1) == [0, 1, 4]
+
+
+def test_map_raises_the_first_error_after_every_item_ran():
+    ran = []
+
+    def maybe(x):
+        ran.append(x)
+        if x in (3, 7):
+            raise ValueError(f"item {x}")
+        return x
+    with pytest.raises(ValueError, match="item 3"):
+        workers.map(maybe, range(10), 3)
+    assert sorted(ran) == list(range(10))
+
+
+def test_map_reports_progress_one_call_at_a_time():
+    seen = []
+    workers.map(lambda x: x, range(20), 4, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(i, 20) for i in range(1, 21)]
+    seen.clear()
+    workers.map(lambda x: x, range(3), 1, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+
+
+def test_start_returns_a_job_with_its_result_or_error():
+    job = workers.start(lambda a, b: a + b, 2, 3)
+    assert job.result() == 5 and job.done() and not job.is_alive() and job.wait(1) and job.join(1)
+
+    def fails():
+        raise RuntimeError("job failed")
+    bad = workers.start(fails)
+    with pytest.raises(RuntimeError, match="job failed"):
+        bad.result()
+    assert workers.start(lambda: 1).result() == 1        # the worker survived the error
+
+
+def test_threads_are_reused_and_arguments_not_kept():
+    workers.start(lambda: None).wait()
+    before = {t.ident for t in threading.enumerate() if t.name.startswith("hybridblas-")}
+    for _ in range(20):
+        workers.start(lambda: None).wait()
+        time.sleep(0.001)
+    after = {t.ident for t in threading.enumerate() if t.name.startswith("hybridblas-")}
+    assert len(after - before) <= 1                     # no new thread per job
+    assert workers.idle_threads() >= 1
+
+    class Owner:
+        pass
+    owner = Owner()
+    gone = weakref.ref(owner)
+    workers.start(lambda o: None, owner).wait()
+    del owner
+    assert gone() is None                               # the idle worker holds no finished job's arguments
+
+
+def test_a_closed_context_refuses_calls_and_the_with_form_closes(rng):
+    a = rng.standard_normal((40, 7))
+    with hb.Context("cpu", profile=False) as ctx:
+        c = hb.syrk(1.0, a, context=ctx)
+        np.testing.assert_allclose(np.tril(c), np.tril(a @ a.T), rtol=1e-12, atol=1e-12)
+    assert ctx.closed
+    with pytest.raises(ValueError, match=r"context: Context\(devices=\['cpu'\].* is closed"):
+        hb.syrk(1.0, a, context=ctx)
+    ctx.close()                                          # twice: harmless
+    other = hb.Context("cpu", profile=False)
+    np.testing.assert_allclose(np.tril(hb.syrk(1.0, a, context=other)), np.tril(a @ a.T), rtol=1e-12, atol=1e-12)
+
+
+def test_a_closed_default_context_is_made_again(monkeypatch):
+    from hybridblas import context
+    monkeypatch.setattr(context, "_default", None)
+    first = hb.default_context()
+    first.close()
+    second = hb.default_context()
+    assert second is not first and not second.closed
+
+
+def test_ring_pool_clear_drops_idle_rings_and_keeps_lent_ones(monkeypatch):
+    made = []
+
+    class FakeRing:
+        def __init__(self, slot_bytes, slots):
+            made.append(self)
+    monkeypatch.setattr(cuda_transfer, "PinnedRing", FakeRing)
+    pool = cuda_transfer.RingPool(1 << 10, 2, 3)
+    lent, idle = pool.take(), pool.take()
+    pool.give(idle)
+    assert pool.made == 2
+    pool.clear()
+    assert pool.made == 1                                # the lent ring is still counted
+    pool.give(lent)
+    assert pool.take() is lent                           # given back after the clear: lent again
+    assert pool.take() is not lent and pool.made == 2
