@@ -226,6 +226,19 @@ def _dev_ld(arr):
     return leading_dim(arr)
 
 
+def copy_2d(dst, src, stream):
+    """dst <- src between column-major device views of the same shape, on any GPUs (peer to peer over
+    NVLink where enabled), queued on ``stream``."""
+    import cupy
+    rt = cupy.cuda.runtime
+    item = dst.dtype.itemsize
+    rows, cols = dst.shape
+    if rows == 0 or cols == 0:
+        return
+    rt.memcpy2DAsync(dst.data.ptr, _dev_ld(dst) * item, src.data.ptr, _dev_ld(src) * item,
+                     rows * item, cols, rt.memcpyDefault, stream.ptr)
+
+
 def upload(dst, src, ring, stream, direct=False):
     """Device column-major view dst <- host column-major view src, through the pinned ring on stream,
     or in one DMA when ``direct`` (src is page-locked: see host_pinning).

@@ -5,27 +5,27 @@ Per call and per GPU (``_CUDARun``, living in the GPU's worker thread):
   operands);
 - a task (a band or a tile of C) is cut into tiles on a grid aligned to multiples of the block, so GPUs
   of one call name panels alike and can copy them from each other;
-- ``s_in`` brings panels (host through the pinned ring, other GPUs peer-to-peer), ``s_comp`` runs cuBLAS,
-  ``s_out`` writes C blocks back; events order them, so uploads of tile t+1 and the write-back of tile
-  t-1 overlap the kernels of tile t (a window of tiles in flight);
+- ``s_in`` brings panels (``cuda_fetch.PanelSource``: host through the pinned ring, other GPUs peer to
+  peer, kept in a panel cache), ``s_comp`` runs cuBLAS, ``s_out`` writes C blocks back (to a host C through
+  ``cuda_writeback.HostWriter``'s thread); events order them, so uploads of tile t+1 and the write-back of
+  tile t-1 overlap the kernels of tile t (a window of tiles in flight, this module);
 - the block edge and k chunk follow the memory this GPU may use (``memory_limit`` or free memory); when
   cupy's pool still runs dry, the run drops its cache, shrinks its blocks and retries, and as a last
   resort computes a host-resident tile with the host BLAS: never a crash, never a wrong answer.
 """
 import collections
-import queue
 import sys
-import threading
 import time
 
 import numpy as np
 
-from .. import cublas, cuda_transfer, host_pinning, workers
-from ..cuda_panels import Panel, PanelCache, join_share, leave_share
+from .. import cublas, cuda_transfer, host_pinning
 from ..kernels import rect_block
 from ..plan import subtiles, with_k
-from ..problem import Operand, T, k_axis
+from ..problem import Operand, T
 from .base import Device, DeviceRun, check_cancel, register
+from .cuda_fetch import PanelSource, device_of
+from .cuda_writeback import HostWriter
 
 MAX_BLOCK = 4096
 MIN_BLOCK = 32
@@ -50,11 +50,6 @@ class _Shrink(Exception):
 def _cupy():
     import cupy
     return cupy
-
-
-def device_of(x):
-    """GPU id of a cupy array, None for a numpy array."""
-    return None if isinstance(x, np.ndarray) else x.device.id
 
 
 class CUDADevice(Device):
@@ -155,11 +150,12 @@ class _PanelFactor:
 
     def block(self, r0, r1, c0, c1):
         a, b = ((c0, c1), (r0, r1)) if self.trans else ((r0, r1), (c0, c1))
-        return Operand(self.run.panel_view(self.f, a, b), self.op)
+        return Operand(self.run.fetch.view(self.f, a, b), self.op)
 
 
 class _Tile:
     __slots__ = ("task", "local", "done_event", "finish", "done", "written", "error", "touched", "failed")
+    # finish "host": written back by the run's HostWriter, which sets ``written`` (and ``error``)
 
     def __init__(self, task):
         self.task = task
@@ -205,16 +201,13 @@ class _CUDARun(DeviceRun):
                 # LOBPCG's tall Gram matrices (k ~ 3e4) that gave 10x the error of CPU BLAS and of a gemm;
                 # short k chunks, summed in C, bring it back (measured in docs/performance.md)
                 self.kc = min(self.kc, SINGLE_K)
-            self.call_id = problem.run.call
             self.pending = collections.deque()
             self.partial = None
             self.scratch = None
             self.masks = None
-            self.kaxis = [k_axis(problem.kind, f, fac.op) for f, fac in enumerate(problem.factors)]
             self.fallbacks = 0
             self.stats = collections.Counter()
-            self.share, self.ring, self.out_ring, self.writer = None, None, None, None
-            self.pin_f, self.pin_c = [None] * len(problem.factors), None
+            self.fetch, self.writer, self.pin_c = None, None, None
             try:
                 self._acquire()
             except BaseException:
@@ -228,32 +221,31 @@ class _CUDARun(DeviceRun):
 
     # ------------------------------------------------------------------ setup
     def _acquire(self):
-        """The run's shared resources: the call's panel index, a staging ring of each direction (lent by
-        the GPU for this run only), the write-back thread, page-locked operands. ``_release`` undoes it."""
+        """The run's parts: where its panels come from (the call's panel index, a staging ring lent by the
+        GPU for this run), the host write-back (with a ring of its own), page-locked operands. ``_release``
+        undoes it."""
         device, problem = self.device, self.problem
-        self.share = join_share(self.call_id) if self.host_operands else None
-        self.cache = PanelCache(self._cache_capacity(), self.s_in, self.share, device.index)
+        self.fetch = PanelSource(self.cp, device.index, problem, self.s_in, self._cache_capacity(), self.stats)
         if not self.host:
             return
-        self.ring = device.ring_pool("in").take()
-        self.out_ring = device.ring_pool("out").take()
-        self.write_q = queue.Queue()     # host write-back on its own thread: the feeder never waits for a kernel
-        self.writer = workers.start(self._writer_loop, name="writer")
+        self.fetch.ring = device.ring_pool("in").take()
+        self.writer = HostWriter(device, problem, self.s_out, self.stats)
         if problem.run.pin_host:
             self._pin_host_operands()
 
     def _release(self):
-        self._stop_writer()
-        self.device.ring_pool("in").give(self.ring)
-        self.device.ring_pool("out").give(self.out_ring)
-        self.ring = self.out_ring = None
-        for pin in self.pin_f + [self.pin_c]:
+        if self.writer is not None:
+            self.writer.stop()
+            self.writer = None
+        fetch, self.fetch = self.fetch, None
+        if fetch is None:
+            return
+        self.device.ring_pool("in").give(fetch.ring)
+        fetch.ring = None
+        for pin in fetch.pins + [self.pin_c]:
             host_pinning.release(pin)
-        self.pin_f, self.pin_c = [None] * len(self.pin_f), None
-        if self.share is not None:
-            for ev in leave_share(self.call_id, self.device.index):
-                ev.synchronize()
-            self.share = None
+        self.pin_c = None
+        fetch.close()
 
     def _pin_host_operands(self):
         """Start page-locking the caller's large host operands (kept while they live): once locked, an
@@ -261,9 +253,10 @@ class _CUDARun(DeviceRun):
         p = self.problem
         after = 1 if p.run.pin_host == "auto" else 0
         call = p.run.call          # one token shared by the call's GPUs
-        self.pin_f = [None if fac.scratch or not self.host_operands
-                      else host_pinning.acquire(fac.base, after_uses=after, call=call) for fac in p.factors]
+        self.fetch.pins = [None if fac.scratch or not self.host_operands
+                           else host_pinning.acquire(fac.base, after_uses=after, call=call) for fac in p.factors]
         self.pin_c = host_pinning.acquire(p.c, after_uses=after, call=call) if p.writeback is None else None
+        self.writer.pin = self.pin_c
 
     def _enable_peers(self):
         rt = self.cp.cuda.runtime
@@ -304,7 +297,6 @@ class _CUDARun(DeviceRun):
                 return self._partial_result()
             finally:
                 self._release()
-                self.cache.panels.clear()
                 self.scratch = None
 
     def _record_stats(self):
@@ -366,7 +358,7 @@ class _CUDARun(DeviceRun):
                 while self.pending:
                     self._finish(self.pending.popleft())
                 self.s_comp.synchronize()
-                self.cache.clear()
+                self.fetch.cache.clear()
                 self.s_in.synchronize()
                 self.scratch = None
                 self.pool.free_all_blocks()
@@ -414,8 +406,8 @@ class _CUDARun(DeviceRun):
         out = buf if local else target
         for n_chunk, (k0, k1) in enumerate(chunks):
             keep, panels = set(), []
-            for key in self._needs(t, k0, k1):
-                panel = self._ensure(key, keep)
+            for key in self.fetch.needs(t, k0, k1):
+                panel = self.fetch.ensure(key, keep)
                 keep.add(panel.key)
                 panels.append(panel)
                 if panel.ready is not None:
@@ -443,15 +435,14 @@ class _CUDARun(DeviceRun):
         elif local and not self.host:
             self.s_out.wait_event(done)
             rec.touched = True
-            self._copy_device(target, buf, self.s_out)
+            cuda_transfer.copy_2d(target, buf, self.s_out)
             ev = cp.cuda.Event(disable_timing=True)
             ev.record(self.s_out)
             rec.done_event = ev
         elif local:
             rec.done_event = done
             rec.finish = "host"
-            rec.written = threading.Event()
-            self.write_q.put(rec)
+            self.writer.submit(rec)
         else:
             rec.touched = True       # the kernels wrote into C in place
             rec.done_event = done
@@ -477,55 +468,16 @@ class _CUDARun(DeviceRun):
         rec.local = None
         rec.done = True
 
-    # ------------------------------------------------------------------ host write-back
-    def _writer_loop(self):
-        with self.dev:
-            while True:
-                rec = self.write_q.get()
-                if rec is None:
-                    return
-                try:
-                    t, p = rec.task, self.problem
-                    rec.done_event.synchronize()     # the tile's kernels succeeded: only now is C written
-                    tri = ("lower" if p.lower else "upper") if t.diag else None
-                    t0 = time.perf_counter()
-                    rec.touched = True
-                    cuda_transfer.download(p.c[t.i0:t.i1, t.j0:t.j1], rec.local, self.out_ring, self.s_out, tri,
-                                           direct=host_pinning.is_ready(self.pin_c))
-                    self.stats["host_download_s"] += time.perf_counter() - t0
-                    self.stats["bytes_to_host"] += rec.local.nbytes
-                except BaseException as exc:   # handed to the feeder, which re-raises it
-                    rec.error = exc
-                finally:
-                    rec.written.set()
-
-    def _stop_writer(self):
-        if self.writer is not None:
-            self.write_q.put(None)
-            self.writer.wait()
-            self.writer = None
-
     # ------------------------------------------------------------------ C blocks
     def _fetch_c(self, buf, t, target):
         if self.host:
-            cuda_transfer.upload(buf, self.problem.c[t.i0:t.i1, t.j0:t.j1], self.ring, self.s_in,
+            cuda_transfer.upload(buf, self.problem.c[t.i0:t.i1, t.j0:t.j1], self.fetch.ring, self.s_in,
                                  direct=host_pinning.is_ready(self.pin_c))
         else:
-            self._copy_device(buf, target, self.s_in)
+            cuda_transfer.copy_2d(buf, target, self.s_in)
         ev = self.cp.cuda.Event(disable_timing=True)
         ev.record(self.s_in)
         self.s_comp.wait_event(ev)
-
-    def _copy_device(self, dst, src, stream):
-        """2-D copy between column-major device views, any GPUs (peer over NVLink where enabled)."""
-        rt = self.cp.cuda.runtime
-        item = dst.dtype.itemsize
-        rows, cols = dst.shape
-        if rows == 0 or cols == 0:
-            return
-        from ..problem import leading_dim
-        rt.memcpy2DAsync(dst.data.ptr, leading_dim(dst) * item, src.data.ptr, leading_dim(src) * item,
-                         rows * item, cols, rt.memcpyDefault, stream.ptr)
 
     def _add_partial(self, t, buf):
         p = self.problem
@@ -544,100 +496,14 @@ class _CUDARun(DeviceRun):
             return self.partial
         with self.cp.cuda.Device(self.c_dev):
             out = self.cp.empty_like(self.partial, order="F")
-        self._copy_device(out, self.partial, self.s_comp)
+        cuda_transfer.copy_2d(out, self.partial, self.s_comp)
         self.s_comp.synchronize()
         return out
-
-    # ------------------------------------------------------------------ panels
-    def _needs(self, t, k0, k1):
-        kind = self.problem.kind
-        if kind in ("gemm", "gemmt"):
-            return [(0, t.i0, t.i1, k0, k1), (1, t.j0, t.j1, k0, k1)]
-        keys = []
-        for f in range(len(self.problem.factors)):
-            keys.append((f, t.i0, t.i1, k0, k1))
-            if (t.j0, t.j1) != (t.i0, t.i1):
-                keys.append((f, t.j0, t.j1, k0, k1))
-        return keys
-
-    def _base_block(self, f, o0, o1, k0, k1):
-        base = self.problem.factors[f].base
-        return base[k0:k1, o0:o1] if self.kaxis[f] == 0 else base[o0:o1, k0:k1]
-
-    def _ensure(self, key, keep):
-        """The panel for ``key`` on this GPU, queued for arrival on s_in (its ``ready`` event)."""
-        cp = self.cp
-        found = self.cache.find(*key)
-        if found is not None:          # this panel, or a larger one holding it
-            return found
-        f, o0, o1, k0, k1 = key
-        src = self._base_block(f, o0, o1, k0, k1)
-        where = self.f_dev[f]
-        if where == self.device.index:            # the operand already lives here: a view, no copy
-            panel = Panel(key, src, owned=False, ready=None)
-            self.cache.add(panel)
-            return panel
-        nbytes = src.shape[0] * src.shape[1] * src.dtype.itemsize
-        if not self.cache.make_room(nbytes, keep):
-            raise cp.cuda.memory.OutOfMemoryError(nbytes, self.cache.bytes, self.cache.capacity)
-        with self.s_in:
-            arr = cp.empty(src.shape, dtype=src.dtype, order="F")
-        if where is not None:                     # cupy on another GPU: peer copy
-            self._copy_device(arr, src, self.s_in)
-            panel = Panel(key, arr, True, self._record(self.s_in))
-        else:
-            panel = self._from_host_or_peer(key, src, arr)
-        self.cache.add(panel)
-        return panel
 
     def _record(self, stream):
         ev = self.cp.cuda.Event(disable_timing=True)
         ev.record(stream)
         return ev
-
-    def _from_host_or_peer(self, key, src, arr):
-        entry, mine = self.share.claim(self.device.index, key)
-        if not mine:
-            entry["landed"].wait()
-            ev = self.share.read(entry, lambda peer: self._peer_copy(arr, peer))
-            if ev is not None:
-                self.stats["bytes_from_peer"] += arr.nbytes
-                return Panel(key, arr, True, self._record(self.s_in))
-            entry, mine = self.share.claim(self.device.index, key)
-        try:
-            t0 = time.perf_counter()
-            cuda_transfer.upload(arr, src, self.ring, self.s_in, direct=host_pinning.is_ready(self.pin_f[key[0]]))
-            self.stats["host_upload_s"] += time.perf_counter() - t0
-            self.stats["bytes_from_host"] += arr.nbytes
-        except BaseException:
-            self.share.abandon(self.device.index, key)
-            raise
-        panel = Panel(key, arr, True, self._record(self.s_in))
-        if mine:
-            self.share.publish(entry, panel)
-        return panel
-
-    def _peer_copy(self, arr, peer):
-        """Queue arr <- peer panel (another GPU) on s_in after the peer's data landed; return its event."""
-        if peer.ready is not None:
-            self.s_in.wait_event(peer.ready)
-        self._copy_device(arr, peer.array, self.s_in)
-        return self._record(self.s_in)
-
-    def panel_view(self, f, a, b):
-        """Base-oriented view of factor f over base rows a=(a0, a1) and columns b=(b0, b1), from the cache."""
-        (a0, a1), (b0, b1) = a, b
-        if self.kaxis[f] == 0:
-            k0, k1, o0, o1 = a0, a1, b0, b1
-        else:
-            o0, o1, k0, k1 = a0, a1, b0, b1
-        p = self.cache.find(f, o0, o1, k0, k1)
-        if p is None:
-            raise RuntimeError(f"{self.device.name}: panel {(f, o0, o1, k0, k1)} was not staged")
-        _, po0, _, pk0, _ = p.key
-        if self.kaxis[f] == 0:
-            return p.array[k0 - pk0:k1 - pk0, o0 - po0:o1 - po0]
-        return p.array[o0 - po0:o1 - po0, k0 - pk0:k1 - pk0]
 
     # ------------------------------------------------------------------ kernels
     def _compute(self, t, out, beta):
