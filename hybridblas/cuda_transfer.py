@@ -20,8 +20,8 @@ MAX_COPY_THREADS = 16
 ENV_THREADS = "HYBRIDBLAS_COPY_THREADS"
 
 _threads = None
-_slots = None                # (size, semaphore): copies running at once over every GPU's calls
-_slots_lock = threading.Lock()
+_group = None                # the copy threads (workers.Group) every GPU's calls share
+_group_lock = threading.Lock()
 
 
 def copy_threads():
@@ -41,36 +41,32 @@ def copy_threads():
 
 
 def set_copy_threads(n):
-    """Fix the number of host copies at once (None: back to the default)."""
-    global _threads
+    """Fix the number of copy threads (None: back to the default); the group is remade on next use."""
+    global _threads, _group
     if n is not None and (not isinstance(n, int) or n < 1):
         raise ValueError(f"copy threads must be a positive integer or None, got {n!r}")
-    with _slots_lock:
-        _threads = n
+    with _group_lock:
+        old, _group, _threads = _group, None, n
+    if old is not None:
+        old.close()
 
 
-def _copy_slots():
-    """The semaphore that lets copy_threads() host copies run at once, whichever GPUs' calls they serve."""
-    global _slots
-    size = copy_threads()
-    with _slots_lock:
-        if _slots is None or _slots[0] != size:
-            _slots = (size, threading.BoundedSemaphore(size))
-        return _slots[1]
+def copy_group():
+    """The copy threads every GPU's calls share (copy_threads() of them)."""
+    global _group
+    with _group_lock:
+        if _group is None:
+            _group = workers.Group(copy_threads(), name="copy")
+        return _group
 
 
 def _run_all(jobs):
-    """Run (fn, args) jobs on hybridblas's workers (inline when there is one), re-raising the first error."""
+    """Run (fn, args) jobs on the copy threads (inline when there is one), re-raising the first error."""
     if len(jobs) == 1:
         fn, args = jobs[0]
         fn(*args)
         return
-    slots = _copy_slots()
-
-    def one(job):
-        with slots:
-            job[0](*job[1])
-    workers.map(one, jobs, len(jobs))
+    copy_group().map(lambda job: job[0](*job[1]), jobs)
 
 
 def par_copy(dst, src):

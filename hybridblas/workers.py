@@ -10,12 +10,14 @@ job waits for the next one, so calls from several caller threads never share a t
 ``start(fn, *args)`` runs one job and returns a ``Job``, whose ``wait()`` (or ``join()``) returns once it
 has finished (its errors are kept for its ``result()``, which raises them). ``map(fn, items, threads)`` runs ``fn`` over ``items`` on up to ``threads`` threads, the caller's
 own thread among them, and returns the results in order (the first exception is raised after all have
-finished).
+finished). A ``Group`` is a fixed number of threads that share one queue, for work whose concurrency
+must be bounded across all callers at once (the host copies of every GPU of a node: more threads only
+add contention there); its ``map`` hands every item to the group and waits.
 """
 import queue
 import threading
 
-__all__ = ["Job", "start", "map", "idle_threads"]
+__all__ = ["Job", "Group", "start", "map", "idle_threads"]
 
 _idle = queue.SimpleQueue()
 _count_lock = threading.Lock()
@@ -122,6 +124,49 @@ def map(fn, items, threads, progress=None):    # noqa: A001  (the name says what
     if errors:
         raise min(errors, key=lambda e: e[0])[1]
     return results
+
+
+class Group:
+    """``threads`` long-lived threads sharing one job queue (named ``name``); ``close`` ends them."""
+
+    def __init__(self, threads, name="group"):
+        self.threads = int(threads)
+        self._jobs = queue.SimpleQueue()
+        for i in range(self.threads):
+            threading.Thread(target=self._loop, name=f"hybridblas-{name}-{i}", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, x, done, slot, out = job
+            try:
+                out[slot] = (True, fn(x))
+            except BaseException as exc:
+                out[slot] = (False, exc)
+            finally:
+                job = fn = x = None
+                done.release()
+
+    def map(self, fn, items):
+        """[fn(x) for x in items] on the group's threads, in order; the first exception raised after all ran."""
+        items = list(items)
+        out = [None] * len(items)
+        done = threading.Semaphore(0)
+        for i, x in enumerate(items):
+            self._jobs.put((fn, x, done, i, out))
+        for _ in items:
+            done.acquire()
+        for ok, value in out:
+            if not ok:
+                raise value
+        return [value for _, value in out]
+
+    def close(self):
+        """End the threads once the queued jobs have run."""
+        for _ in range(self.threads):
+            self._jobs.put(None)
 
 
 def idle_threads():

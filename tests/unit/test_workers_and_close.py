@@ -120,3 +120,32 @@ def test_ring_pool_clear_drops_idle_rings_and_keeps_lent_ones(monkeypatch):
     pool.give(lent)
     assert pool.take() is lent                           # given back after the clear: lent again
     assert pool.take() is not lent and pool.made == 2
+
+
+def test_a_group_bounds_its_concurrency_and_keeps_the_order():
+    group = workers.Group(3, name="test")
+    inside, most = [0], [0]
+    lock = threading.Lock()
+
+    def slow(x):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.01)
+        with lock:
+            inside[0] -= 1
+        if x == 5:
+            raise KeyError("five")
+        return -x
+    assert group.map(slow, [1, 2, 3, 4]) == [-1, -2, -3, -4]
+    results = []
+    callers = [threading.Thread(target=lambda: results.append(group.map(slow, range(6, 12)))) for _ in range(3)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert results == [[-x for x in range(6, 12)]] * 3
+    assert most[0] == 3                       # three callers at once, never more than the group's threads
+    with pytest.raises(KeyError, match="five"):
+        group.map(slow, range(8))
+    group.close()
