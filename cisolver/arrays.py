@@ -3,6 +3,8 @@ import time
 
 import numpy as np
 
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))     # the precisions of the solver's blocks
+
 
 def module_of(a):
     """numpy or cupy, whichever owns ``a``."""

@@ -28,9 +28,8 @@ import numpy as np
 from hybridblas import lowlevel
 
 from . import cuda_modules, host_blocks, row_kernels
-from .arrays import Ready, column_sumsq, column_totals, is_device, row_major, row_stride, small_on_device
+from .arrays import FLOATS, Ready, column_sumsq, column_totals, is_device, row_major, row_stride, small_on_device
 
-_PREFIX = {np.dtype(np.float32): "S", np.dtype(np.float64): "D"}
 
 
 def _check(out, a, m):
@@ -194,7 +193,7 @@ def _like(x, m):
 
 
 def _on_cublas(*arrays):
-    return (is_device(arrays[0]) and arrays[0].dtype in _PREFIX and all(x.dtype == arrays[0].dtype for x in arrays)
+    return (is_device(arrays[0]) and arrays[0].dtype in FLOATS and all(x.dtype == arrays[0].dtype for x in arrays)
             and all(row_major(x) for x in arrays))
 
 
@@ -247,7 +246,7 @@ def _residual_gpu(r, hx, x, theta, later=False):
     n, b = r.shape
     if n == 0 or b == 0:
         return Ready(np.zeros(b)) if later else np.zeros(b)
-    if not (all(row_major(a) for a in (r, hx, x)) and r.dtype == hx.dtype == x.dtype and r.dtype in _PREFIX
+    if not (all(row_major(a) for a in (r, hx, x)) and r.dtype == hx.dtype == x.dtype and r.dtype in FLOATS
             and b <= 256):
         cupy.subtract(hx, x * cupy.asarray(theta, dtype=x.dtype)[None, :], out=r)
         return Ready(column_sumsq(r)) if later else column_sumsq(r)

@@ -21,11 +21,10 @@ import numpy as np
 from hybridblas import lowlevel, workers
 from hybridblas.blas_threads import available_cores
 
-from .arrays import row_major
+from .arrays import FLOATS, row_major
 
 MIN_ROWS_PER_THREAD = 12288     # 2 x H200 node, 32 cores: 24Mg (28503 rows) best on 2 threads, 46Ti on 4-8
 MAX_THREADS = 16
-_PREFIX = {np.dtype(np.float32): "s", np.dtype(np.float64): "d"}
 
 
 def cores():
@@ -71,7 +70,7 @@ def blas_ready(*blocks):
     """True when BLAS can read and write these blocks in place: same float dtype, rows at a positive
     leading dimension, unit stride along a row."""
     x0 = blocks[0]
-    return x0.dtype in _PREFIX and all(isinstance(x, np.ndarray) and x.dtype == x0.dtype and row_major(x)
+    return x0.dtype in FLOATS and all(isinstance(x, np.ndarray) and x.dtype == x0.dtype and row_major(x)
                                        for x in blocks)
 
 

@@ -8,10 +8,11 @@ row-parallel steps (``map``). A job takes an idle thread or starts one; a thread
 job waits for the next one, so calls from several caller threads never share a thread at the same time.
 
 ``start(fn, *args)`` runs one job and returns a ``Job``, whose ``wait()`` (or ``join()``) returns once it
-has finished (its errors are kept for its ``result()``, which raises them). ``map(fn, items, threads)`` runs ``fn`` over ``items`` on up to ``threads`` threads, the caller's
-own thread among them, and returns the results in order (the first exception is raised after all have
-finished). A ``Group`` is a fixed number of threads that share one queue, for work whose concurrency
-must be bounded across all callers at once (the host copies of every GPU of a node: more threads only
+has finished (its errors are kept for its ``result()``, which raises them). ``map(fn, items, threads)``
+runs ``fn`` over ``items`` on up to ``threads`` threads, the caller's own thread among them, and returns
+the results in order (the first exception is raised after all have finished). A ``Group`` is a fixed
+number of threads that share one queue, for work whose concurrency must be bounded across all callers at
+once (the host copies of every GPU of a node: more threads only
 add contention there); its ``map`` hands every item to the group and waits.
 """
 import queue
