@@ -6,6 +6,18 @@ import numpy as np
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))     # the precisions of the solver's blocks
 
 
+def precision(value, name="dtype"):
+    """``value`` as float32 or float64 (a numpy dtype), else a TypeError naming ``name`` and the value."""
+    try:
+        dt = np.dtype(value)
+    except TypeError:
+        dt = None
+    if dt is None or dt not in FLOATS:      # (a dtype equals None: numpy reads None as float64)
+        shown = repr(value) if isinstance(value, str) or dt is None else str(dt)
+        raise TypeError(f"{name} must be float32 or float64, got {shown}")
+    return dt
+
+
 def module_of(a):
     """numpy or cupy, whichever owns ``a``."""
     if type(a).__module__.startswith("cupy"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import gpu_ortho
-from .arrays import Timer, column_sumsq, module_of, to_host
+from .arrays import Timer, column_sumsq, module_of, precision, to_host
 from .iterations import Iterations, agreed
 from .start import first_block
 
@@ -109,12 +109,7 @@ def _check_arguments(h, nev, block_size, x0=None, tol=1e-8, maxiter=300, precond
                      context=None, callback=None, comm=None, queued=True):
     """Every argument of ``lobpcg``, before any work: a ValueError or TypeError naming it and its value."""
     if dtype is not None:
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
-        if dt not in (np.float32, np.float64):
-            raise TypeError(f"dtype must be float32 or float64, got {dt}")
+        precision(dtype)
     if hasattr(h, "matmat"):
         shape = getattr(h, "shape", None)
         if not (isinstance(shape, tuple) and len(shape) == 2 and shape[0] == shape[1]):

@@ -22,7 +22,7 @@ import hybridblas as hb
 
 from . import estimate, gpu_build
 from . import solver as _lobpcg
-from .arrays import to_host
+from .arrays import precision, to_host
 from .data import resolve_interaction
 from .operators import SymmetricOperator
 from .preconditioner import TilePreconditioner, configuration_labels
@@ -118,12 +118,7 @@ def prepare(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8
     layout = ck.choice("layout", layout, ("rows", "triangular"))
     storage = ck.choice("storage", storage, ("upper", "full"))
     precond = ck.choice("precond", "none" if precond is None else precond, ("none", "tiles"))
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{ck.name('dtype')} must be 'float64' or 'float32', got {dtype!r}") from None
-    if dt not in (np.float32, np.float64):
-        raise TypeError(f"{ck.name('dtype')} must be 'float64' or 'float32', got {dtype!r}")
+    dt = precision(dtype, ck.name("dtype"))
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (math.isfinite(tol) and tol > 0):
         raise ValueError(f"{ck.name('tol')} must be a finite number > 0, got {tol!r}")
     maxiter = ck.integer("maxiter", maxiter, low=0)
