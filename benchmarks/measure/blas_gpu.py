@@ -91,7 +91,7 @@ def transfer_probe(cp, gib=1.0):
     with cp.cuda.Device(0):
         d = cp.empty(x.shape, dtype=x.dtype, order="F")
         s = cp.cuda.Stream(non_blocking=True)
-        ring = CUDADevice(0).ring()
+        ring = CUDADevice(0).ring_pool("in").take()
         for rep in range(2):
             t0 = time.perf_counter()
             d.set(x)

@@ -112,7 +112,7 @@ def ring_rates(x, gpus, threads):
     cols = x.shape[1]
     out = {}
     devs = [CUDADevice(g) for g in gpus]
-    rings = [d.ring() for d in devs]
+    rings = [d.ring_pool("in").take() for d in devs]
     dsts, streams = [], []
     for g in gpus:
         with cupy.cuda.Device(g):

@@ -381,3 +381,24 @@ def test_policy_drops_a_cpu_whose_share_is_below_the_minimum():
     assert kept == [gpu] and rates == [50e12]
     assert policy.without_idle_cpus([cpu, gpu], [10e12, 50e12], 0.05)[0] == [cpu, gpu]
     assert policy.without_idle_cpus([cpu], [1e9], 0.5)[0] == [cpu]          # a CPU alone stays
+
+
+def test_host_operands_stay_on_one_gpu_until_splitting_pays():
+    """Host operands on GPUs alone: a call one GPU finishes in under HOST_SPLIT_SECONDS runs on the best GPU
+    (n = 4096 was slower on two), a longer one on all; device operands keep min_call_seconds."""
+    from types import SimpleNamespace
+    from hybridblas.policy import HOST_SPLIT_SECONDS, one_device_if_small
+    ctx = hb.Context(devices=["cpu", "cpu"], profile=False)          # min_call_seconds 5 ms
+    gpus = [SimpleNamespace(kind="cuda", name="cuda:0"), SimpleNamespace(kind="cuda", name="cuda:1")]
+    rates = [50e12, 55e12]
+    problem = _herk_problem(6144, 6144)
+    assert ctx.min_call_seconds < problem.flops() / max(rates) < HOST_SPLIT_SECONDS
+    kept, kept_rates = one_device_if_small(problem, gpus, rates, ctx)
+    assert kept == [gpus[1]] and kept_rates == [55e12]                # the faster one
+    big = _herk_problem(12288, 12288)
+    assert big.flops() / max(rates) >= HOST_SPLIT_SECONDS
+    assert one_device_if_small(big, gpus, rates, ctx)[0] == gpus
+    with_cpu = [ctx.devices[0]] + gpus                                 # a CPU beside them: min_call_seconds
+    assert one_device_if_small(problem, with_cpu, [1e12] + rates, ctx)[0] == with_cpu
+    off = hb.Context(devices=["cpu", "cpu"], profile=False, min_call_seconds=0)
+    assert one_device_if_small(problem, gpus, rates, off)[0] == gpus  # the opt-out splits every call
