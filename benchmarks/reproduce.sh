@@ -68,8 +68,8 @@ run_stage() {
   e2e-cisolver) OUT=$O/e2e bash benchmarks/campaign_e2e.sh ci48 ;;
   blas-cpu)     $BLAS cpu --repeat 7 --json $O/bench_cpu.json ;;
   blas-2gpu)    $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 --repeats 3 --xt-block 8192 --out $O/blas-24576 ;;
-  blas-sizes)   $BLAS gpu --sizes 4096 8192 16384 --modes host --gpu-counts 1 2 --repeats 1 --xt-block 8192 \
-                    --xt-max-seconds 5 --out $O/blas-sizes ;;
+  blas-sizes)   $BLAS gpu --sizes 2048 4096 8192 12288 16384 --modes host device --gpu-counts 1 2 --skip xt dynamic \
+                    --repeats 2 --out $O/blas-sizes ;;
   blas-4gpu)    HYBRIDBLAS_PIN_HOST=on $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 4 --repeats 2 \
                     --xt-block 8192 --out $O/blas-24576-x4 ;;
   blas-1gpu)    $BLAS gpu --sizes 16384 24576 --repeats 2 --out $O/h100/blas-16384-24576 &&
@@ -126,7 +126,7 @@ run_stage() {
                 CUDA_VISIBLE_DEVICES=0 $TIMER --label 1rank-1gpu --json $O/flapw-mpi/runs.json -- mpiexec $BIND -n 1 $build &&
                 $TIMER --label 1rank-2gpus --json $O/flapw-mpi/runs.json -- mpiexec $BIND -n 1 $build &&
                 $TIMER --label 2ranks --json $O/flapw-mpi/runs.json -- mpiexec $BIND -n 2 $build ;;
-  plot-blas)    $BLAS plot $STORED/h200x2-2026-11-22/blas-sizes/bench_blas_gpu.json --out $O/img/blas-h200x2-sizes &&
+  plot-blas)    $BLAS plot $STORED/h200x2-2026-11-26/blas-sizes/bench_blas_gpu.json --out $O/img/blas-h200x2-sizes &&
                 $BLAS plot $STORED/h200x4-2026-11-22/blas-24576/bench_blas_gpu.json --out $O/img/blas-h200-scaling &&
                 $BLAS plot $STORED/h100-2026-11-22/blas-16384-24576/bench_blas_gpu.json --out $O/img/blas-h100 ;;
   plot-flapw)   $FLAPW plot --out $O/img/flapw_tio2.png ;;
