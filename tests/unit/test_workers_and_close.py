@@ -10,18 +10,24 @@ import hybridblas as hb
 from hybridblas import cuda_transfer, workers
 
 
-def test_map_keeps_the_order_and_runs_at_once():
+def _probe(fn, pause):
+    """fn wrapped to sleep ``pause`` s inside; the second value holds the most calls seen inside at once."""
     inside, most = [0], [0]
     lock = threading.Lock()
 
-    def slow_square(x):
+    def call(x):
         with lock:
             inside[0] += 1
             most[0] = max(most[0], inside[0])
-        time.sleep(0.02)
+        time.sleep(pause)
         with lock:
             inside[0] -= 1
-        return x * x
+        return fn(x)
+    return call, most
+
+
+def test_map_keeps_the_order_and_runs_at_once():
+    slow_square, most = _probe(lambda x: x * x, 0.02)
     assert workers.map(slow_square, range(12), 4) == [x * x for x in range(12)]
     assert 2 <= most[0] <= 4                  # parallel, never more than the threads asked for
     assert workers.map(slow_square, [], 4) == []
@@ -124,19 +130,12 @@ def test_ring_pool_clear_drops_idle_rings_and_keeps_lent_ones(monkeypatch):
 
 def test_a_group_bounds_its_concurrency_and_keeps_the_order():
     group = workers.Group(3, name="test")
-    inside, most = [0], [0]
-    lock = threading.Lock()
 
-    def slow(x):
-        with lock:
-            inside[0] += 1
-            most[0] = max(most[0], inside[0])
-        time.sleep(0.01)
-        with lock:
-            inside[0] -= 1
+    def negate(x):
         if x == 5:
             raise KeyError("five")
         return -x
+    slow, most = _probe(negate, 0.01)
     assert group.map(slow, [1, 2, 3, 4]) == [-1, -2, -3, -4]
     results = []
     callers = [threading.Thread(target=lambda: results.append(group.map(slow, range(6, 12)))) for _ in range(3)]
