@@ -225,7 +225,8 @@ class _CUDARun(DeviceRun):
         GPU for this run), the host write-back (with a ring of its own), page-locked operands. ``_release``
         undoes it."""
         device, problem = self.device, self.problem
-        self.fetch = PanelSource(self.cp, device.index, problem, self.s_in, self._cache_capacity(), self.stats)
+        self.fetch = PanelSource(self.cp, device.index, problem, self.s_in, self._cache_capacity(), self.stats,
+                                 self.f_dev)
         if not self.host:
             return
         self.fetch.ring = device.ring_pool("in").take()

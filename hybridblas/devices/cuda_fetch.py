@@ -21,11 +21,12 @@ def device_of(x):
 
 
 class PanelSource:
-    """The panels of ``problem``'s factors on GPU ``index``, fetched on ``stream`` into ``capacity`` bytes."""
+    """The panels of ``problem``'s factors on GPU ``index``, fetched on ``stream`` into ``capacity`` bytes;
+    ``f_dev`` says where each factor lives (``device_of``)."""
 
-    def __init__(self, cp, index, problem, stream, capacity, stats):
+    def __init__(self, cp, index, problem, stream, capacity, stats, f_dev):
         self.cp, self.index, self.problem, self.stream, self.stats = cp, index, problem, stream, stats
-        self.f_dev = [device_of(f.base) for f in problem.factors]
+        self.f_dev = f_dev
         self.kaxis = [k_axis(problem.kind, f, fac.op) for f, fac in enumerate(problem.factors)]
         self.host_operands = problem.fxp.__name__ == "numpy"
         self.pins = [None] * len(problem.factors)       # the factors' page-locking, once asked for
