@@ -10,7 +10,8 @@ job waits for the next one, so calls from several caller threads never share a t
 ``start(fn, *args)`` runs one job and returns a ``Job``, whose ``wait()`` (or ``join()``) returns once it
 has finished (its errors are kept for its ``result()``, which raises them). ``map(fn, items, threads)``
 runs ``fn`` over ``items`` on up to ``threads`` threads, the caller's own thread among them, and returns
-the results in order (the first exception is raised after all have finished). A ``Group`` is a fixed
+the results in order; after an exception (or an interrupt in the caller) no further item starts, and once
+the running ones have ended the exception of the earliest item is raised. A ``Group`` is a fixed
 number of threads that share one queue, for work whose concurrency must be bounded across all callers at
 once (the host copies of every GPU of a node: more threads only
 add contention there); its ``map`` hands every item to the group and waits.
@@ -88,7 +89,8 @@ def start(fn, *args, name="worker"):
 
 def map(fn, items, threads, progress=None):    # noqa: A001  (the name says what it does, like the builtin)
     """[fn(x) for x in items] on up to ``threads`` threads (the caller's one of them), in order.
-    ``progress(done, total)``, if given, is called (one call at a time) as items finish."""
+    ``progress(done, total)``, if given, is called (one call at a time) as items finish. An exception stops
+    the handing out of items; the earliest item's exception is raised once the running items have ended."""
     items = list(items)
     if threads <= 1 or len(items) <= 1:
         results = []
@@ -102,26 +104,35 @@ def map(fn, items, threads, progress=None):    # noqa: A001  (the name says what
     next_item = iter(range(len(items)))
     lock = threading.Lock()
     finished = [0]
+    stop = threading.Event()
 
     def drain():
-        while True:
+        while not stop.is_set():
             with lock:
                 i = next(next_item, None)
             if i is None:
                 return
             try:
                 results[i] = fn(items[i])
-            except BaseException as exc:
+            except Exception as exc:
                 errors.append((i, exc))
+                stop.set()
+                return
             if progress:
                 with lock:
                     finished[0] += 1
                     progress(finished[0], len(items))
 
-    events = [start(drain, name="map") for _ in range(min(threads, len(items)) - 1)]
-    drain()
-    for ev in events:
-        ev.wait()
+    jobs = [start(drain, name="map") for _ in range(min(threads, len(items)) - 1)]
+    try:
+        drain()
+    except BaseException:     # an interrupt in the caller: no item starts any more, the running ones end
+        stop.set()
+        for job in jobs:
+            job.wait()
+        raise
+    for job in jobs:
+        job.wait()
     if errors:
         raise min(errors, key=lambda e: e[0])[1]
     return results
@@ -157,8 +168,15 @@ class Group:
         done = threading.Semaphore(0)
         for i, x in enumerate(items):
             self._jobs.put((fn, x, done, i, out))
-        for _ in items:
-            done.acquire()
+        waited = 0
+        try:
+            for _ in items:
+                done.acquire()
+                waited += 1
+        except BaseException:          # an interrupt: the queued jobs still write into the caller's buffers
+            for _ in range(len(items) - waited):
+                done.acquire()
+            raise
         for ok, value in out:
             if not ok:
                 raise value

@@ -35,17 +35,40 @@ def test_map_keeps_the_order_and_runs_at_once():
     assert workers.map(slow_square, range(3), 1) == [0, 1, 4]
 
 
-def test_map_raises_the_first_error_after_every_item_ran():
+def test_an_error_stops_the_map_and_the_earliest_is_raised():
     ran = []
 
     def maybe(x):
         ran.append(x)
+        time.sleep(0.002)
         if x in (3, 7):
             raise ValueError(f"item {x}")
         return x
     with pytest.raises(ValueError, match="item 3"):
-        workers.map(maybe, range(10), 3)
-    assert sorted(ran) == list(range(10))
+        workers.map(maybe, range(200), 3)
+    assert 3 in ran and len(ran) < 200                  # no item starts after the error
+    with pytest.raises(ValueError, match="item 3"):
+        workers.map(maybe, range(10), 1)                # one thread: at once
+
+
+def test_an_interrupt_in_the_caller_stops_the_map_once_the_running_items_end():
+    caller = threading.get_ident()
+    running, ended = [0], []
+    lock = threading.Lock()
+
+    def item(x):
+        if threading.get_ident() == caller and x >= 4:
+            raise KeyboardInterrupt
+        with lock:
+            running[0] += 1
+        time.sleep(0.01)
+        ended.append(x)
+        return x
+    with pytest.raises(KeyboardInterrupt):
+        workers.map(item, range(400), 4)
+    count = len(ended)
+    time.sleep(0.05)
+    assert len(ended) == count == running[0] and count < 400    # nothing ran on after map returned
 
 
 def test_map_reports_progress_one_call_at_a_time():
