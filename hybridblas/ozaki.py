@@ -31,7 +31,7 @@ import numpy as np
 
 from .problem import array_module
 
-__all__ = ["MODULI", "INT32_K", "bits_for", "modular_product", "reconstruct", "gemm"]
+__all__ = ["MODULI", "INT32_K", "bits_for", "moduli_for", "modular_product", "reconstruct", "gemm"]
 
 # pairwise coprime, the largest at most 256 (balanced residues fit in int8), largest first
 MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 217, 211, 199, 197, 193, 191, 181, 179, 173)
@@ -54,6 +54,18 @@ def bits_for(k, moduli, complex_data=False):
     if bits < 1:
         raise ValueError(f"{len(moduli)} moduli leave no bits for k = {k}")
     return bits
+
+
+def moduli_for(k, bits=54, complex_data=False):
+    """The fewest moduli that keep ``bits`` bits of every row of A and column of B at inner dimension ``k``
+    (54: a float64 mantissa and one bit more)."""
+    for count in range(1, len(MODULI) + 1):
+        try:
+            if bits_for(k, MODULI[:count], complex_data) >= bits:
+                return count
+        except ValueError:
+            continue
+    raise ValueError(f"{len(MODULI)} moduli keep fewer than {bits} bits at k = {k}")
 
 
 def _exponents(x, axis, bits, xp):

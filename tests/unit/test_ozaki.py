@@ -118,3 +118,18 @@ def test_bad_arguments():
         ozaki.gemm(np.ones((2, 2)), np.ones((2, 2)), n_moduli=0)
     with pytest.raises(ValueError, match=r"got shapes \(2, 3\) and \(2, 2\)"):
         ozaki.gemm(np.ones((2, 3)), np.ones((2, 2)))
+
+
+def test_moduli_for_a_requested_accuracy():
+    def bits(k, count, complex_data):
+        try:
+            return ozaki.bits_for(k, ozaki.MODULI[:count], complex_data)
+        except ValueError:
+            return 0
+    for k in (1, 100, 16384, 100000):
+        for complex_data in (False, True):
+            count = ozaki.moduli_for(k, 54, complex_data)
+            assert bits(k, count, complex_data) >= 54 > bits(k, count - 1, complex_data)     # the fewest
+    assert ozaki.moduli_for(16384) == 16 and ozaki.moduli_for(16384, 40) == 13
+    with pytest.raises(ValueError, match="keep fewer than 90 bits"):
+        ozaki.moduli_for(16384, 90)
