@@ -1,6 +1,6 @@
 """GPU kernels for LOBPCG's block updates: a tall row-major block times a small matrix.
 
-float64 rows of whole 16-byte vectors take the staged kernel (STAGED): a thread block copies tiles of
+float64 rows of whole 16-byte vectors take the staged kernel: a thread block copies tiles of
 STAGE_ROWS rows into shared memory with cp.async, the next tile's copies in flight while two threads a row
 multiply this one. Against the thread-per-row kernels below it took the end of iteration from 115 to 77 us
 and S <- S m from 45 to 30 us at 47V's 242 k rows a GPU (H200, benchmarks.cisolver queued-steps). The rest of

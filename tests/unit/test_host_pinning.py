@@ -137,7 +137,7 @@ def test_cap_evicts_idle_pins_first(fake_cudart, monkeypatch):
     host_pinning.release(pb)
 
 
-def test_copy_pool_size_from_the_environment(monkeypatch):
+def test_copy_threads_from_the_environment(monkeypatch):
     from hybridblas import cuda_transfer
     monkeypatch.setenv("HYBRIDBLAS_COPY_THREADS", "3")
     assert cuda_transfer.copy_threads() == 3
