@@ -11,10 +11,10 @@ job waits for the next one, so calls from several caller threads never share a t
 has finished (its errors are kept for its ``result()``, which raises them). ``map(fn, items, threads)``
 runs ``fn`` over ``items`` on up to ``threads`` threads, the caller's own thread among them, and returns
 the results in order; after an exception (or an interrupt in the caller) no further item starts, and once
-the running ones have ended the exception of the earliest item is raised. A ``Group`` is a fixed
-number of threads that share one queue, for work whose concurrency must be bounded across all callers at
-once (the host copies of every GPU of a node: more threads only
-add contention there); its ``map`` hands every item to the group and waits.
+the running ones have ended the exception of the earliest item is raised. A ``Group`` is a fixed number
+of threads that share one queue, for work whose concurrency must be bounded across all callers at once
+(the host copies of every GPU of a node: more threads only add contention there); its ``map`` hands every
+item to the group and waits.
 """
 import queue
 import threading
