@@ -75,12 +75,13 @@ def one_device_if_small(problem, devices, rates, ctx):
     if len(devices) == 1 or ctx.block_size or ctx.min_call_seconds <= 0:
         return devices, rates
     flops = problem.flops()
+    host = problem.fxp.__name__ == "numpy"
     short = ctx.min_call_seconds
-    if problem.fxp.__name__ == "numpy" and all(d.kind == "cuda" for d in devices):
+    if host and all(d.kind == "cuda" for d in devices):
         short = max(short, HOST_SPLIT_SECONDS)
     if flops / max(rates) >= short:
         return devices, rates
-    if problem.fxp.__name__ == "numpy":
+    if host:
         home = {i for i, d in enumerate(devices) if d.kind == "cpu"}
     else:
         home = {i for i, d in enumerate(devices) if d.name == f"cuda:{home_gpu(problem)}"}
