@@ -93,6 +93,23 @@ def _rates(rates):
     return out
 
 
+EMULATIONS = (None, "int8")
+EMULATION_BITS = 54
+
+
+def _emulation(emulation, bits):
+    """(emulation, bits) checked: emulation one of EMULATIONS, bits an int in 8..62."""
+    if emulation is not None and not isinstance(emulation, str):
+        raise TypeError(f"emulation must be one of {EMULATIONS}, got {emulation!r} ({type(emulation).__name__})")
+    if emulation not in EMULATIONS:
+        raise ValueError(f"emulation must be one of {EMULATIONS}, got {emulation!r}")
+    if _is_bool(bits) or not isinstance(bits, Integral):
+        raise TypeError(f"emulation_bits must be an integer in 8..62, got {bits!r} ({type(bits).__name__})")
+    if not 8 <= bits <= 62:
+        raise ValueError(f"emulation_bits must be an integer in 8..62, got {bits!r}")
+    return emulation, int(bits)
+
+
 def _profile_arg(profile):
     from .profile.model import Profile
     if profile is None or profile is False or isinstance(profile, Profile):
@@ -123,6 +140,12 @@ class Context:
                 meets it, and stays so while it lives (hybridblas.host_pinning): GPUs then read it by DMA
                 at full PCIe speed. True: from the first call. False: always the pinned staging ring.
                 None (default): $HYBRIDBLAS_PIN_HOST (auto, on, off), else "auto".
+    emulation:  None (default): FP64 products on the FP64 units. "int8": float64 and complex128 tiles of at
+                least 1024 x 1024 x 1024 on a GPU run as exact INT8 products of residues on its tensor
+                cores (the Ozaki scheme II, hybridblas.devices.cuda_ozaki); smaller tiles, other dtypes and
+                the CPU's tiles stay native.
+    emulation_bits: bits kept of every row of op(A) and column of op(B), relative to its largest entry
+                (default 54: a float64 mantissa and one more); the number of moduli follows from it and k.
     """
 
     def __init__(self, devices: Union[str, Sequence[Union[str, int, Device]]] = "all", strategy: str = "auto",
@@ -130,7 +153,8 @@ class Context:
                  rates: Optional[Dict[str, float]] = None, profile: Union["Profile", None, bool] = None,
                  sync: bool = False, tail_fraction: float = 0.15, memory_limit: Optional[int] = None,
                  cpu_min_share: Optional[float] = None, min_call_seconds: float = 0.005,
-                 pin_host: Union[bool, str, None] = None) -> None:
+                 pin_host: Union[bool, str, None] = None, emulation: Optional[str] = None,
+                 emulation_bits: int = EMULATION_BITS) -> None:
         if not isinstance(strategy, str):
             raise TypeError(f"strategy must be one of {STRATEGIES}, got {strategy!r} ({type(strategy).__name__})")
         if strategy not in STRATEGIES:
@@ -144,6 +168,7 @@ class Context:
         min_call_seconds = _real(min_call_seconds, "min_call_seconds", "a number >= 0 (finite)", 0.0)
         if not _is_bool(sync):
             raise TypeError(f"sync must be True or False, got {sync!r} ({type(sync).__name__})")
+        self.emulation, self.emulation_bits = _emulation(emulation, emulation_bits)
         self._profile = _profile_arg(profile)
         self.pin_host = _pin_policy(pin_host)
         self.devices = self._resolve_devices(devices)

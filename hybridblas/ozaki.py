@@ -31,7 +31,7 @@ import numpy as np
 
 from .problem import array_module
 
-__all__ = ["MODULI", "INT32_K", "bits_for", "moduli_for", "modular_product", "reconstruct", "gemm"]
+__all__ = ["MODULI", "INT32_K", "bits_for", "moduli_for", "modular_product", "garner_weights", "reconstruct", "gemm"]
 
 # pairwise coprime, the largest at most 256 (balanced residues fit in int8), largest first
 MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 217, 211, 199, 197, 193, 191, 181, 179, 173)
@@ -95,20 +95,32 @@ def modular_product(ra, rb, p, matmul):
     return xp.where(r < 0, r + p, r).astype(np.int64)
 
 
+def garner_weights(moduli):
+    """Per modulus p_i: (w, q) with w[j] = p_0 ... p_(j-1) mod p_i for j < i and q the inverse of
+    p_0 ... p_(i-1) modulo p_i. Garner's digit i is then ((r_i - sum_j d_j w[j]) q) mod p_i: one pass per digit,
+    the sum small enough for 32-bit integers (at most 20 terms below 2^15 each)."""
+    out = []
+    for i, p in enumerate(moduli):
+        w = [_product(moduli[:j]) % p for j in range(i)]
+        out.append((w, pow(_product(moduli[:i]) % p, -1, p)))
+    return out
+
+
 def reconstruct(residues, moduli):
     """The integers x with x = residues[i] (mod moduli[i]) and |x| < P / 4, rounded to float64.
 
-    Garner's digits v_i (balanced) from the residues; then x = v_1 + p_1 (v_2 + p_2 (... + p_n-1 v_n)), the
-    innermost digits summed exactly in int64, the outer ones in double-double arithmetic (each step
-    p * (hi + lo) + v with an exact product of the small p by the high part split in two): the result is x
-    rounded once, up to a relative 2^-100 or so."""
+    Garner's digits v_i (balanced) from the residues (garner_weights); then
+    x = v_1 + p_1 (v_2 + p_2 (... + p_n-1 v_n)), the innermost digits summed exactly in int64, the outer ones in
+    double-double arithmetic (each step p * (hi + lo) + v with an exact product of the small p by the high part
+    split in two): the result is x rounded once, up to a relative 2^-100 or so."""
     xp = array_module(residues[0])
     n = len(moduli)
     digits = []
-    for i, p in enumerate(moduli):                # Garner: v_i from the residue and the digits before it
-        t = residues[i].astype(np.int64) % p
-        for j in range(i):
-            t = ((t - digits[j]) * pow(moduli[j], -1, p)) % p
+    for (w, q), p, r in zip(garner_weights(moduli), moduli, residues):
+        s = r.astype(np.int64)
+        for d, wj in zip(digits, w):
+            s = s - d * wj
+        t = (s % p) * q % p
         digits.append(xp.where(t > p // 2, t - p, t))
     inner = min(n, _EXACT_DIGITS)
     y = digits[n - 1]

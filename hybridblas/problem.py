@@ -223,6 +223,7 @@ class RunOptions:
     rates: dict = field(default_factory=dict)         # device name -> expected flop/s
     caller_events: tuple = ()        # events on the caller's streams that the GPUs' work must follow
     call: object = field(default_factory=object)      # one token for the call, shared by its GPUs
+    emulation: int = None            # bits kept per row and column by INT8-emulated FP64 tiles; None: native
 
 
 @dataclass

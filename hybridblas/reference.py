@@ -4,9 +4,11 @@ Used by the tests as the oracle and by users who want to check a result. Slow on
 full product and then applies the netlib rules (only the triangle, beta = 0 does not read C, real diagonal
 for herk/her2k, quick return when alpha or k is zero and beta is one).
 """
+import math
+
 import numpy as np
 
-__all__ = ["ref_herk", "ref_her2k", "ref_syrk", "ref_syr2k", "ref_gemmt", "ref_gemm"]
+__all__ = ["ref_herk", "ref_her2k", "ref_syrk", "ref_syr2k", "ref_gemmt", "ref_gemm", "exact_entries"]
 
 
 def _wide(x):
@@ -68,3 +70,37 @@ def ref_gemm(alpha, a, b, beta, c, transa="N", transb="N"):
         return out
     old = np.zeros_like(out) if beta == 0 else beta * out
     return alpha * (x @ y) + old
+
+
+def exact_entries(a, b, rows, cols):
+    """Entries (rows[t], cols[t]) of a @ b, each rounded once from its exact value: every product split
+    exactly in two doubles (Dekker), the sum by math.fsum. float64 or complex128 host arrays whose products
+    neither overflow nor underflow; the yardstick for the accuracy of a BLAS product."""
+    a, b = _wide(a), _wide(b)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"a and b must be m x k and k x n, got shapes {a.shape} and {b.shape}")
+    out = []
+    for i, j in zip(rows, cols):
+        x, y = a[i], b[:, j]
+        if np.iscomplexobj(x) or np.iscomplexobj(y):
+            x, y = x.astype(np.complex128), y.astype(np.complex128)
+            re = math.fsum(_exact_products(x.real, y.real) + _exact_products(-x.imag, y.imag))
+            im = math.fsum(_exact_products(x.real, y.imag) + _exact_products(x.imag, y.real))
+            out.append(complex(re, im))
+        else:
+            out.append(math.fsum(_exact_products(x, y)))
+    return np.array(out)
+
+
+def _exact_products(x, y):
+    """x_i y_i as the exact sums p_i + e_i, returned as one list [p..., e...]."""
+    p = x * y
+
+    def halves(v):
+        t = v * 134217729.0           # 2^27 + 1: v = hi + lo with hi, lo of 26 bits each
+        hi = t - (t - v)
+        return hi, v - hi
+    xh, xl = halves(x)
+    yh, yl = halves(y)
+    e = ((xh * yh - p) + xh * yl + xl * yh) + xl * yl
+    return list(p) + list(e)

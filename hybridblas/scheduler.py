@@ -16,6 +16,8 @@ def execute(problem, ctx):
     problem.run.memory_limit = getattr(ctx, "memory_limit", None)
     problem.run.pin_host = getattr(ctx, "pin_host", False)
     problem.run.rates = {d.name: r for d, r in zip(devices, rates)}
+    if getattr(ctx, "emulation", None) == "int8":
+        problem.run.emulation = ctx.emulation_bits
     if len(devices) == 1 and devices[0].kind == "cuda":
         from .devices import cuda_inline
         if cuda_inline.applies(problem, devices[0]):

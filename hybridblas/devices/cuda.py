@@ -24,6 +24,7 @@ from ..kernels import rect_block
 from ..plan import subtiles, with_k
 from ..problem import Operand, T
 from .base import Device, DeviceRun, check_cancel, register
+from . import cuda_ozaki
 from .cuda_fetch import PanelSource, device_of
 from .cuda_writeback import HostWriter
 
@@ -122,6 +123,13 @@ def _block_plan(problem, budget, fixed):
     k = max(problem.k, 1)
     if fixed:
         nb = fixed
+    elif problem.run.emulation and problem.dtype in cuda_ozaki.EMULATED:
+        # emulated products: device operands (views, no panel copies) in one tile that cuda_ozaki cuts within
+        # its own memory bound (each operand's residues made once); host operands in SUB tiles, so uploads
+        # overlap the products
+        if problem.fxp is not np and 3 * size * size * item <= budget:
+            return size, k
+        nb = min(size, cuda_ozaki.SUB)
     else:   # about six tiles per row for big C, never below 1024 unless C is smaller
         nb = min(MAX_BLOCK, max(1024, -(-size // 6 // 256) * 256), size)
     kc = k
@@ -185,6 +193,8 @@ class _CUDARun(DeviceRun):
                 self.s_comp.wait_event(ev)
             self.handle = cp.cuda.device.get_cublas_handle()
             self.backend = cublas.Backend(self.handle, self.s_comp)
+            if problem.run.emulation and problem.dtype in cuda_ozaki.EMULATED:
+                self.backend = cuda_ozaki.Backend(self.handle, self.s_comp, problem.run.emulation)
             self.pool = cp.get_default_memory_pool()
             self.host = problem.xp is np                 # C on the host: written back through the writer
             self.host_operands = problem.fxp is np       # operands on the host: panels through the ring

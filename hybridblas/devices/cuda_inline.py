@@ -21,7 +21,7 @@ import threading
 import numpy as np
 
 from .. import cublas, plan
-from . import cuda_skinny
+from . import cuda_ozaki, cuda_skinny
 from ..kernels import compute_block, rect_block
 from ..problem import leading_dim
 
@@ -39,6 +39,8 @@ def applies(problem, device):
         return False
     if device.memory_limit or device.block or problem.run.memory_limit:
         return False
+    if problem.run.emulation and cuda_ozaki.applies(problem.dtype, problem.m, problem.n, problem.k, problem.alpha):
+        return False            # emulated products run in the tiles (never at these sizes by default)
     return all(x.device.id == device.index for x in [problem.c] + [f.base for f in problem.factors])
 
 

@@ -133,3 +133,26 @@ def test_moduli_for_a_requested_accuracy():
     assert ozaki.moduli_for(16384) == 16 and ozaki.moduli_for(16384, 40) == 13
     with pytest.raises(ValueError, match="keep fewer than 90 bits"):
         ozaki.moduli_for(16384, 90)
+
+
+def test_exact_entries_are_correctly_rounded(rng):
+    """reference.exact_entries against exact rational sums, real and complex."""
+    from fractions import Fraction
+    from hybridblas import reference
+    for complex_ in (False, True):
+        a = rng.standard_normal((5, 300)) * 10.0 ** rng.integers(-8, 8, (5, 300))
+        b = rng.standard_normal((300, 4))
+        if complex_:
+            a = a + 1j * rng.standard_normal((5, 300))
+            b = b + 1j * rng.standard_normal((300, 4))
+        rows, cols = [0, 3, 4], [1, 0, 3]
+        got = reference.exact_entries(a, b, rows, cols)
+        for t, (i, j) in enumerate(zip(rows, cols)):
+            parts = [(a[i].real, b[:, j].real, 1), (a[i].imag, b[:, j].imag, -1)] if complex_ else \
+                [(a[i], b[:, j], 1)]
+            re = sum(s * Fraction(float(x)) * Fraction(float(y)) for xs, ys, s in parts for x, y in zip(xs, ys))
+            assert got[t].real == float(re)
+            if complex_:
+                im = sum(Fraction(float(x)) * Fraction(float(y)) for xs, ys in
+                         ((a[i].real, b[:, j].imag), (a[i].imag, b[:, j].real)) for x, y in zip(xs, ys))
+                assert got[t].imag == float(im)
