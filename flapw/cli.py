@@ -108,6 +108,10 @@ def _parser():
     b.add_argument("--multi-gpu", default="auto", choices=("auto", "split", "kpoints"),
                    help="several GPUs: split every BLAS call over them, or build k-points side by side, one per "
                         f"GPU (auto: side by side when N_G < {side.SPLIT_BELOW} and there are several k-points)")
+    b.add_argument("--emulate", action="store_true",
+                   help="FP64 products of at least 1024 x 1024 x 1024 on the GPUs' INT8 tensor cores (hybridblas "
+                        "Context emulation='int8', the Ozaki scheme II): as accurate as FP64 cuBLAS on random "
+                        "data (docs/performance.md); CPU work and smaller products stay native")
     b.add_argument("--output", default=None,
                    help="write H and S (both triangles) with k, N_G, the basis's Miller indices, the crystal, "
                         "Kmax and units per k-point to FILE.npz or FILE.h5 (docs/flapw.md: the layout)")
@@ -120,12 +124,18 @@ def gpu_ids(devices):
     return list(hb.parse_devices(devices, name="--devices").gpus)
 
 
-def make_backend(blas, devices, strategy, comm=None):
+def _emulation(args):
+    return "int8" if getattr(args, "emulate", False) else None
+
+
+def make_backend(blas, devices, strategy, comm=None, emulation=None):
     """The BLAS backend for ``devices`` (a --devices string or a DeviceSpec): hybridblas on this rank's
-    Context, or cuBLASXt on the GPUs named."""
+    Context (``emulation`` as hybridblas.Context takes it), or cuBLASXt on the GPUs named."""
     spec = devices if isinstance(devices, hb.DeviceSpec) else parallel.check_devices(devices, comm)
     if blas == "hybridblas":
-        return get_backend(blas, parallel.rank_context(comm, spec, strategy))
+        return get_backend(blas, parallel.rank_context(comm, spec, strategy, emulation))
+    if emulation:
+        raise ValueError(f"--emulate needs --blas hybridblas, got --blas {blas}")
     if not spec.gpus:
         raise ValueError(f"--blas {blas} needs GPUs; --devices {str(spec)!r} names none")
     try:
@@ -212,7 +222,8 @@ def _side_by_side(args, backend, largest, nb, n_kpoints):
         return None, nb
     workers, fits = [], []
     for g in gpus:
-        one = get_backend("hybridblas", hb.Context(devices=[f"cuda:{g}"], strategy=args.strategy))
+        one = get_backend("hybridblas", hb.Context(devices=[f"cuda:{g}"], strategy=args.strategy,
+                                                   emulation=_emulation(args)))
         arrays, fit = auto_arrays(one, largest, args.method, nb, args.interstitial)
         if arrays != "device":
             if asked:
@@ -263,7 +274,7 @@ def _plan(args, comm):
         raise ValueError(f"--max-temp-gib {args.max_temp_gib} is below one atom's {args.method} buffers "
                          f"({hb.memory.format_bytes(per_atom)} at N_G = {largest.n_g})")
     nb = _batch_size(largest, args.method, args.batch_atoms, max_bytes)
-    backend = make_backend(args.blas, spec, args.strategy, comm)
+    backend = make_backend(args.blas, spec, args.strategy, comm, _emulation(args))
     workers, nb = _side_by_side(args, backend, largest, nb, len(mine))
     arrays = "device" if workers else args.arrays
     if arrays == "auto":
@@ -354,9 +365,10 @@ def _build(args):
     cell, nb = plan.cell, plan.batch_atoms
     ranks = f", {comm.Get_size()} MPI ranks" if comm is not None else ""
     spread = f", k-points side by side on GPUs {[g for g, _ in plan.workers]}" if plan.workers else ""
-    log.info("%s: N_A=%d N_L=%d Kmax=%s (%d k-point%s, %s, devices=%s%s); arrays: %s, %d atoms per batch%s",
+    emulated = "; FP64 products emulated on INT8 tensor cores" if args.emulate else ""
+    log.info("%s: N_A=%d N_L=%d Kmax=%s (%d k-point%s, %s, devices=%s%s); arrays: %s, %d atoms per batch%s%s",
              cell.name, cell.n_atoms, cell.n_l, cell.kmax, args.kpoints, "s" if args.kpoints > 1 else "",
-             args.method, plan.spec, ranks, plan.arrays, nb, spread)
+             args.method, plan.spec, ranks, plan.arrays, nb, spread, emulated)
     parallel.share_k_independent(cell, comm)
     cell.tmats                               # the k-independent data, once, before the k-point loop
     if args.interstitial:
@@ -446,6 +458,7 @@ def _build(args):
         json.dump({"system": cell.name, "kmax": cell.kmax, "devices": str(plan.spec), "arrays": plan.arrays,
                    "batch_atoms": plan.batch_atoms, "ranks": comm.Get_size() if comm is not None else 1,
                    "multi_gpu": "kpoints" if plan.workers else "split", "overlap": plan.overlap,
+                   "emulation": _emulation(args),
                    "setup_seconds": cell.setup_seconds(), "warm_up_seconds": warm,
                    "loop_seconds": loops, "kpoints_per_second": args.kpoints / max(loops), "reports": reports,
                    "output": None if plan.path is None else str(plan.path)},

@@ -75,10 +75,11 @@ def gather_reports(reports, comm):
     return sorted((r for part in everything for r in part), key=lambda r: r["k_index"])
 
 
-def rank_context(comm, spec, strategy):
+def rank_context(comm, spec, strategy, emulation=None):
     """This rank's hybridblas Context for the devices of ``spec`` (a DeviceSpec from check_devices): all of
-    them without MPI; under MPI its share of the node's GPUs and cores."""
+    them without MPI; under MPI its share of the node's GPUs and cores. ``emulation``: the Context's (None:
+    FP64 units; "int8": large float64/complex128 tiles on the GPUs' INT8 tensor cores)."""
     if comm is None:
-        return hb.Context(devices=spec.names, strategy=strategy)
+        return hb.Context(devices=spec.names, strategy=strategy, emulation=emulation)
     word = ("all" if spec.cpu else "gpu") if spec.gpus else "cpu"
-    return distributed.node_context(comm, word, strategy=strategy)
+    return distributed.node_context(comm, word, strategy=strategy, emulation=emulation)

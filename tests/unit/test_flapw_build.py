@@ -238,3 +238,28 @@ def test_coefficient_fill_refuses_an_out_it_cannot_write_in_place():
     phase = np.ones((5, 2), complex)
     with pytest.raises(ValueError, match="out must be"):
         fill_coefficients(np.zeros((5, 16), complex)[:, ::2], factors, phase, [0, 0], 4)
+
+
+def test_cli_emulate_reaches_the_context(tmp_path, capsys, monkeypatch):
+    """--emulate builds on a Context with emulation="int8" (on the CPU the products stay native: the same H and S),
+    says so in the JSON, and needs hybridblas as the BLAS."""
+    from flapw import cli
+    contexts = []
+    real = hb.Context
+
+    def recording(*args, **kw):
+        ctx = real(*args, **kw)
+        contexts.append(ctx)
+        return ctx
+    monkeypatch.setattr(hb, "Context", recording)
+    small = ["build", "--system", "NaCl", "--supercell", "1", "1", "1", "--kmax", "1.8", "--json"]
+    files = [tmp_path / "on.npz", tmp_path / "off.npz"]
+    for extra, out in ((["--emulate"], files[0]), ([], files[1])):
+        assert cli.main(small + extra + ["--output", str(out)]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["emulation"] == ("int8" if extra else None)
+    assert [c.emulation for c in contexts] == ["int8", None]
+    on, off = np.load(files[0]), np.load(files[1])
+    np.testing.assert_array_equal(on["H_0"], off["H_0"])
+    with pytest.raises(ValueError, match="--emulate needs --blas hybridblas, got --blas cublasxt"):
+        cli.make_backend("cublasxt", hb.DeviceSpec(cpu=False, gpus=(0,)), "auto", None, "int8")
