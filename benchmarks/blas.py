@@ -3,6 +3,7 @@ cuBLASXt on GPUs, small calls, host-to-GPU staging, the static split's ratios, t
 
     python3 -m benchmarks.blas cpu --repeat 7
     python3 -m benchmarks.blas gpu --sizes 24576 --modes host --gpu-counts 1 2 --repeats 3 --xt-block 8192 --out DIR
+    python3 -m benchmarks.blas emulation --sizes 2048 4096 8192 16384 --out DIR
     python3 -m benchmarks.blas plot DIR1/bench_blas_gpu.json DIR2/bench_blas_gpu.json --out DIR
 """
 if not __package__:                      # run as a file: start again as a module of the repository
@@ -23,6 +24,7 @@ COMMANDS = {
     "staging": ("blas_staging", "host-to-GPU paths: copy threads, staging ring, registered DMA"),
     "sweep-ratio": ("blas_sweep_ratio", "hand sweep of the static split's ratios against the calibrated profile"),
     "kernels": ("blas_kernels", "the float32 tall-skinny Gram kernel at several launch sizes against cupy"),
+    "emulation": ("blas_emulation", "FP64 products emulated on INT8 tensor cores against cuBLAS: time and accuracy"),
 }
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ stage blas-cpu       "BLAS core / CPU"                                         "
 stage blas-2gpu      "BLAS core / One and two H200s, host operands"            "2 GPUs"           "blas-24576/"
 stage blas-sizes     "BLAS core / One and two H200s: against n (and its plot)" "2 GPUs"           "blas-sizes/"
 stage blas-4gpu      "BLAS core / Four H200s (and the scaling plot)"           "4 GPUs"           "blas-24576-x4/"
+stage emulation      "BLAS core / FP64 emulated on INT8 tensor cores"          "1 GPU"            "emulation/"
 stage blas-1gpu      "BLAS core / One H100 (and its plot)"                     "1 GPU"            "h100/"
 stage small-calls    "BLAS core / Small calls on one GPU"                      "1 GPU"            "small_calls.log"
 stage tuning         "BLAS core / Tuning: calibration and the hand sweep"      "2 GPUs"           "tuning/"
@@ -47,7 +48,7 @@ stage ci-cpu         "CI eigensolver: on the CPU box, MKL and scipy backends"  "
 stage ci-spmm-cpu    "CI eigensolver: CPU block SpMM, MKL against scipy"       "CPU box + mkl"    "spmm_24Mg.json"
 stage ci-float32     "CI eigensolver: float32 on a GPU"                        "1 GPU"            "float32-diagnosis.txt"
 stage flapw-mpi      "Beyond one node: FLAPW k-points over ranks"              "2 GPUs + MPI"     "flapw-mpi/runs.json"
-stage plot-blas      "figures blas_h200x2_sizes, blas_h200_scaling, blas_h100" "CPU box"          "img/blas-*/"
+stage plot-blas      "figures blas_h200x2_sizes, blas_h200_scaling, blas_h100, blas_emulation" "CPU box" "img/blas-*/"
 stage plot-flapw     "figure flapw_tio2.png"                                   "CPU box"          "img/flapw_tio2.png"
 stage plot-cisolver  "figure cisolver_peers.png"                               "CPU box"          "img/cisolver_peers.png"
 
@@ -70,6 +71,8 @@ run_stage() {
   blas-2gpu)    $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 --repeats 3 --xt-block 8192 --out $O/blas-24576 ;;
   blas-sizes)   $BLAS gpu --sizes 2048 4096 8192 12288 16384 --modes host device --gpu-counts 1 2 --skip xt dynamic \
                     --repeats 2 --out $O/blas-sizes ;;
+  emulation)    $BLAS emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --cublas-emulation \
+                    --out $O/emulation ;;
   blas-4gpu)    HYBRIDBLAS_PIN_HOST=on $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 4 --repeats 2 \
                     --xt-block 8192 --out $O/blas-24576-x4 ;;
   blas-1gpu)    $BLAS gpu --sizes 16384 24576 --repeats 2 --out $O/h100/blas-16384-24576 &&
@@ -128,7 +131,9 @@ run_stage() {
                 $TIMER --label 2ranks --json $O/flapw-mpi/runs.json -- mpiexec $BIND -n 2 $build ;;
   plot-blas)    $BLAS plot $STORED/h200x2-2026-11-26/blas-sizes/bench_blas_gpu.json --out $O/img/blas-h200x2-sizes &&
                 $BLAS plot $STORED/h200x4-2026-11-22/blas-24576/bench_blas_gpu.json --out $O/img/blas-h200-scaling &&
-                $BLAS plot $STORED/h100-2026-11-22/blas-16384-24576/bench_blas_gpu.json --out $O/img/blas-h100 ;;
+                $BLAS plot $STORED/h100-2026-11-22/blas-16384-24576/bench_blas_gpu.json --out $O/img/blas-h100 &&
+                $BLAS emulation --plot-only $STORED/h200x2-2026-11-26/emulation/bench_blas_emulation.json \
+                    --out $O/img/blas-emulation ;;
   plot-flapw)   $FLAPW plot --out $O/img/flapw_tio2.png ;;
   plot-cisolver) $CI plot --out $O/img/cisolver_peers.png ;;
   esac

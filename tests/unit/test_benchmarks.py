@@ -174,3 +174,11 @@ def test_reproduce_lists_its_stages_and_refuses_an_unknown_one():
     wrong = subprocess.run(["bash", str(script), "blas-cpu", "nope"], capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "unknown stage 'nope'" in wrong.stderr
     assert "===" not in wrong.stdout                                    # refused before running blas-cpu
+
+
+def test_the_emulation_plot_reads_its_stored_run(tmp_path):
+    pytest.importorskip("matplotlib")
+    stored = STORED / "h200x2-2026-11-26" / "emulation" / "bench_blas_emulation.json"
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["emulation", "--plot-only", str(stored), "--out",
+                                                       str(tmp_path)]) == 0
+    assert (tmp_path / "blas_emulation.png").stat().st_size > 0
