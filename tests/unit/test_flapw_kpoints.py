@@ -81,7 +81,8 @@ def _fake_gpus(monkeypatch, gpus, fits=True):
     monkeypatch.setattr(cli, "_context_gpus", lambda backend: list(gpus))
     monkeypatch.setattr(cli, "get_backend", lambda blas, context=None, gpus=None: SimpleNamespace(
         name="hybridblas", context=context))
-    monkeypatch.setattr(hb, "Context", lambda devices, strategy: SimpleNamespace(devices=devices))
+    monkeypatch.setattr(hb, "Context", lambda devices, strategy, emulation=None: SimpleNamespace(devices=devices,
+                                                                                               emulation=emulation))
     monkeypatch.setattr(cli, "auto_arrays", lambda backend, cell, method, nb, interstitial=False:
                         ("device", nb // 2) if fits else ("host", nb))
 
