@@ -140,10 +140,11 @@ class Context:
                 meets it, and stays so while it lives (hybridblas.host_pinning): GPUs then read it by DMA
                 at full PCIe speed. True: from the first call. False: always the pinned staging ring.
                 None (default): $HYBRIDBLAS_PIN_HOST (auto, on, off), else "auto".
-    emulation:  None (default): FP64 products on the FP64 units. "int8": float64 and complex128 tiles of at
-                least 1024 x 1024 x 1024 on a GPU run as exact INT8 products of residues on its tensor
-                cores (the Ozaki scheme II, hybridblas.devices.cuda_ozaki); smaller tiles, other dtypes and
-                the CPU's tiles stay native.
+    emulation:  None (default): FP64 products on the FP64 units. "int8": float64 and complex128 tiles on a GPU
+                run as exact INT8 products of residues on its tensor cores (the Ozaki scheme II,
+                hybridblas.devices.cuda_ozaki) where that wins: m and n of at least 2048 and k of at least
+                cuda_ozaki.MIN_K (6144 to 16384 by dtype and shape); other tiles, other dtypes and the CPU's
+                tiles stay native.
     emulation_bits: bits kept of every row of op(A) and column of op(B), relative to its largest entry
                 (default 54: a float64 mantissa and one more); the number of moduli follows from it and k.
     """

@@ -31,7 +31,7 @@ import numpy as np
 
 from .problem import array_module
 
-__all__ = ["MODULI", "INT32_K", "bits_for", "moduli_for", "modular_product", "garner_weights", "reconstruct", "gemm"]
+__all__ = ["MODULI", "INT32_K", "MAX_BITS", "bits_for", "moduli_for", "modular_product", "garner_weights", "reconstruct", "gemm"]
 
 # pairwise coprime, the largest at most 256 (balanced residues fit in int8), largest first
 MODULI = (256, 255, 253, 251, 247, 241, 239, 233, 229, 227, 223, 217, 211, 199, 197, 193, 191, 181, 179, 173)
@@ -43,9 +43,12 @@ def _product(values):
     return reduce(lambda x, y: x * y, values, 1)
 
 
+MAX_BITS = 62              # the scaled integers are held in int64 on a GPU
+
+
 def bits_for(k, moduli, complex_data=False):
     """Bits per entry of A' and B' for inner dimension ``k``: sum |a'| |b'| over k (2k terms for complex) must
-    stay below P / 4, P the product of ``moduli``."""
+    stay below P / 4, P the product of ``moduli``; at most MAX_BITS."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k!r}")
     terms = 2 * k if complex_data else k
@@ -53,7 +56,7 @@ def bits_for(k, moduli, complex_data=False):
     bits = headroom // 2
     if bits < 1:
         raise ValueError(f"{len(moduli)} moduli leave no bits for k = {k}")
-    return bits
+    return min(bits, MAX_BITS)
 
 
 def moduli_for(k, bits=54, complex_data=False):

@@ -115,6 +115,14 @@ def _budget(device, problem):
     return max(int(avail * 0.9) - RESERVE, 1 << 20)
 
 
+def _emulated_k(problem):
+    """The least k chunk at which emulated products apply (0 without emulation): panels streamed along k in
+    shorter chunks would run natively."""
+    if not problem.run.emulation or problem.dtype not in cuda_ozaki.EMULATED:
+        return 0
+    return min(problem.k, max(cuda_ozaki.MIN_K[problem.dtype.kind, t] for t in (False, True)))
+
+
 def _block_plan(problem, budget, fixed):
     """(block edge nb, k chunk kc) whose working set (two panels per factor, tiles in flight) fits."""
     item = problem.dtype.itemsize
@@ -205,7 +213,9 @@ class _CUDARun(DeviceRun):
             fixed = device.block
             self.nb, self.kc = _block_plan(problem, self.budget, fixed)
             if self.host or any(d != device.index for d in self.f_dev):
-                self.kc = min(self.kc, max(self.nb, STREAM_K))
+                self.kc = min(self.kc, max(self.nb, STREAM_K, _emulated_k(problem)))
+            if isinstance(self.backend, cuda_ozaki.Backend):
+                self.backend.limit = self.budget
             if problem.dtype in (np.float32, np.complex64):
                 # cuBLAS's single-precision syrk sums a whole k range in one float32 accumulator: for
                 # LOBPCG's tall Gram matrices (k ~ 3e4) that gave 10x the error of CPU BLAS and of a gemm;

@@ -19,9 +19,10 @@ One block of C = op(A) op(B) (m x n, inner dimension k) goes in four steps on th
    The value is the one hybridblas.ozaki.reconstruct gives on the host, bit for bit.
 
 Residues are made once per group of moduli for the rows of a panel of C (all of C when its reduced planes fit),
-so each operand is read once per group. Working memory: a panel's reduced planes (one byte per entry of C,
-modulus and part), the residue planes of a group of moduli (a byte per entry of the operands, modulus and part),
-each within WORK_BYTES and a quarter of the GPU's spare memory, and the INT32 products of one block.
+so each operand is read once per group. Working memory, all taken before the first write into C: a panel's reduced
+planes (one byte per entry of C, modulus and part) and the residue planes of a group of moduli (a byte per entry of
+the operands, modulus and part), each within WORK_BYTES and a quarter of the GPU's spare memory (or of the run's
+limit), and two INT32 product buffers of one block (at most SUB x SUB per part).
 """
 import ctypes
 import threading
@@ -32,6 +33,7 @@ from .. import cublas, ozaki
 
 SUB = 8192                 # output blocks at most SUB x SUB (INT8 products of 8192^2 x k run near peak)
 STRIP = 2048               # a triangle goes in column strips this wide (waste: half a strip's square)
+PANEL_MIN = 256            # C too large for its reduced planes goes in panels of a multiple of this many columns
 ALIGN = 16                 # k padded to this (TN INT8 products want k-contiguous rows, 16-byte aligned)
 K_CHUNK = (ozaki.INT32_K - 1) // ALIGN * ALIGN   # longest exact INT32 sum of int8 products
 WORK_BYTES = 16 << 30      # at most this (and a quarter of the GPU's spare memory) for each of: the residue
@@ -108,16 +110,18 @@ def rows_right(y):
 
 class Backend(cublas.Backend):
     """kernels.compute_block's backend for one GPU with emulated FP64: residue products on the INT8 tensor
-    cores where ``applies``, cuBLAS's FP64 routines elsewhere. ``bits``: bits kept per row and column."""
+    cores where ``applies``, cuBLAS's FP64 routines elsewhere. ``bits``: bits kept per row and column;
+    ``limit``: bytes the run may use on the GPU (None: its spare memory)."""
 
-    def __init__(self, handle, stream, bits):
+    def __init__(self, handle, stream, bits, limit=None):
         super().__init__(handle, stream)
         self.bits = bits
+        self.limit = limit
 
     def gemm(self, c, alpha, x, y, beta):
         if not applies(c.dtype, c.shape[0], c.shape[1], x.cols, alpha):
             return super().gemm(c, alpha, x, y, beta)
-        product(self, c, alpha, beta, rows_left(x), rows_right(y))
+        product(self, c, [(alpha, beta, rows_left(x), rows_right(y), False)])
 
     def rank_k(self, kind, c, lower, alpha, factors, beta):
         n = c.shape[0]
@@ -126,43 +130,59 @@ class Backend(cublas.Backend):
         her = kind.startswith("her") and c.dtype.kind == "c"
         a = rows_left(factors[0])
         b = rows_left(factors[-1])
-        twice = kind in ("her2k", "syr2k")
-        first = dict(lower=lower, hermitian=her and not twice)
-        product(self, c, alpha, beta, a, b.conjugated() if her else b, **first)
-        if twice:
-            second = np.conj(alpha) if her else alpha
-            product(self, c, second, 1.0, b, a.conjugated() if her else a, lower=lower, hermitian=her)
+        if kind not in ("her2k", "syr2k"):
+            product(self, c, [(alpha, beta, a, b.conjugated() if her else b, her)], lower)
+            return
+        second = np.conj(alpha) if her else alpha
+        product(self, c, [(alpha, beta, a, b.conjugated() if her else b, False),
+                          (second, 1.0, b, a.conjugated() if her else a, her)], lower)
 
 
-def product(backend, c, alpha, beta, left, right, lower=None, hermitian=False):
-    """c <- alpha L R^T + beta c with L = ``left`` (m rows), R = ``right`` (n rows), both of depth k; only
-    the lower (True) or upper (False) triangle when ``lower`` is not None, the diagonal's imaginary part
-    zeroed when ``hermitian``. ``c`` is a column-major cupy view on the current GPU."""
+def product(backend, c, terms, lower=None):
+    """c <- alpha_1 L_1 R_1^T + beta_1 c, then c += alpha_t L_t R_t^T for the other terms (alpha, beta, L, R,
+    hermitian): L (m rows) and R (n rows) of one depth k; only the lower (True) or upper (False) triangle when
+    ``lower`` is not None; a term with ``hermitian`` zeroes the diagonal's imaginary part. ``c`` is a
+    column-major cupy view on the current GPU.
+
+    Every buffer is taken before the first write into c, so that running out of memory leaves c as it was
+    (the tile can then be computed again); the panels and terms reuse them."""
     import cupy
-    m, n, k = left.count, right.count, left.depth
+    m, n, k = terms[0][2].count, terms[0][3].count, terms[0][2].depth
     cplx = c.dtype.kind == "c"
     moduli = ozaki.MODULI[:ozaki.moduli_for(k, backend.bits, cplx)]
-    bits = min(62, ozaki.bits_for(k, moduli, cplx))
+    bits = ozaki.bits_for(k, moduli, cplx)
     kernels = _kernels(cupy, len(moduli))
-    budget = min(WORK_BYTES, _spare_bytes(cupy) // 4)
-    with backend.stream:
-        shifts = (_shifts(cupy, left, bits), _shifts(cupy, right, bits))
-        for rows, cols in _panels(m, n, lower, (2 if cplx else 1) * len(moduli), budget):
-            panel = _Panel(cupy, kernels, backend.handle, moduli, cplx, k, rows, cols)
-            panel.products(left, right, shifts, lower, budget)
-            panel.rebuild(c, shifts, alpha, beta, lower, hermitian)
+    budget = _budget(cupy, backend.limit)
+    panels = list(_panels(m, n, lower, (2 if cplx else 1) * len(moduli), budget))
+    main, side = backend.stream, _side_stream(cupy)
+    with main:
+        shifts = [(_shifts(cupy, left, bits), _shifts(cupy, right, bits)) for _, _, left, right, _ in terms]
+        work = _Work(cupy, panels, lower, moduli, cplx, k, budget)
+        try:
+            for rows, cols in panels:
+                for (alpha, beta, left, right, hermitian), shift in zip(terms, shifts):
+                    panel = _Panel(cupy, kernels, backend.handle, work, rows, cols)
+                    panel.products(left, right, shift, lower, side)
+                    panel.rebuild(c, shift, alpha, beta, lower, hermitian)
+        finally:
+            main.wait_event(_event(cupy, side))     # no reduction outlives the call (its buffers go back)
 
 
-def _spare_bytes(cupy):
+def _budget(cupy, limit):
+    """Bytes for each of the two big working sets (residue planes of a group of moduli, reduced planes of a
+    panel): WORK_BYTES, at most a quarter of the GPU's spare memory and of the run's ``limit``."""
     free, _total = cupy.cuda.runtime.memGetInfo()
-    return free + cupy.get_default_memory_pool().free_bytes()
+    spare = free + cupy.get_default_memory_pool().free_bytes()
+    if limit:
+        spare = min(spare, limit)
+    return max(1, min(WORK_BYTES, spare // 4))
 
 
 def _panels(m, n, lower, planes, budget):
     """((r0, r1), (c0, c1)) column panels of C whose residue planes (``planes`` bytes per entry) fit ``budget``:
     all of C when it fits; for a triangle only the rows that reach it."""
     rows = -(-m // 4) * 4
-    width = n if planes * rows * n <= budget else max(SUB, budget // (planes * rows) // SUB * SUB)
+    width = n if planes * rows * n <= budget else max(PANEL_MIN, budget // (planes * rows) // PANEL_MIN * PANEL_MIN)
     for c0 in range(0, n, width):
         c1 = min(n, c0 + width)
         r0, r1 = (c0, m) if lower is True else ((0, min(m, c1)) if lower is False else (0, m))
@@ -223,39 +243,55 @@ def _shift_kernel(cupy):
         return _modules["shift"]
 
 
-class _Panel:
-    """A panel of C (rows r0:r1, columns c0:c1): residue planes of its rows of L and R, a group of moduli at a
-    time; the INT8 products of its blocks reduced modulo p into uint8 planes; then its reconstruction.
-    Kernels run on the current stream (``product`` makes the backend's stream current), cuBLAS on the same one."""
+class _Work:
+    """The buffers of one ``product`` call, taken at once for its largest panel and block: the panel's reduced
+    planes, residue planes of a group of moduli for its rows of L and of R, and two INT32 product buffers."""
 
-    def __init__(self, cupy, kernels, handle, moduli, cplx, k, rows, cols):
-        self.cp, self.kernels, self.handle = cupy, kernels, handle
-        self.moduli, self.cplx, self.k = moduli, cplx, k
-        self.rows, self.cols = rows, cols
+    def __init__(self, cupy, panels, lower, moduli, cplx, k, budget):
+        self.moduli, self.cplx = moduli, cplx
         self.parts = 3 if cplx else 1
         self.depth = -(-k // ALIGN) * ALIGN
+        count = len(moduli)
+        rows = max(r1 - r0 for (r0, r1), _ in panels)
+        cols = max(c1 - c0 for _, (c0, c1) in panels)
+        blocks = [b for rows_, cols_ in panels for b in _blocks(rows_, cols_, lower)]
+        edge = max(-(-(i1 - i0) // 4) * 4 for i0, i1, _, _ in blocks)
+        width = max(j1 - j0 for _, _, j0, j1 in blocks)
+        self.group = max(1, min(count, budget // max(self.parts * (rows + cols) * self.depth, 1)))
+        self.planes = cupy.empty((2 if cplx else 1) * count * cols * (-(-rows // 4) * 4), dtype=np.uint8)
+        self.left = cupy.empty(self.parts * self.group * rows * self.depth, dtype=np.int8)
+        self.right = cupy.empty(self.parts * self.group * cols * self.depth, dtype=np.int8)
+        self.scratch = [cupy.empty((self.parts, width * edge), dtype=np.int32) for _ in range(2)]
+
+
+class _Panel:
+    """A panel of C (rows r0:r1, columns c0:c1) in the buffers of a ``_Work``: residue planes of its rows of L and
+    R, a group of moduli at a time; the INT8 products of its blocks reduced modulo p into uint8 planes; then its
+    reconstruction. Kernels run on the current stream (``product`` makes the backend's stream current), cuBLAS
+    on the same one, the reductions on the GPU's side stream."""
+
+    def __init__(self, cupy, kernels, handle, work, rows, cols):
+        self.cp, self.kernels, self.handle, self.work = cupy, kernels, handle, work
+        self.moduli, self.cplx, self.parts, self.depth = work.moduli, work.cplx, work.parts, work.depth
+        self.rows, self.cols = rows, cols
         self.m, self.n = rows[1] - rows[0], cols[1] - cols[0]
         self.ld = -(-self.m // 4) * 4
-        self.residues = cupy.empty((2 if cplx else 1, len(moduli), self.n, self.ld), dtype=np.uint8)
+        shape = (2 if self.cplx else 1, len(self.moduli), self.n, self.ld)
+        self.residues = work.planes[:int(np.prod(shape))].reshape(shape)
 
-    def products(self, left, right, shifts, lower, budget):
-        """Every block's INT8 products on the current stream; their reductions modulo p on this GPU's side
-        stream, each beside the next products (two INT32 buffers, handed over by events)."""
-        cp, count = self.cp, len(self.moduli)
-        main, side = cp.cuda.get_current_stream(), _side_stream(cp)
+    def products(self, left, right, shifts, lower, side):
+        """Every block's INT8 products on the current stream; their reductions modulo p on ``side``, each beside
+        the next products (two INT32 buffers, handed over by events)."""
+        cp, count, work = self.cp, len(self.moduli), self.work
+        main = cp.cuda.get_current_stream()
         blocks = list(_blocks(self.rows, self.cols, lower))
-        edge = max(i1 - i0 for i0, i1, _, _ in blocks)
-        width = max(j1 - j0 for _, _, j0, j1 in blocks)
-        scratch = [cp.empty((self.parts, width * (-(-edge // 4) * 4)), dtype=np.int32) for _ in range(2)]
         read = [None, None]              # per buffer: the event after the reduction that last read it
-        side.wait_event(_event(cp, main))
-        per_modulus = self.parts * (self.m + self.n) * self.depth
-        group = max(1, min(count, budget // max(per_modulus, 1)))
+        side.wait_event(_event(cp, main))   # after what came before (a rebuild reading these planes)
         turn = 0
-        for g0 in range(0, count, group):
-            g1 = min(count, g0 + group)
-            pa = self._residues(left, self.rows, shifts[0], g0, g1)
-            pb = self._residues(right, self.cols, shifts[1], g0, g1)
+        for g0 in range(0, count, work.group):
+            g1 = min(count, g0 + work.group)
+            pa = self._residues(left, self.rows, shifts[0], g0, g1, work.left)
+            pb = self._residues(right, self.cols, shifts[1], g0, g1, work.right)
             for mod in range(g0, g1):
                 for i0, i1, j0, j1 in blocks:
                     a_rows, b_rows = i0 - self.rows[0], j0 - self.cols[0]
@@ -264,7 +300,7 @@ class _Panel:
                         q1 = min(self.depth, q0 + K_CHUNK)
                         if read[turn] is not None:
                             main.wait_event(read[turn])
-                        out = scratch[turn][:, :(j1 - j0) * ldp]
+                        out = work.scratch[turn][:, :(j1 - j0) * ldp]
                         for part in range(self.parts):
                             self._gemm(pa[part, mod - g0, a_rows:], pb[part, mod - g0, b_rows:], out[part],
                                        i1 - i0, j1 - j0, ldp, q0, q1)
@@ -273,14 +309,14 @@ class _Panel:
                             self._reduce(out, ldp, i1 - i0, j1 - j0, mod, a_rows, b_rows, accumulate=q0 > 0)
                         read[turn] = _event(cp, side)
                         turn ^= 1
-            del pa, pb                   # read only by the products, on the main stream
+            # the next group's residues overwrite pa, pb: after these products (same stream)
         main.wait_event(_event(cp, side))   # the reduced planes (and the buffers' last readers) done
 
-    def _residues(self, rows, span, shifts, g0, g1):
-        cp = self.cp
+    def _residues(self, rows, span, shifts, g0, g1, buffer):
         r0, r1 = span
         count = r1 - r0
-        out = cp.empty((self.parts, g1 - g0, count, self.depth), dtype=np.int8)
+        shape = (self.parts, g1 - g0, count, self.depth)
+        out = buffer[:int(np.prod(shape))].reshape(shape)
         grid = (-(-self.depth // 32), -(-count // 32))
         name = "residues_c" if self.cplx else "residues_r"
         self.kernels[name](grid, (32, 8), (
@@ -326,7 +362,6 @@ class _Panel:
         args += [np.float64(beta.real)] + ([np.float64(beta.imag)] if self.cplx else [])
         args += [np.int32(1 if beta == 0 else 0), np.int32(mode), np.int64(r0 - c0), np.int32(1 if hermitian else 0)]
         self.kernels[name]((blocks,), (threads,), tuple(args))
-        self.residues = None
 
 
 def _event(cupy, stream):
@@ -477,7 +512,7 @@ extern "C" __global__ void rebuild_KIND(const unsigned char* __restrict__ planes
         long long idx = (long long)j * lda + i;
         int s = sa[i], t = sb[j];
         bool bad = s == NONFINITE || t == NONFINITE;
-        int scale = -(s + t);
+        int scale = bad ? 0 : -(s + t);
 STORE
     }
 }

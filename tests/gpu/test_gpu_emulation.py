@@ -70,19 +70,21 @@ def test_every_routine_matches_the_float64_reference(name, dtype, emulated, rng)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
-@pytest.mark.parametrize("chunk,work", [(None, None), (32, 1)])
-def test_bit_for_bit_the_host_arithmetic(dtype, chunk, work, emulated, monkeypatch, rng):
+@pytest.mark.parametrize("chunk,work,bits", [(None, None, 54), (32, 1, 54), (None, None, 62)])
+def test_bit_for_bit_the_host_arithmetic(dtype, chunk, work, bits, emulated, monkeypatch, rng):
     """The same integers, moduli and reconstruction as hybridblas.ozaki.gemm on the host: equal to the last bit,
-    also with k in INT32 chunks of 32, one modulus per group of residue planes and C in panels."""
+    also with k in INT32 chunks of 32, one modulus per group of residue planes and C in panels, and at the most
+    bits a Context takes."""
     import cupy
     from hybridblas.devices import cuda_ozaki
     if chunk:
         monkeypatch.setattr(cuda_ozaki, "K_CHUNK", chunk)
         monkeypatch.setattr(cuda_ozaki, "WORK_BYTES", work)
+        monkeypatch.setattr(cuda_ozaki, "PANEL_MIN", 8)
     m, k, n = 93, 257, 71
     a = random_matrix(rng, (m, k), dtype) * np.exp(rng.uniform(-20, 20, (m, 1)))
     b = random_matrix(rng, (k, n), dtype) * np.exp(rng.uniform(-20, 20, (1, n)))
-    ctx = hb.Context(devices=["cuda:0"], emulation="int8")
+    ctx = hb.Context(devices=["cuda:0"], emulation="int8", emulation_bits=bits)
     got = hb.gemm(1.0, cupy.asarray(a, order="F"), cupy.asarray(b, order="F"), context=ctx).get()
     count = ozaki.moduli_for(k, ctx.emulation_bits, np.dtype(dtype).kind == "c")
     host = ozaki.gemm(a, b, n_moduli=count)
@@ -197,3 +199,41 @@ def test_concurrent_callers_on_one_gpu(emulated, rng):
     for (a, b), got in zip(cases, results):
         ref = a @ b
         assert np.max(np.abs(got - ref)) < 1e-14 * np.abs(ref).max()
+
+
+def test_nothing_is_allocated_after_c_is_first_written(emulated, monkeypatch, rng):
+    """her2k in several panels (two products into one C): every GPU buffer is taken before the first write into
+    C, so running out of memory can only happen while C is untouched (the tile is then computed again)."""
+    import cupy
+    from hybridblas.devices import cuda_ozaki
+    monkeypatch.setattr(cuda_ozaki, "WORK_BYTES", 1)
+    monkeypatch.setattr(cuda_ozaki, "PANEL_MIN", 8)
+    state = {"written": False, "late": 0}
+    rebuild, product = cuda_ozaki._Panel.rebuild, cuda_ozaki.product
+
+    def watched_rebuild(self, *args, **kw):
+        state["written"] = True
+        return rebuild(self, *args, **kw)
+
+    def watched_product(*args, **kw):
+        try:
+            return product(*args, **kw)
+        finally:
+            state["written"] = False
+    monkeypatch.setattr(cuda_ozaki._Panel, "rebuild", watched_rebuild)
+    monkeypatch.setattr(cuda_ozaki, "product", watched_product)
+    pool = cupy.get_default_memory_pool()
+
+    def allocate(size):
+        state["late"] += state["written"]
+        return pool.malloc(size)
+    n, k = 90, 70
+    a, b = (random_matrix(rng, (n, k), np.complex128) for _ in range(2))
+    c0 = random_matrix(rng, (n, n), np.complex128)
+    ctx = hb.Context(devices=["cuda:0"], emulation="int8", sync=True)
+    with cupy.cuda.using_allocator(allocate):
+        out = hb.her2k(0.7 - 0.4j, cupy.asarray(a), cupy.asarray(b), -1.3, cupy.asarray(c0), context=ctx).get()
+    assert state["late"] == 0
+    low = triangle_mask(n, True)
+    expected = reference.ref_her2k(0.7 - 0.4j, a, b, -1.3, c0, "N", True)
+    assert np.max(np.abs(out[low] - expected[low])) < 1e-13 * np.abs(expected).max()

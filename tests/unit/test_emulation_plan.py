@@ -41,6 +41,7 @@ def test_blocks_cover_the_wanted_part_once(lower, m, n, sub, strip, monkeypatch)
 @pytest.mark.parametrize("lower", [None, True, False])
 def test_panels_split_c_when_the_planes_do_not_fit(lower, monkeypatch):
     monkeypatch.setattr(cuda_ozaki, "SUB", 16)
+    monkeypatch.setattr(cuda_ozaki, "PANEL_MIN", 16)
     n, planes = 100, 32
     whole = list(cuda_ozaki._panels(n, n, lower, planes, planes * 100 * 100))
     assert len(whole) == 1
@@ -49,6 +50,34 @@ def test_panels_split_c_when_the_planes_do_not_fit(lower, monkeypatch):
     assert [c for _, c in parts] == [(c0, min(n, c0 + 16)) for c0 in range(0, n, 16)]
     for (r0, r1), (c0, c1) in parts:       # a triangle's panel holds only the rows that reach it
         assert (r0, r1) == ((c0, n) if lower is True else ((0, c1) if lower is False else (0, n)))
+
+
+@pytest.mark.parametrize("lower", [None, True, False])
+@pytest.mark.parametrize("cplx", [False, True])
+def test_one_set_of_buffers_holds_every_panel_and_block(lower, cplx, monkeypatch):
+    """_Work sizes its buffers once, for the largest panel and block: every panel's reduced planes, every group's
+    residue planes and every block's INT32 products fit in them (nothing is allocated after C is written)."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(cuda_ozaki, "SUB", 24)
+    monkeypatch.setattr(cuda_ozaki, "PANEL_MIN", 8)
+    monkeypatch.setattr(cuda_ozaki, "STRIP", 8)
+    fake = SimpleNamespace(empty=lambda size, dtype: np.empty(size, dtype))
+    m = n = 70
+    k, moduli = 45, ozaki.MODULI[:5]
+    out_planes = (2 if cplx else 1) * len(moduli)
+    for budget in (1 << 30, out_planes * 72 * 20, 500):
+        panels = list(cuda_ozaki._panels(m, n, lower, out_planes, budget))
+        work = cuda_ozaki._Work(fake, panels, lower, moduli, cplx, k, budget)
+        parts, depth = (3 if cplx else 1), work.depth
+        assert depth % cuda_ozaki.ALIGN == 0 and depth >= k and 1 <= work.group <= len(moduli)
+        for rows, cols in panels:
+            pm, pn = rows[1] - rows[0], cols[1] - cols[0]
+            assert work.planes.size >= out_planes * pn * (-(-pm // 4) * 4)
+            assert work.left.size >= parts * work.group * pm * depth
+            assert work.right.size >= parts * work.group * pn * depth
+            for i0, i1, j0, j1 in cuda_ozaki._blocks(rows, cols, lower):
+                assert work.scratch[0].shape == (parts, work.scratch[0].shape[1])
+                assert work.scratch[0].shape[1] >= (j1 - j0) * (-(-(i1 - i0) // 4) * 4)
 
 
 @pytest.mark.parametrize("order", ["F", "C"])

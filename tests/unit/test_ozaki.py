@@ -52,6 +52,7 @@ def test_bits_leave_room_for_the_sum():
             terms = 2 * k if complex_data else k
             assert terms * 4 ** bits <= math.prod(moduli) // 4
     assert ozaki.bits_for(16384, ozaki.MODULI[:16]) >= 54          # a float64 mantissa and a bit more
+    assert ozaki.bits_for(1, ozaki.MODULI) == ozaki.MAX_BITS          # int64 on a GPU bounds the integers
     with pytest.raises(ValueError, match="k must be at least 1"):
         ozaki.bits_for(0, ozaki.MODULI[:4])
     with pytest.raises(ValueError, match="leave no bits"):
