@@ -4,7 +4,6 @@ Every option is checked, the M-scheme dimension counted and the memory estimated
 (cisolver.spectrum.prepare). Exit codes: 0 converged, 1 not converged (text and --json alike) or an
 unexpected failure, 2 bad input or a run refused (too big for the memory), 130 interrupted.
 """
-import argparse
 import csv
 import json
 import logging
@@ -32,9 +31,7 @@ def _j_label(j):
 
 
 def _parser():
-    ap = argparse.ArgumentParser(prog=PROG, description="Shell-model CI spectra with LOBPCG")
-    ap.add_argument("--version", action="version", version=f"%(prog)s {hb.__version__}")
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap, sub = console.tool_parser(PROG, "Shell-model CI spectra with LOBPCG")
     s = sub.add_parser("spectrum", help="lowest eigenvalues of an M-scheme shell-model Hamiltonian")
     console.add_common_options(s)
     s.add_argument("--interaction", required=True,

@@ -58,10 +58,8 @@ def _finite(text):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog=PROG, description="LAPW Hamiltonian and Overlap matrices on hybridblas")
     # -q/-v belong to the subcommand: argparse lets a subparser's defaults overwrite the parent's values
-    p.add_argument("--version", action="version", version=f"%(prog)s {hb.__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    p, sub = console.tool_parser(PROG, "LAPW Hamiltonian and Overlap matrices on hybridblas")
     b = sub.add_parser("build", help="build H and S for a preset crystal and print a per-stage table")
     console.add_common_options(b)
     b.add_argument("--system", default="NaCl", choices=sorted(PRESETS))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ._version import __version__
 
-__all__ = ["add_common_options", "configure_logging", "progress", "check_output_path", "run_main",
+__all__ = ["tool_parser", "add_common_options", "configure_logging", "progress", "check_output_path", "run_main",
            "positive_int", "nonnegative_int", "positive_float", "CLIError"]
 
 
@@ -24,6 +24,13 @@ class CLIError(Exception):
     def __init__(self, message, code=2):
         super().__init__(message)
         self.code = code
+
+
+def tool_parser(prog, description):
+    """(parser, subparsers) of a tool with subcommands: ``prog --version`` and one required command."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser, parser.add_subparsers(dest="command", required=True)
 
 
 def add_common_options(parser):

@@ -3,7 +3,6 @@
 Every argument is checked before any measurement (the output folder included); errors are one line and
 an exit code (hybridblas.console.run_main): 2 for bad input, 1 for no usable profile to show.
 """
-import argparse
 import json
 import logging
 import platform
@@ -12,7 +11,7 @@ import time
 from pathlib import Path
 
 from .. import __version__, blas_threads, memory
-from ..console import CLIError, add_common_options, check_output_path, positive_int, run_main
+from ..console import CLIError, add_common_options, check_output_path, positive_int, run_main, tool_parser
 from ..devspec import parse_devices
 from ..profile import node, search
 from ..profile.model import ProfileError
@@ -185,10 +184,8 @@ def cmd_show(args):
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(prog=PROG, description="Measure this node and manage its "
-                                 "hybridblas profile (rates, block sizes, CPU share, transfer rates).")
-    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap, sub = tool_parser(PROG, "Measure this node and manage its hybridblas profile (rates, block sizes, CPU "
+                                "share, transfer rates).")
     p = sub.add_parser("info", help="devices, BLAS libraries, GPUs, fingerprint, the active profile")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_info)

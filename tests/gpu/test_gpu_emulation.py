@@ -6,7 +6,6 @@ cuBLAS's own; k in several INT32 chunks; moduli in several groups; rows far apar
 several GPUs with host operands; concurrent callers.
 """
 import itertools
-import math
 import threading
 
 import numpy as np
