@@ -107,9 +107,10 @@ def _parser():
                    help="several GPUs: split every BLAS call over them, or build k-points side by side, one per "
                         f"GPU (auto: side by side when N_G < {side.SPLIT_BELOW} and there are several k-points)")
     b.add_argument("--emulate", action="store_true",
-                   help="FP64 products of at least 1024 x 1024 x 1024 on the GPUs' INT8 tensor cores (hybridblas "
-                        "Context emulation='int8', the Ozaki scheme II): as accurate as FP64 cuBLAS on random "
-                        "data (docs/performance.md); CPU work and smaller products stay native")
+                   help="FP64 products on the GPUs' INT8 tensor cores where that wins (k of at least 6144 for "
+                        "complex products: batches of 76 atoms or more at N_L = 81; hybridblas Context "
+                        "emulation='int8', the Ozaki scheme II), as accurate as FP64 cuBLAS on FLAPW's operands "
+                        "(docs/performance.md); CPU work and smaller products stay native")
     b.add_argument("--output", default=None,
                    help="write H and S (both triangles) with k, N_G, the basis's Miller indices, the crystal, "
                         "Kmax and units per k-point to FILE.npz or FILE.h5 (docs/flapw.md: the layout)")

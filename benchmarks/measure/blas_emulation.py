@@ -4,8 +4,9 @@ GPU, device-resident operands, side by side in one process: time, TF/s (FP64 flo
 Accuracy: sampled entries against their exactly rounded values (hybridblas.reference.exact_entries), the
 largest relative error of the emulated product beside cuBLAS's on the same inputs; on random normal data and
 on FLAPW's own operands (the A of S = AᴴA and the A, X of H += AᴴX of one atom batch of a crystal, entries
-spanning many orders of magnitude; emulated there although their k is below cuda_ozaki.MIN_K). Also what cuBLAS's own FP64 emulation (math mode
-CUBLAS_FP64_EMULATED_FIXEDPOINT_MATH, eager strategy) does with zgemm where the installed cuBLAS has it.
+spanning many orders of magnitude; emulated there although their k is below cuda_ozaki.MIN_K). Also what
+cuBLAS's own FP64 emulation (math mode CUBLAS_FP64_EMULATED_FIXEDPOINT_MATH, eager strategy) does with zgemm
+where the installed cuBLAS has it.
 
     python3 -m benchmarks.blas emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --out DIR
     python3 -m benchmarks.blas emulation --plot-only DIR/bench_blas_emulation.json --out DIR

@@ -200,9 +200,10 @@ class _CUDARun(DeviceRun):
                 self.s_in.wait_event(ev)
                 self.s_comp.wait_event(ev)
             self.handle = cp.cuda.device.get_cublas_handle()
-            self.backend = cublas.Backend(self.handle, self.s_comp)
             if problem.run.emulation and problem.dtype in cuda_ozaki.EMULATED:
                 self.backend = cuda_ozaki.Backend(self.handle, self.s_comp, problem.run.emulation)
+            else:
+                self.backend = cublas.Backend(self.handle, self.s_comp)
             self.pool = cp.get_default_memory_pool()
             self.host = problem.xp is np                 # C on the host: written back through the writer
             self.host_operands = problem.fxp is np       # operands on the host: panels through the ring

@@ -36,8 +36,8 @@ STRIP = 2048               # a triangle goes in column strips this wide (waste: 
 PANEL_MIN = 256            # C too large for its reduced planes goes in panels of a multiple of this many columns
 ALIGN = 16                 # k padded to this (TN INT8 products want k-contiguous rows, 16-byte aligned)
 K_CHUNK = (ozaki.INT32_K - 1) // ALIGN * ALIGN   # longest exact INT32 sum of int8 products
-WORK_BYTES = 16 << 30      # at most this (and a quarter of the GPU's spare memory) for each of: the residue
-                           # planes of a group of moduli, the reduced planes of a panel of C
+WORK_BYTES = 16 << 30      # at most this (and a quarter of the GPU's spare memory or of the run's limit) for
+                           # each of: the residue planes of a group of moduli, the reduced planes of a panel of C
 # Where emulation wins (benchmarks.blas emulation on one H200, device operands, n = k, against cuBLAS): zgemm 0.95x
 # at 4096, 1.35x at 8192, 1.57x at 12288, 1.78x at 16384; zherk 0.95x at 8192, 1.20x at 12288, 1.39x at 16384;
 # dgemm 0.91x at 12288, 1.08x at 16384. Per entry of C the products cost in proportion to k and the reductions and
@@ -182,7 +182,8 @@ def _panels(m, n, lower, planes, budget):
     """((r0, r1), (c0, c1)) column panels of C whose residue planes (``planes`` bytes per entry) fit ``budget``:
     all of C when it fits; for a triangle only the rows that reach it."""
     rows = -(-m // 4) * 4
-    width = n if planes * rows * n <= budget else max(PANEL_MIN, budget // (planes * rows) // PANEL_MIN * PANEL_MIN)
+    width = n if planes * rows * n <= budget else budget // (planes * rows) // PANEL_MIN * PANEL_MIN
+    width = max(PANEL_MIN, width)
     for c0 in range(0, n, width):
         c1 = min(n, c0 + width)
         r0, r1 = (c0, m) if lower is True else ((0, min(m, c1)) if lower is False else (0, m))
@@ -210,7 +211,7 @@ def _shifts(cupy, rows, bits):
     if rows.depth == 0:
         top.fill(0)
     else:
-        _absmax(cupy, rows.base.dtype)(rows.view(), axis=1, out=top)
+        _absmax(cupy)(rows.view(), axis=1, out=top)
     return _shift_kernel(cupy)(top, bits)
 
 
@@ -224,7 +225,7 @@ __device__ double hb_absmax(complex<double> a) {
 """
 
 
-def _absmax(cupy, dtype):
+def _absmax(cupy):
     """Row maxima of |entry| (of |re| and |im| for complex data), infinity for a row with a non-finite entry."""
     with _modules_lock:
         if "absmax" not in _modules:
@@ -563,7 +564,8 @@ def source(count):
     residues_c = (_RESIDUES.replace("KIND", "c").replace("PARTS_IN", "2")
                   .replace("PARTS_LOAD", "b = integer(conj ? -tile[1][k][tx] : tile[1][k][tx], s);")
                   .replace("BODY", "\n".join(cplx_body)))
-    store_r = """        double v = bad ? __longlong_as_double(0x7ff8000000000000ULL) : ldexp(value(planes, plane, idx), scale);
+    store_r = """        double v = __longlong_as_double(0x7ff8000000000000ULL);
+        if (!bad) v = ldexp(value(planes, plane, idx), scale);
         double* c = out + i + (long long)j * ldc;
         double r = ar * v;
         if (!beta_zero) r += br * c[0];
