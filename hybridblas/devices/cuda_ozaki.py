@@ -158,14 +158,20 @@ def product(backend, c, terms, lower=None):
     with main:
         shifts = [(_shifts(cupy, left, bits), _shifts(cupy, right, bits)) for _, _, left, right, _ in terms]
         work = _Work(cupy, panels, lower, moduli, cplx, k, budget)
+        failed = True
         try:
             for rows, cols in panels:
                 for (alpha, beta, left, right, hermitian), shift in zip(terms, shifts):
                     panel = _Panel(cupy, kernels, backend.handle, work, rows, cols)
                     panel.products(left, right, shift, lower, side)
                     panel.rebuild(c, shift, alpha, beta, lower, hermitian)
+            failed = False
         finally:
-            main.wait_event(_event(cupy, side))     # no reduction outlives the call (its buffers go back)
+            try:
+                main.wait_event(_event(cupy, side))     # no reduction outlives the call (its buffers go back)
+            except Exception:
+                if not failed:                          # else the first error is the one to report
+                    raise
 
 
 def _budget(cupy, limit):
