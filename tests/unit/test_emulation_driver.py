@@ -228,3 +228,25 @@ def test_strided_and_transposed_operands_and_infinities(host_gpu, rng):
     assert np.isnan(got[7]).all()
     rest = np.arange(m) != 7
     assert np.max(np.abs(got[rest] - ref[rest])) < 1e-14 * np.abs(ref[rest]).max()
+
+
+def test_an_error_in_a_product_is_the_one_reported(host_gpu, monkeypatch, rng):
+    """A failure inside the products is raised as it is, even when the final wait on the side stream then fails
+    too (a GPU in an error state fails every later call)."""
+    state = {"broken": False}
+    real_event = cuda_ozaki._event
+
+    def rebuild(self, *args, **kw):
+        state["broken"] = True
+        raise ValueError("the first failure")
+
+    def event(cupy, stream):
+        if state["broken"]:
+            raise RuntimeError("a later failure")
+        return real_event(cupy, stream)
+    monkeypatch.setattr(cuda_ozaki._Panel, "rebuild", rebuild)
+    monkeypatch.setattr(cuda_ozaki, "_event", event)
+    a = _arr(np.asfortranarray(_random(rng, (30, 20), True)))
+    c = _arr(np.zeros((30, 30), complex, order="F"))
+    with pytest.raises(ValueError, match="the first failure"):
+        host_gpu.gemm(c, 1.0, Operand(a, N), Operand(a, C), 0.0)
