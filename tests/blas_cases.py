@@ -104,6 +104,14 @@ def make_case(rng, name, dtype, trans, lower, n, k, alpha, beta, m=None):
     return values, c0, expected, tol
 
 
+def trans_choices(name, dtype):
+    """Every legal trans (gemm/gemmt: both) of a routine for real or complex ``dtype``."""
+    legal = ROUTINES[name][2] if np.dtype(dtype).kind == "c" else ["N", "T"]
+    if name in ("gemm", "gemmt"):
+        return [(a, b) for a in legal for b in legal]
+    return [(t,) for t in legal]
+
+
 def contract_cases():
     """pytest params (routine, dtype, trans, lower) covering every legal trans combination and uplo."""
     for name, (_, _, legal) in ROUTINES.items():

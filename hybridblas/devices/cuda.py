@@ -118,7 +118,7 @@ def _budget(device, problem):
 def _emulated_k(problem):
     """The least k chunk at which emulated products apply (0 without emulation): panels streamed along k in
     shorter chunks would run natively."""
-    if not problem.run.emulation or problem.dtype not in cuda_ozaki.EMULATED:
+    if not cuda_ozaki.wanted(problem):
         return 0
     return min(problem.k, max(cuda_ozaki.MIN_K[problem.dtype.kind, t] for t in (False, True)))
 
@@ -131,7 +131,7 @@ def _block_plan(problem, budget, fixed):
     k = max(problem.k, 1)
     if fixed:
         nb = fixed
-    elif problem.run.emulation and problem.dtype in cuda_ozaki.EMULATED:
+    elif cuda_ozaki.wanted(problem):
         # emulated products: device operands (views, no panel copies) in one tile that cuda_ozaki cuts within
         # its own memory bound (each operand's residues made once); host operands in SUB tiles, so uploads
         # overlap the products
@@ -200,7 +200,7 @@ class _CUDARun(DeviceRun):
                 self.s_in.wait_event(ev)
                 self.s_comp.wait_event(ev)
             self.handle = cp.cuda.device.get_cublas_handle()
-            if problem.run.emulation and problem.dtype in cuda_ozaki.EMULATED:
+            if cuda_ozaki.wanted(problem):
                 self.backend = cuda_ozaki.Backend(self.handle, self.s_comp, problem.run.emulation)
             else:
                 self.backend = cublas.Backend(self.handle, self.s_comp)

@@ -55,6 +55,11 @@ _modules = {}
 _modules_lock = threading.Lock()
 
 
+def wanted(problem):
+    """The call asks for emulation (Context emulation="int8") and its dtype has it: float64 or complex128."""
+    return bool(problem.run.emulation) and problem.dtype in EMULATED
+
+
 def applies(dtype, m, n, k, alpha, triangle=False):
     """Emulate this block: float64 or complex128, m and n at least MIN_EDGE, k at least MIN_K for the dtype and
     shape (a triangle: a diagonal block of herk/her2k/syrk/syr2k), alpha not 0 (BLAS reads no operand then)."""

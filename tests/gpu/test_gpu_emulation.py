@@ -13,7 +13,7 @@ import pytest
 
 import hybridblas as hb
 from hybridblas import ozaki, reference
-from blas_cases import ROUTINES, call_routine, make_case, random_matrix, triangle_mask
+from blas_cases import ROUTINES, call_routine, make_case, random_matrix, trans_choices, triangle_mask
 from test_gpu import LAYOUTS, check, to_device
 
 pytestmark = pytest.mark.gpu
@@ -37,20 +37,13 @@ def emulated(monkeypatch):
     return calls
 
 
-def _trans_choices(name, dtype):
-    legal = ROUTINES[name][2] if np.dtype(dtype).kind == "c" else ["N", "T"]
-    if name in ("gemm", "gemmt"):
-        return [(a, b) for a in legal for b in legal]
-    return [(t,) for t in legal]
-
-
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
 @pytest.mark.parametrize("name", list(ROUTINES))
 def test_every_routine_matches_the_float64_reference(name, dtype, emulated, rng):
     contexts = {"whole": hb.Context(devices=["cuda:0"], strategy="static", emulation="int8"),
                 "tiles": hb.Context(devices=["cuda:0"], strategy="dynamic", block_size=24, emulation="int8")}
     complex_ = np.dtype(dtype).kind == "c"
-    for trans, (ctx_name, ctx) in itertools.product(_trans_choices(name, dtype), contexts.items()):
+    for trans, (ctx_name, ctx) in itertools.product(trans_choices(name, dtype), contexts.items()):
         for n, k, beta in ((37, 53, 0.0), (50, 1, -1.3 + (0.6j if complex_ and name not in ("herk", "her2k") else 0))):
             m = n + 3 if name == "gemm" else n
             lower = None if name == "gemm" else bool(rng.integers(2))

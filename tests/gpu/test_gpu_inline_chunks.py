@@ -7,18 +7,11 @@ import numpy as np
 import pytest
 
 import hybridblas as hb
-from blas_cases import ROUTINES, call_routine, make_case, triangle_mask
+from blas_cases import ROUTINES, call_routine, make_case, trans_choices, triangle_mask
 from test_gpu import LAYOUTS, check, to_device
 from test_gpu_streams import _opened
 
 pytestmark = pytest.mark.gpu
-
-
-def _trans_choices(name, dtype):
-    legal = ROUTINES[name][2] if np.dtype(dtype).kind == "c" else ["N", "T"]
-    if name in ("gemm", "gemmt"):
-        return [(a, b) for a in legal for b in legal]
-    return [(t,) for t in legal]
 
 
 @pytest.mark.parametrize("partials_bytes", [64 << 20, 1])       # 1 byte: one chunk per batched call
@@ -30,7 +23,7 @@ def test_chunked_single_precision_matches_double_reference(name, dtype, partials
     opened = _opened(monkeypatch)                                   # tiled runs; the inline path opens none
     chunk = cuda_inline.CHUNK
     ctx = hb.Context(devices=["cuda:0"])
-    for trans in _trans_choices(name, dtype):
+    for trans in trans_choices(name, dtype):
         for k in (chunk - 1, chunk, 3 * chunk, 2 * chunk + 37):
             n = 7
             m = n + 2 if name == "gemm" else n

@@ -149,3 +149,12 @@ def test_cpu_calls_stay_native_under_emulation(rng):
     on = hb.herk(1.0, a, context=hb.Context("cpu", emulation="int8"))
     off = hb.herk(1.0, a, context=hb.Context("cpu"))
     np.testing.assert_array_equal(np.tril(on), np.tril(off))
+
+
+def test_which_calls_want_emulation():
+    from types import SimpleNamespace
+    def call(bits, dtype):
+        return SimpleNamespace(run=SimpleNamespace(emulation=bits), dtype=np.dtype(dtype))
+    assert cuda_ozaki.wanted(call(54, np.complex128)) and cuda_ozaki.wanted(call(54, np.float64))
+    assert not cuda_ozaki.wanted(call(None, np.complex128))
+    assert not cuda_ozaki.wanted(call(54, np.complex64)) and not cuda_ozaki.wanted(call(54, np.float32))
