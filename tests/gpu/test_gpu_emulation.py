@@ -27,8 +27,13 @@ def emulated(monkeypatch):
     monkeypatch.setattr(cuda_ozaki, "MIN_K", dict.fromkeys(cuda_ozaki.MIN_K, 1))
     monkeypatch.setattr(cuda_ozaki, "SUB", 40)
     monkeypatch.setattr(cuda_ozaki, "STRIP", 16)
-    calls = []
-    real = cuda_ozaki.product
+    return _count_products(monkeypatch)
+
+
+def _count_products(monkeypatch):
+    """A list that grows by one at each emulated product (cuda_ozaki.product call)."""
+    from hybridblas.devices import cuda_ozaki
+    calls, real = [], cuda_ozaki.product
 
     def counted(*args, **kw):
         calls.append(1)
@@ -131,9 +136,7 @@ def test_small_blocks_stay_native(monkeypatch, rng):
     """Below MIN_EDGE and MIN_K the product is cuBLAS's own (emulation loses there)."""
     import cupy
     from hybridblas.devices import cuda_ozaki
-    calls = []
-    real = cuda_ozaki.product
-    monkeypatch.setattr(cuda_ozaki, "product", lambda *a, **kw: (calls.append(1), real(*a, **kw)))
+    calls = _count_products(monkeypatch)
     a = cupy.asarray(random_matrix(rng, (cuda_ozaki.MIN_EDGE - 1, cuda_ozaki.MIN_K["c", True] + 5), np.complex128))
     hb.herk(1.0, a, context=hb.Context(devices=["cuda:0"], emulation="int8", min_call_seconds=0))
     assert calls == []
@@ -148,15 +151,10 @@ def test_two_gpus_host_operands_through_the_tiles(monkeypatch, rng):
     a = random_matrix(rng, (n, k), np.complex128)
     b = random_matrix(rng, (k, n), np.complex128)
     ctx = hb.Context(devices=["cuda:0", "cuda:1"], emulation="int8", min_call_seconds=0, block_size=n // 2 + 1)
-    calls = []
-    real = cuda_ozaki.product
-    try:
-        cuda_ozaki.product = lambda *a_, **kw: (calls.append(1), real(*a_, **kw))
-        c = np.full((n, n), np.nan, dtype=np.complex128, order="F")
-        hb.herk(1.0, a, 0.0, c, context=ctx, lower=True)
-        g = hb.gemm(1.0, a, b, context=ctx)
-    finally:
-        cuda_ozaki.product = real
+    calls = _count_products(monkeypatch)
+    c = np.full((n, n), np.nan, dtype=np.complex128, order="F")
+    hb.herk(1.0, a, 0.0, c, context=ctx, lower=True)
+    g = hb.gemm(1.0, a, b, context=ctx)
     assert calls
     low = triangle_mask(n, True)
     ref = a @ a.conj().T
