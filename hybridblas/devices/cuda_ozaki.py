@@ -35,7 +35,11 @@ SUB = 8192                 # output blocks at most SUB x SUB (INT8 products of 8
 STRIP = 2048               # a triangle goes in column strips this wide (waste: half a strip's square)
 PANEL_MIN = 256            # C too large for its reduced planes goes in panels of a multiple of this many columns
 ALIGN = 16                 # k padded to this (TN INT8 products want k-contiguous rows, 16-byte aligned)
+EDGE = 16                  # the INT8 products' m and n rounded up to this (rows past a block's end are computed
+                           # and not read): cuBLAS ran edges like 6490 x 2048 at a fraction of its peak
 K_CHUNK = (ozaki.INT32_K - 1) // ALIGN * ALIGN   # longest exact INT32 sum of int8 products
+GEMM_K = 16384             # k of one cublasGemmEx call (longer k in pieces summed in INT32: cuBLAS 13's INT8
+                           # products ran at 400-660 TOPS on an H200 at k = 29152-31104, ~1550 at k = 16384)
 WORK_BYTES = 16 << 30      # at most this (and a quarter of the GPU's spare memory or of the run's limit) for
                            # each of: the residue planes of a group of moduli, the reduced planes of a panel of C
 # Where emulation wins (benchmarks.blas emulation on one H200, device operands, n = k, against cuBLAS): zgemm 0.95x
@@ -204,9 +208,10 @@ def _panels(m, n, lower, planes, budget):
 
 def _blocks(rows, cols, lower):
     """(i0, i1, j0, j1) blocks of a panel for the INT8 products (global indices): column strips (SUB wide, or
-    about an eighth of the panel for a triangle), each cut in SUB rows, only what reaches the triangle."""
+    about an eighth of the panel for a triangle, a multiple of 4), each cut in SUB rows, only what reaches the
+    triangle."""
     (r0, r1), (c0, c1) = rows, cols
-    width = SUB if lower is None else min(SUB, max(STRIP, -(-(c1 - c0) // 8)))
+    width = SUB if lower is None else min(SUB, max(STRIP, -(-(c1 - c0) // 32) * 4))   # rows aligned to 4
     for j0 in range(c0, c1, width):
         j1 = min(c1, j0 + width)
         lo = max(r0, j0) if lower is True else r0
@@ -267,13 +272,18 @@ class _Work:
         rows = max(r1 - r0 for (r0, r1), _ in panels)
         cols = max(c1 - c0 for _, (c0, c1) in panels)
         blocks = [b for rows_, cols_ in panels for b in _blocks(rows_, cols_, lower)]
-        edge = max(-(-(i1 - i0) // 4) * 4 for i0, i1, _, _ in blocks)
-        width = max(j1 - j0 for _, _, j0, j1 in blocks)
+        edge = max(_edge(i1 - i0) for i0, i1, _, _ in blocks)
+        width = max(_edge(j1 - j0) for _, _, j0, j1 in blocks)
         self.group = max(1, min(count, budget // max(self.parts * (rows + cols) * self.depth, 1)))
         self.planes = cupy.empty((2 if cplx else 1) * count * cols * (-(-rows // 4) * 4), dtype=np.uint8)
-        self.left = cupy.empty(self.parts * self.group * rows * self.depth, dtype=np.int8)
-        self.right = cupy.empty(self.parts * self.group * cols * self.depth, dtype=np.int8)
+        # residue planes, and EDGE rows more that the last block's rounded-up products may read
+        self.left = cupy.empty((self.parts * self.group * rows + EDGE) * self.depth, dtype=np.int8)
+        self.right = cupy.empty((self.parts * self.group * cols + EDGE) * self.depth, dtype=np.int8)
         self.scratch = [cupy.empty((self.parts, width * edge), dtype=np.int32) for _ in range(2)]
+
+
+def _edge(size):
+    return -(-size // EDGE) * EDGE
 
 
 class _Panel:
@@ -307,15 +317,15 @@ class _Panel:
             for mod in range(g0, g1):
                 for i0, i1, j0, j1 in blocks:
                     a_rows, b_rows = i0 - self.rows[0], j0 - self.cols[0]
-                    ldp = -(-(i1 - i0) // 4) * 4
+                    ldp, wide = _edge(i1 - i0), _edge(j1 - j0)
                     for q0 in range(0, self.depth, K_CHUNK):
                         q1 = min(self.depth, q0 + K_CHUNK)
                         if read[turn] is not None:
                             main.wait_event(read[turn])
-                        out = work.scratch[turn][:, :(j1 - j0) * ldp]
+                        out = work.scratch[turn][:, :wide * ldp]
                         for part in range(self.parts):
                             self._gemm(pa[part, mod - g0, a_rows:], pb[part, mod - g0, b_rows:], out[part],
-                                       i1 - i0, j1 - j0, ldp, q0, q1)
+                                       ldp, wide, ldp, q0, q1)
                         side.wait_event(_event(cp, main))
                         with side:
                             self._reduce(out, ldp, i1 - i0, j1 - j0, mod, a_rows, b_rows, accumulate=q0 > 0)
@@ -338,31 +348,36 @@ class _Panel:
         return out
 
     def _gemm(self, a, b, out, m, n, ldc, q0, q1):
-        """out (column-major m x n, leading dimension ldc) <- a[:m, q0:q1] b[:n, q0:q1]^T, INT8 in, INT32 out."""
+        """out (column-major m x n, leading dimension ldc) <- a[:m, q0:q1] b[:n, q0:q1]^T, INT8 in, INT32 out, in
+        pieces of at most GEMM_K along k summed in out (exact: q1 - q0 is at most K_CHUNK)."""
         i = ctypes.c_int
-        cublas.call("cublasGemmEx", self.handle, self.cp.cuda.get_current_stream().ptr, i(1), i(0), i(m), i(n),
-                    i(q1 - q0), ctypes.c_void_p(_ONE.ctypes.data),
-                    ctypes.c_void_p(a.data.ptr + q0), i(_CUDA_R_8I), i(self.depth),
-                    ctypes.c_void_p(b.data.ptr + q0), i(_CUDA_R_8I), i(self.depth),
-                    ctypes.c_void_p(_ZERO.ctypes.data),
-                    ctypes.c_void_p(out.data.ptr), i(_CUDA_R_32I), i(ldc), i(_COMPUTE_32I), i(_GEMM_DEFAULT))
+        stream = self.cp.cuda.get_current_stream().ptr
+        for p0 in range(q0, q1, GEMM_K):
+            p1 = min(q1, p0 + GEMM_K)
+            beta = _ZERO if p0 == q0 else _ONE
+            cublas.call("cublasGemmEx", self.handle, stream, i(1), i(0), i(m), i(n), i(p1 - p0),
+                        ctypes.c_void_p(_ONE.ctypes.data),
+                        ctypes.c_void_p(a.data.ptr + p0), i(_CUDA_R_8I), i(self.depth),
+                        ctypes.c_void_p(b.data.ptr + p0), i(_CUDA_R_8I), i(self.depth),
+                        ctypes.c_void_p(beta.ctypes.data),
+                        ctypes.c_void_p(out.data.ptr), i(_CUDA_R_32I), i(ldc), i(_COMPUTE_32I), i(_GEMM_DEFAULT))
 
     def _reduce(self, products, ldp, m, n, mod, row, col, accumulate):
         """The block's INT32 products modulo p into the panel's planes at (row, col)."""
         threads = 256
-        blocks = min(-(-(m * n) // threads), 65535 * 4)
+        grid = (-(-m // (4 * threads)), min(n, 65535))
         name = "reduce_c" if self.cplx else "reduce_r"
         offset = col * self.ld + row
         planes = [self.residues[part, mod].reshape(-1)[offset:] for part in range(self.residues.shape[0])]
         args = list(products[:self.parts]) + [np.int32(m), np.int32(n), np.int32(ldp), np.int32(mod)]
         args += planes + [np.int32(self.ld), np.int32(1 if accumulate else 0)]
-        self.kernels[name]((blocks,), (threads,), tuple(args))
+        self.kernels[name](grid, (threads,), tuple(args))
 
     def rebuild(self, c, shifts, alpha, beta, lower, hermitian):
         (r0, r1), (c0, c1) = self.rows, self.cols
         m, n = self.m, self.n
         threads = 256
-        blocks = min(-(-(m * n) // threads), 65535 * 8)
+        grid = (-(-m // threads), min(n, 65535))
         mode = 0 if lower is None else (1 if lower else 2)
         view = c[r0:r1, c0:c1]
         ldc = c.strides[1] // c.dtype.itemsize
@@ -373,7 +388,7 @@ class _Panel:
         args += [np.float64(alpha.imag)] if self.cplx else []
         args += [np.float64(beta.real)] + ([np.float64(beta.imag)] if self.cplx else [])
         args += [np.int32(1 if beta == 0 else 0), np.int32(mode), np.int64(r0 - c0), np.int32(1 if hermitian else 0)]
-        self.kernels[name]((blocks,), (threads,), tuple(args))
+        self.kernels[name](grid, (threads,), tuple(args))
 
 
 def _event(cupy, stream):
@@ -403,11 +418,12 @@ def _kernels(cupy, count):
 
 
 _COMMON = r"""
-template <int P, unsigned W> __device__ __forceinline__ int residue(long long v) {
-    // v mod P in [-128, 127] (balanced for P = 256, [-(P - 128), 127] below), |v| < 2^62; W = 2^32 mod P
-    unsigned long long u = v < 0 ? (unsigned long long)(-v) : (unsigned long long)v;
-    unsigned r = ((unsigned)(u >> 32) % P * W + (unsigned)u % P) % P;
-    int x = (v < 0 && r) ? P - (int)r : (int)r;
+template <int P> __device__ __forceinline__ int residue(double v) {
+    // v mod P in [-128, 127] (balanced for P = 256, [-(P - 128), 127] below) of an integer v, |v| < 2^62: the
+    // quotient rounded in double is within 7 of v / P, so v - qP (exact in one fma) is a small int
+    double q = rint(v * (1.0 / P));
+    int x = (int)fma(-q, (double)P, v) % P;
+    x += x < 0 ? P : 0;
     return x > 127 ? x - P : x;
 }
 template <int P> __device__ __forceinline__ int fold(int s) {   // s in [-256, 254] -> the same range as residue
@@ -429,7 +445,7 @@ __device__ __forceinline__ void dd_step(double p, double& hi, double& lo, double
     lo = e - (head - s);
     hi = head;
 }
-__device__ __forceinline__ long long integer(double x, int s) { return (long long)ldexp(x, s); }
+__device__ __forceinline__ double integer(double x, int s) { return trunc(ldexp(x, s)); }   // exact in double
 #define NONFINITE (-(1 << 30))
 """
 
@@ -455,7 +471,7 @@ extern "C" __global__ void residues_KIND(const double* __restrict__ src, long lo
         if (r >= rows || q >= padded) continue;
         int s = shift[r];
         long long o = (long long)r * padded + q;
-        long long a = 0, b = 0;
+        double a = 0.0, b = 0.0;
         if (s != NONFINITE) {
             a = integer(tile[0][k][tx], s);
             PARTS_LOAD
@@ -466,32 +482,72 @@ BODY
 """
 
 _REDUCE = r"""
+// One column j per blockIdx.y (striding by gridDim.y), four rows per thread: 16-byte loads of the INT32
+// products and 4-byte stores into the planes where both are aligned, one entry at a time elsewhere.
+#define HB_ALIGNED(p, n) ((((unsigned long long)(p)) & ((n) - 1)) == 0)
 template <int P> __device__ __forceinline__ void reduce_real(const int* __restrict__ x, int m, int n, int ldp,
         unsigned char* re, int ld, int accumulate) {
-    long long count = (long long)m * n;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < count;
-         e += (long long)gridDim.x * blockDim.x) {
-        int i = (int)(e % m), j = (int)(e / m);
-        int v = modp<P>(x[(long long)j * ldp + i]);
-        long long o = (long long)j * ld + i;
-        if (accumulate) v = (v + re[o]) % P;
-        re[o] = (unsigned char)v;
+    for (int j = blockIdx.y; j < n; j += gridDim.y) {
+        const int* src = x + (long long)j * ldp;
+        unsigned char* dst = re + (long long)j * ld;
+        for (int i = 4 * (blockIdx.x * blockDim.x + threadIdx.x); i < m; i += 4 * gridDim.x * blockDim.x) {
+            if (i + 4 <= m && HB_ALIGNED(src + i, 16) && HB_ALIGNED(dst + i, 4)) {
+                int4 v = *(const int4*)(src + i);
+                int r[4] = {modp<P>(v.x), modp<P>(v.y), modp<P>(v.z), modp<P>(v.w)};
+                if (accumulate) {
+                    uchar4 o = *(uchar4*)(dst + i);
+                    r[0] = (r[0] + o.x) % P; r[1] = (r[1] + o.y) % P;
+                    r[2] = (r[2] + o.z) % P; r[3] = (r[3] + o.w) % P;
+                }
+                *(uchar4*)(dst + i) = make_uchar4(r[0], r[1], r[2], r[3]);
+                continue;
+            }
+            for (int t = i; t < i + 4 && t < m; ++t) {
+                int v = modp<P>(src[t]);
+                if (accumulate) v = (v + dst[t]) % P;
+                dst[t] = (unsigned char)v;
+            }
+        }
     }
+}
+template <int P> __device__ __forceinline__ void karatsuba(int a, int b, int c, int& x, int& y) {
+    // re = rr - ii, im = ss - rr - ii (mod P)
+    a %= P; b %= P; c %= P;
+    x = modp<P>(a - b);
+    y = modp<P>(c - a - b);
 }
 template <int P> __device__ __forceinline__ void reduce_complex(const int* __restrict__ rr,
         const int* __restrict__ ii, const int* __restrict__ ss, int m, int n, int ldp, unsigned char* re,
         unsigned char* im, int ld, int accumulate) {
-    // Karatsuba: re = rr - ii, im = ss - rr - ii (mod P)
-    long long count = (long long)m * n;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < count;
-         e += (long long)gridDim.x * blockDim.x) {
-        int i = (int)(e % m), j = (int)(e / m);
-        long long s = (long long)j * ldp + i, o = (long long)j * ld + i;
-        int a = rr[s] % P, b = ii[s] % P, c = ss[s] % P;
-        int x = modp<P>(a - b), y = modp<P>(c - a - b);
-        if (accumulate) { x = (x + re[o]) % P; y = (y + im[o]) % P; }
-        re[o] = (unsigned char)x;
-        im[o] = (unsigned char)y;
+    for (int j = blockIdx.y; j < n; j += gridDim.y) {
+        long long s = (long long)j * ldp, o = (long long)j * ld;
+        for (int i = 4 * (blockIdx.x * blockDim.x + threadIdx.x); i < m; i += 4 * gridDim.x * blockDim.x) {
+            if (i + 4 <= m && HB_ALIGNED(rr + s + i, 16) && HB_ALIGNED(ii + s + i, 16)
+                    && HB_ALIGNED(ss + s + i, 16) && HB_ALIGNED(re + o + i, 4) && HB_ALIGNED(im + o + i, 4)) {
+                int4 a = *(const int4*)(rr + s + i), b = *(const int4*)(ii + s + i);
+                int4 c = *(const int4*)(ss + s + i);
+                int x[4], y[4];
+                karatsuba<P>(a.x, b.x, c.x, x[0], y[0]);
+                karatsuba<P>(a.y, b.y, c.y, x[1], y[1]);
+                karatsuba<P>(a.z, b.z, c.z, x[2], y[2]);
+                karatsuba<P>(a.w, b.w, c.w, x[3], y[3]);
+                if (accumulate) {
+                    uchar4 p = *(uchar4*)(re + o + i), q = *(uchar4*)(im + o + i);
+                    x[0] = (x[0] + p.x) % P; x[1] = (x[1] + p.y) % P; x[2] = (x[2] + p.z) % P; x[3] = (x[3] + p.w) % P;
+                    y[0] = (y[0] + q.x) % P; y[1] = (y[1] + q.y) % P; y[2] = (y[2] + q.z) % P; y[3] = (y[3] + q.w) % P;
+                }
+                *(uchar4*)(re + o + i) = make_uchar4(x[0], x[1], x[2], x[3]);
+                *(uchar4*)(im + o + i) = make_uchar4(y[0], y[1], y[2], y[3]);
+                continue;
+            }
+            for (int t = i; t < i + 4 && t < m; ++t) {
+                int x, y;
+                karatsuba<P>(rr[s + t], ii[s + t], ss[s + t], x, y);
+                if (accumulate) { x = (x + re[o + t]) % P; y = (y + im[o + t]) % P; }
+                re[o + t] = (unsigned char)x;
+                im[o + t] = (unsigned char)y;
+            }
+        }
     }
 }
 extern "C" __global__ void reduce_r(const int* __restrict__ x, int m, int n, int ldp, int mod, unsigned char* re,
@@ -515,17 +571,19 @@ extern "C" __global__ void rebuild_KIND(const unsigned char* __restrict__ planes
         ALPHA_BETA, int beta_zero, int mode, long long diag, int hermitian) {
     // C[i, j] <- alpha * value + beta * C[i, j] inside the wanted triangle (global row - column = i - j + diag)
     double* out = (double*)out_ptr;
-    long long count = (long long)m * n;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < count;
-         e += (long long)gridDim.x * blockDim.x) {
-        int i = (int)(e % m), j = (int)(e / m);
-        long long below = (long long)i - j + diag;
-        if ((mode == 1 && below < 0) || (mode == 2 && below > 0)) continue;
-        long long idx = (long long)j * lda + i;
-        int s = sa[i], t = sb[j];
-        bool bad = s == NONFINITE || t == NONFINITE;
-        int scale = bad ? 0 : -(s + t);
+    for (int j = blockIdx.y; j < n; j += gridDim.y) {
+        // rows of column j inside the triangle: i - j + diag >= 0 (mode 1), <= 0 (mode 2)
+        long long first = mode == 1 ? (long long)j - diag : 0, last = mode == 2 ? (long long)j - diag + 1 : m;
+        int start = (int)(first < 0 ? 0 : (first > m ? m : first));
+        int stop = (int)(last < 0 ? 0 : (last > m ? m : last));
+        for (int i = start + blockIdx.x * blockDim.x + threadIdx.x; i < stop; i += gridDim.x * blockDim.x) {
+            long long below = (long long)i - j + diag;
+            long long idx = (long long)j * lda + i;
+            int s = sa[i], t = sb[j];
+            bool bad = s == NONFINITE || t == NONFINITE;
+            int scale = bad ? 0 : -(s + t);
 STORE
+        }
     }
 }
 """
@@ -562,12 +620,11 @@ def source(count):
     moduli = ozaki.MODULI[:count]
     real_body, cplx_body = [], []
     for idx, p in enumerate(moduli):
-        w = (1 << 32) % p
         guard = f"        if ({idx} >= g0 && {idx} < g1) {{"
         at = f"o + ({idx} - g0) * plane"
-        real_body.append(f"{guard} out[{at}] = (signed char)residue<{p}, {w}u>(a); }}")
+        real_body.append(f"{guard} out[{at}] = (signed char)residue<{p}>(a); }}")
         cplx_body.append(
-            f"{guard} int x = residue<{p}, {w}u>(a), y = residue<{p}, {w}u>(b);"
+            f"{guard} int x = residue<{p}>(a), y = residue<{p}>(b);"
             f" out[{at}] = (signed char)x; out[{at} + count * plane] = (signed char)y;"
             f" out[{at} + 2 * count * plane] = (signed char)fold<{p}>(x + y); }}")
     residues_r = (_RESIDUES.replace("KIND", "r").replace("PARTS_IN", "1").replace("PARTS_LOAD", "")
@@ -575,27 +632,27 @@ def source(count):
     residues_c = (_RESIDUES.replace("KIND", "c").replace("PARTS_IN", "2")
                   .replace("PARTS_LOAD", "b = integer(conj ? -tile[1][k][tx] : tile[1][k][tx], s);")
                   .replace("BODY", "\n".join(cplx_body)))
-    store_r = """        double v = __longlong_as_double(0x7ff8000000000000ULL);
-        if (!bad) v = ldexp(value(planes, plane, idx), scale);
-        double* c = out + i + (long long)j * ldc;
-        double r = ar * v;
-        if (!beta_zero) r += br * c[0];
-        c[0] = r;"""
-    store_c = """        double vr = __longlong_as_double(0x7ff8000000000000ULL), vi = vr;
-        if (!bad) {
-            vr = ldexp(value(planes, plane, idx), scale);
-            vi = ldexp(value(planes + (long long)COUNT * plane, plane, idx), scale);
-        }
-        double* c = out + 2 * (i + (long long)j * ldc);
-        double xr = ar * vr - ai * vi, xi = ar * vi + ai * vr;
-        if (!beta_zero) {
-            double cr = c[0], ci = c[1];
-            xr += br * cr - bi * ci;
-            xi += br * ci + bi * cr;
-        }
-        if (hermitian && below == 0) xi = 0.0;
-        c[0] = xr;
-        c[1] = xi;""".replace("COUNT", str(count))
+    store_r = """            double v = __longlong_as_double(0x7ff8000000000000ULL);
+            if (!bad) v = ldexp(value(planes, plane, idx), scale);
+            double* c = out + i + (long long)j * ldc;
+            double r = ar * v;
+            if (!beta_zero) r += br * c[0];
+            c[0] = r;"""
+    store_c = """            double vr = __longlong_as_double(0x7ff8000000000000ULL), vi = vr;
+            if (!bad) {
+                vr = ldexp(value(planes, plane, idx), scale);
+                vi = ldexp(value(planes + (long long)COUNT * plane, plane, idx), scale);
+            }
+            double* c = out + 2 * (i + (long long)j * ldc);
+            double xr = ar * vr - ai * vi, xi = ar * vi + ai * vr;
+            if (!beta_zero) {
+                double cr = c[0], ci = c[1];
+                xr += br * cr - bi * ci;
+                xi += br * ci + bi * cr;
+            }
+            if (hermitian && below == 0) xi = 0.0;
+            c[0] = xr;
+            c[1] = xi;""".replace("COUNT", str(count))
     rebuild_r = (_REBUILD.replace("KIND", "r").replace("ALPHA_BETA", "double ar, double br")
                  .replace("STORE", store_r))
     rebuild_c = (_REBUILD.replace("KIND", "c").replace("ALPHA_BETA", "double ar, double ai, double br, double bi")

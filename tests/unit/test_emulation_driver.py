@@ -104,9 +104,10 @@ def _gemm_ex(name, handle, stream, ta, tb, m, n, k, alpha, a, at, lda, b, bt, ld
     m, n, k, lda, ldb, ldc = (v.value for v in (m, n, k, lda, ldb, ldc))
     x = _at(a.value, np.int8, (m, k), (lda, 1)).astype(np.int64)
     y = _at(b.value, np.int8, (n, k), (ldb, 1)).astype(np.int64)
-    z = x @ y.T
+    out = _at(c.value, np.int32, (m, n), (1, ldc))
+    z = x @ y.T + int(_at(beta.value, np.int32, (1,), (1,))[0]) * out.astype(np.int64)
     assert np.abs(z).max(initial=0) < 2 ** 31                  # the INT32 sums are exact
-    _at(c.value, np.int32, (m, n), (1, ldc))[...] = z
+    out[...] = z
 
 
 class _Stream:
@@ -166,7 +167,7 @@ def host_gpu(monkeypatch):
     monkeypatch.setattr(cublas, "call", _gemm_ex)
     monkeypatch.setattr(cuda_ozaki, "MIN_EDGE", 1)
     monkeypatch.setattr(cuda_ozaki, "MIN_K", dict.fromkeys(cuda_ozaki.MIN_K, 1))
-    for name, value in (("SUB", 24), ("STRIP", 8), ("PANEL_MIN", 8), ("K_CHUNK", 32)):
+    for name, value in (("SUB", 24), ("STRIP", 8), ("PANEL_MIN", 8), ("K_CHUNK", 32), ("GEMM_K", 16)):
         monkeypatch.setattr(cuda_ozaki, name, value)
     return cuda_ozaki.Backend(0, _Stream(), 54)
 
