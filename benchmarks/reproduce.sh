@@ -30,6 +30,7 @@ stage blas-2gpu      "BLAS core / One and two H200s, host operands"            "
 stage blas-sizes     "BLAS core / One and two H200s: against n (and its plot)" "2 GPUs"           "blas-sizes/"
 stage blas-4gpu      "BLAS core / Four H200s (and the scaling plot)"           "4 GPUs"           "blas-24576-x4/"
 stage emulation      "BLAS core / FP64 emulated on INT8 tensor cores"          "1 GPU"            "emulation/"
+stage emulation-flapw "BLAS core / FP64 emulated: a FLAPW build, TiO2 Kmax 4.0"   "2 GPUs"           "emulation/flapw_tio2_40.json"
 stage blas-1gpu      "BLAS core / One H100 (and its plot)"                     "1 GPU"            "h100/"
 stage small-calls    "BLAS core / Small calls on one GPU"                      "1 GPU"            "small_calls.log"
 stage tuning         "BLAS core / Tuning: calibration and the hand sweep"      "2 GPUs"           "tuning/"
@@ -73,6 +74,10 @@ run_stage() {
                     --repeats 2 --out $O/blas-sizes ;;
   emulation)    $BLAS emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --cublas-emulation \
                     --out $O/emulation ;;
+  emulation-flapw) mkdir -p $O/emulation; for emulate in "" --emulate; do
+                  $TIMER --label "TiO2-4.0${emulate:+-emulated}" --json $O/emulation/flapw_tio2_40.json -- \
+                    python3 -m flapw build --system TiO2 --kmax 4.0 --devices all --kpoints 2 --json $emulate || exit 1
+                done ;;
   blas-4gpu)    HYBRIDBLAS_PIN_HOST=on $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 4 --repeats 2 \
                     --xt-block 8192 --out $O/blas-24576-x4 ;;
   blas-1gpu)    $BLAS gpu --sizes 16384 24576 --repeats 2 --out $O/h100/blas-16384-24576 &&

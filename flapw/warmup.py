@@ -14,6 +14,8 @@ Found in the code (flapw, hybridblas, CuPy), on first use in a process:
   and call of a build, and with ``nev`` a solve; on the CPU alone this is all it does, for hybridblas's
   and the thread pools' first calls) and runs one product large enough to be split over every device of
   the context;
+* with a context that emulates FP64 on INT8 tensor cores (``flapw build --emulate``), the kernels of its
+  emulated products, compiled for the build's inner dimension on every GPU of the context beside the warm-up;
 * not paid here: hybridblas page-locks a host operand when a second call meets it (its pin policy), so the
   first k-point with host arrays on GPUs still moves its operands through the staging ring until its
   buffers are locked; they stay locked for the later k-points (the same workspace).
@@ -23,6 +25,8 @@ import math
 import time
 
 import numpy as np
+
+import hybridblas as hb
 
 from .eigen import solve
 from .hsdla import _array_module, _runs_on_gpu, build_hs, operands_place
@@ -40,6 +44,7 @@ def prepare(cell, backend, arrays, method, batch_atoms, *, interstitial=False, n
     {what: seconds}. A warm-up that runs out of memory is skipped with a note (the build itself then
     decides what fits)."""
     seconds = {}
+    compiling = _emulation_kernels(cell, backend, batch_atoms)
     place = operands_place(arrays, operands, backend)
     if workspace is not None and arrays == "host":
         t0 = time.perf_counter()
@@ -62,5 +67,22 @@ def prepare(cell, backend, arrays, method, batch_atoms, *, interstitial=False, n
                 xp.cuda.get_current_stream().synchronize()
     except MemoryError as exc:
         log.info("warm-up skipped: out of memory (%s: %s)", type(exc).__name__, exc)
+    if compiling is not None:
+        compiling.join()
     seconds["warm-up"] = time.perf_counter() - t0
     return seconds
+
+
+def _emulation_kernels(cell, backend, batch_atoms):
+    """With a hybridblas context that emulates FP64 (emulation="int8"), start compiling the kernels of its
+    emulated products at this build's inner dimension (batch_atoms N_L) on its GPUs; the thread, or None."""
+    ctx = getattr(backend, "context", None)
+    if ctx is None and getattr(backend, "name", None) == "hybridblas":
+        ctx = hb.default_context()
+    if getattr(ctx, "emulation", None) is None:
+        return None
+    gpus = [d.index for d in ctx.devices if d.kind == "cuda"]
+    if not gpus:
+        return None
+    return hb.lowlevel.prepare_kernels(complex, gpus, emulation_bits=ctx.emulation_bits,
+                                       k=max(1, batch_atoms * cell.n_l))

@@ -9,7 +9,7 @@ layouts only (TypeError / ValueError naming the argument and its value, before a
     host_trmm_right(v, t, lower=False)            v <- v t in place, t triangular    numpy; scipy's BLAS
     device_gemm(out, a, b, beta=0.0, alpha=1.0)   out <- alpha a b + beta out          cupy; cuBLAS
     conj_transpose(dst, src)                      dst <- src^H (src^T for real data)   cupy; cuBLAS geam
-    prepare_kernels(dtype, devices)               compile hybridblas's own CUDA kernels ahead, in the background
+    prepare_kernels(dtype, devices, ...)          compile hybridblas's own CUDA kernels ahead, in the background
 
 Every matrix is 2-D with a unit stride along its rows or its columns and a leading dimension (a column
 range of a row-major buffer qualifies, as does any C- or Fortran-ordered array); all share one dtype of
@@ -141,17 +141,27 @@ def conj_transpose(dst, src):
     return cublas.conj_transpose_into(dst, src)
 
 
-def prepare_kernels(dtype, devices):
+def prepare_kernels(dtype, devices, *, emulation_bits=None, k=None):
     """Compile (or load from CuPy's on-disk kernel cache) the CUDA kernels of hybridblas's own that calls of
-    ``dtype`` use (today the tall-skinny float32 products summed in double) on the GPUs ``devices`` (indices),
-    on a background thread, so that a program can overlap the compilation (about a second with an empty
-    cache) with its own work. Returns the thread (join it to wait), or None when there is nothing to do."""
+    ``dtype`` use on the GPUs ``devices`` (indices), on a background thread, so that a program can overlap the
+    compilation (about a second per module with an empty cache) with its own work: the tall-skinny float32
+    products summed in double; with ``emulation_bits`` (a Context's, when it has emulation="int8") the
+    float64/complex128 products emulated on INT8 tensor cores with inner dimensions up to ``k``. Returns the
+    thread (join it to wait), or None when there is nothing to do."""
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be one of float32, float64, complex64, complex128, got {dtype}")
     devices = list(devices)
     if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in devices):
         raise ValueError(f"devices must be GPU indices (non-negative integers), got {devices!r}")
+    if emulation_bits is not None:
+        if isinstance(emulation_bits, bool) or not isinstance(emulation_bits, (int, np.integer)) \
+                or not 8 <= emulation_bits <= 62:
+            raise ValueError(f"emulation_bits must be an integer in 8..62 (or None), got {emulation_bits!r}")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive integer with emulation_bits, got {k!r}")
     import cupy
-    from .devices import cuda_skinny
+    from .devices import cuda_ozaki, cuda_skinny
+    if emulation_bits is not None and dtype in cuda_ozaki.EMULATED:
+        return cuda_ozaki.prepare(cupy, dtype, devices, int(emulation_bits), int(k))
     return cuda_skinny.prepare(cupy, dtype, devices)

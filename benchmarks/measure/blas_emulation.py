@@ -6,7 +6,8 @@ largest relative error of the emulated product beside cuBLAS's on the same input
 on FLAPW's own operands (the A of S = AᴴA and the A, X of H += AᴴX of one atom batch of a crystal, entries
 spanning many orders of magnitude; emulated there although their k is below cuda_ozaki.MIN_K). Also what
 cuBLAS's own FP64 emulation (math mode CUBLAS_FP64_EMULATED_FIXEDPOINT_MATH, eager strategy) does with zgemm
-where the installed cuBLAS has it.
+where the installed cuBLAS has it. And what a user of FLAPW sees: the lowest generalised eigenvalues of a build
+with the interstitial part (--eigen), every product emulated against none.
 
     python3 -m benchmarks.blas emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --out DIR
     python3 -m benchmarks.blas emulation --plot-only DIR/bench_blas_emulation.json --out DIR
@@ -32,6 +33,9 @@ def add_arguments(ap):
     ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--samples", type=positive_int, default=100, help="entries checked against exact sums")
     ap.add_argument("--flapw", default="TiO2:3.0", help="SYSTEM:KMAX whose operands are checked too ('none': skip)")
+    ap.add_argument("--eigen", default="NaCl:3.5",
+                    help="SYSTEM:KMAX whose lowest 20 generalised eigenvalues (interstitial included) are compared, "
+                         "every product emulated against none ('none': skip)")
     ap.add_argument("--cublas-emulation", action="store_true", help="time cuBLAS's own FP64 emulation too")
     ap.add_argument("--out", default=None, help="folder for bench_blas_emulation.json and the plot")
     ap.add_argument("--plot-only", metavar="JSON", default=None, help="plot a result file into --out, measure nothing")
@@ -225,6 +229,34 @@ def _flapw_accuracy(cp, spec, emulated, rng, samples):
     return out
 
 
+def _flapw_eigenvalues(cp, spec, nev=20):
+    """The lowest ``nev`` generalised eigenvalues (Ha) of the SYSTEM:KMAX build with the interstitial part, H and
+    S built and solved on GPU 0 natively and with every product emulated (FLAPW's k, a batch of atoms' channels,
+    is below MIN_K: emulated here anyway), and their largest difference."""
+    from flapw import System, build_hs, solve
+    from hybridblas.devices import cuda_ozaki
+    system, kmax = spec.split(":")
+    cell = System.preset(system, kmax=float(kmax))
+    out = {"system": spec, "n_g": int(cell.n_g), "k": int(cell.n_atoms * cell.n_l), "nev": nev}
+    least, edge = cuda_ozaki.MIN_K, cuda_ozaki.MIN_EDGE
+    _counted()
+    for label, emulation in (("native", None), ("emulated", "int8")):
+        ctx = hb.Context(devices=["cuda:0"], emulation=emulation)
+        if emulation:
+            cuda_ozaki.MIN_K, cuda_ozaki.MIN_EDGE = dict.fromkeys(least, 1), 1
+        try:
+            with cp.cuda.Device(0):
+                h, s = build_hs(cell, context=ctx, interstitial=True, lower_only=True, arrays="device")
+                values = solve(h, s, nev)
+                out[label] = [float(v) for v in cp.asnumpy(values)]
+                del h, s
+        finally:
+            cuda_ozaki.MIN_K, cuda_ozaki.MIN_EDGE = least, edge
+        out[label + "_products"] = _counted()
+    out["max_abs_difference_ha"] = float(np.max(np.abs(np.subtract(out["emulated"], out["native"]))))
+    return out
+
+
 _calls = []
 
 
@@ -301,6 +333,12 @@ def run(args):
     if args.flapw != "none":
         doc["flapw"] = _flapw_accuracy(cp, args.flapw, emulated, rng, args.samples)
         print("FLAPW operands:", json.dumps(doc["flapw"]), flush=True)
+    if args.eigen != "none":
+        doc["eigenvalues"] = _flapw_eigenvalues(cp, args.eigen)
+        ev = doc["eigenvalues"]
+        print(f"{ev['system']} (N_G {ev['n_g']}, k {ev['k']}): lowest {ev['nev']} eigenvalues, every product "
+              f"emulated ({ev['emulated_products']} products) against native ({ev['native_products']}): largest "
+              f"difference {ev['max_abs_difference_ha']:.2e} Ha", flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         write_json(os.path.join(args.out, "bench_blas_emulation.json"), doc)

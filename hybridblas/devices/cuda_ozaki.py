@@ -29,7 +29,7 @@ import threading
 
 import numpy as np
 
-from .. import cublas, ozaki
+from .. import cublas, ozaki, workers
 
 SUB = 8192                 # output blocks at most SUB x SUB (INT8 products of 8192^2 x k run near peak)
 STRIP = 2048               # a triangle goes in column strips this wide (waste: half a strip's square)
@@ -404,6 +404,32 @@ def _side_stream(cupy):
         if key not in _modules:
             _modules[key] = cupy.cuda.Stream(non_blocking=True)
         return _modules[key]
+
+
+def prepare(cupy, dtype, devices, bits, k):
+    """Compile (or load from CuPy's kernel cache) the kernels that emulated products of ``dtype`` with ``bits``
+    bits and an inner dimension up to ``k`` use on ``devices`` (shorter k chunks need fewer moduli: each count
+    from the least emulated k up to k), one device after the other on a background thread; returns the
+    thread, or None when there is nothing to do. A failure is left to the first product."""
+    dtype = np.dtype(dtype)
+    least = min(MIN_K[dtype.kind, t] for t in (False, True)) if dtype in EMULATED else k + 1
+    if k < least:
+        return None
+    cplx = dtype.kind == "c"
+    counts = range(ozaki.moduli_for(least, bits, cplx), ozaki.moduli_for(k, bits, cplx) + 1)
+    with _modules_lock:
+        todo = [(int(d), c) for d in dict.fromkeys(devices) for c in counts if (int(d), c) not in _modules]
+    if not todo:
+        return None
+
+    def work():
+        for device, count in todo:
+            try:
+                with cupy.cuda.Device(device):
+                    _kernels(cupy, count)
+            except Exception:           # the product that needs the kernels compiles again and raises
+                pass
+    return workers.start(work, name="cuda-compile")
 
 
 def _kernels(cupy, count):

@@ -227,3 +227,27 @@ def test_nothing_is_allocated_after_c_is_first_written(emulated, monkeypatch, rn
     low = triangle_mask(n, True)
     expected = reference.ref_her2k(0.7 - 0.4j, a, b, -1.3, c0, "N", True)
     assert np.max(np.abs(out[low] - expected[low])) < 1e-13 * np.abs(expected).max()
+
+
+def test_prepared_kernels_are_the_ones_the_products_use(monkeypatch, rng):
+    """hybridblas.lowlevel.prepare_kernels compiles the emulation's kernels for the moduli counts up to k on a
+    background thread; the products then use that module (nothing compiled again)."""
+    import cupy
+    from hybridblas import lowlevel
+    from hybridblas.devices import cuda_ozaki
+    monkeypatch.setattr(cuda_ozaki, "_modules", {})
+    monkeypatch.setattr(cuda_ozaki, "MIN_EDGE", 1)
+    monkeypatch.setattr(cuda_ozaki, "MIN_K", dict.fromkeys(cuda_ozaki.MIN_K, 200))
+    calls = _count_products(monkeypatch)
+    lowlevel.prepare_kernels(np.complex128, [0], emulation_bits=54, k=257).join()
+    prepared = {key: v for key, v in cuda_ozaki._modules.items() if isinstance(key, tuple) and key[0] == 0
+                and isinstance(key[1], int)}
+    count = ozaki.moduli_for(257, 54, True)
+    assert (0, count) in prepared
+    a = random_matrix(rng, (90, 257), np.complex128)
+    b = random_matrix(rng, (257, 70), np.complex128)
+    got = hb.gemm(1.0, cupy.asarray(a), cupy.asarray(b),
+                  context=hb.Context(devices=["cuda:0"], emulation="int8")).get()
+    assert calls
+    np.testing.assert_array_equal(got, ozaki.gemm(a, b, n_moduli=count))
+    assert all(cuda_ozaki._modules[key] is kernels for key, kernels in prepared.items())

@@ -286,3 +286,31 @@ def test_warm_up_pays_the_first_calls(tio2, monkeypatch, caplog):
     with caplog.at_level("INFO", logger="flapw"):
         assert "warm-up" in warmup.prepare(cell, Spy(), "host", "refined", 6)
     assert any("warm-up skipped: out of memory" in r.getMessage() for r in caplog.records)
+
+
+def test_warm_up_compiles_an_emulating_contexts_kernels_for_the_builds_k(tio2, monkeypatch):
+    """With a context that emulates FP64 (emulation="int8") on GPUs, prepare compiles the emulation's kernels
+    for k = batch_atoms N_L on those GPUs (hybridblas.lowlevel.prepare_kernels) and waits for them."""
+    from types import SimpleNamespace
+    from flapw import warmup
+    cell, _ = tio2
+    seen = []
+
+    class Thread:
+        def join(self):
+            seen.append("joined")
+    monkeypatch.setattr(hb.lowlevel, "prepare_kernels",
+                        lambda dtype, devices, **kw: seen.append((np.dtype(dtype), devices, kw)) or Thread())
+    gpus = [SimpleNamespace(kind="cuda", index=i) for i in (0, 1)]
+    ctx = SimpleNamespace(emulation="int8", emulation_bits=50, devices=[SimpleNamespace(kind="cpu")] + gpus)
+    backend = SimpleNamespace(name="hybridblas", context=ctx)
+    assert isinstance(warmup._emulation_kernels(cell, backend, 6), Thread)
+    assert seen == [(np.dtype(complex), [0, 1], {"emulation_bits": 50, "k": 6 * cell.n_l})]
+    ctx.devices = ctx.devices[:1]
+    assert warmup._emulation_kernels(cell, backend, 6) is None                   # no GPU
+    ctx.devices, ctx.emulation = [SimpleNamespace(kind="cpu")] + gpus, None
+    assert warmup._emulation_kernels(cell, backend, 6) is None                   # native
+    assert len(seen) == 1
+    monkeypatch.setattr(warmup, "_emulation_kernels", lambda *a: Thread())
+    warmup.prepare(cell, flapw.backends.get_backend("hybridblas", hb.Context("cpu")), "host", "refined", 6)
+    assert seen[-1] == "joined"

@@ -248,6 +248,15 @@ def test_prepare_kernels_refuses_bad_arguments():
             lowlevel.prepare_kernels(np.float32, devices)
 
 
+def test_prepare_kernels_refuses_bad_emulation_arguments():
+    for bits in (7, 63, 54.0, True, "54"):
+        with pytest.raises(ValueError, match=r"emulation_bits must be an integer in 8..62 \(or None\), got "):
+            lowlevel.prepare_kernels(np.complex128, [0], emulation_bits=bits, k=20000)
+    for k in (None, 0, -5, 1.5e4, True):
+        with pytest.raises(ValueError, match="k must be a positive integer with emulation_bits, got "):
+            lowlevel.prepare_kernels(np.complex128, [0], emulation_bits=54, k=k)
+
+
 class _CompilingCupy:
     """What cuda_skinny's compilation uses of CuPy: RawModule (recording the device it loads on), Device."""
 
@@ -398,3 +407,25 @@ def test_peers_refuse_before_any_gpu_work(call, exc, match, rng):
     with pytest.raises(exc, match=match):
         call(a, c)
     assert np.isnan(c).all()
+
+
+def test_emulation_kernels_prepared_for_every_moduli_count_up_to_k(monkeypatch):
+    from hybridblas import ozaki
+    from hybridblas.devices import cuda_ozaki
+    monkeypatch.setattr(cuda_ozaki, "_modules", {})
+    cp = _CompilingCupy()
+    least = cuda_ozaki.MIN_K["c", False]
+    assert cuda_ozaki.prepare(cp, np.complex64, [0], 54, 50000) is None          # not emulated
+    assert cuda_ozaki.prepare(cp, np.complex128, [0], 54, least - 1) is None      # below the least emulated k
+    thread = cuda_ozaki.prepare(cp, np.complex128, [1, 0, 1], 54, 60000)
+    thread.join(30)
+    counts = list(range(ozaki.moduli_for(least, 54, True), ozaki.moduli_for(60000, 54, True) + 1))
+    assert len(counts) >= 2                                     # k chunks shorter than k take fewer moduli
+    assert set(cuda_ozaki._modules) == {(d, c) for d in (0, 1) for c in counts}
+    assert [dev for dev, _ in cp.loaded] == [1] * len(counts) + [0] * len(counts)
+    assert cuda_ozaki.prepare(cp, np.complex128, [0, 1], 54, 60000) is None       # both have them now
+    monkeypatch.setattr(cuda_ozaki, "_modules", {})
+    cuda_ozaki.prepare(cp, np.float64, [0], 54, 60000).join(30)
+    least_real = min(cuda_ozaki.MIN_K["f", t] for t in (False, True))
+    assert set(cuda_ozaki._modules) == {(0, c) for c in range(ozaki.moduli_for(least_real, 54, False),
+                                                              ozaki.moduli_for(60000, 54, False) + 1)}
