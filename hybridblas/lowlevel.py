@@ -146,8 +146,8 @@ def prepare_kernels(dtype, devices, *, emulation_bits=None, k=None):
     ``dtype`` use on the GPUs ``devices`` (indices), on a background thread, so that a program can overlap the
     compilation (about a second per module with an empty cache) with its own work: the tall-skinny float32
     products summed in double; with ``emulation_bits`` (a Context's, when it has emulation="int8") the
-    float64/complex128 products emulated on INT8 tensor cores with inner dimensions up to ``k``. Returns the
-    thread (join it to wait), or None when there is nothing to do."""
+    float64/complex128 products emulated on INT8 tensor cores at inner dimension ``k``. Returns the thread
+    (join it to wait), or None when there is nothing to do."""
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be one of float32, float64, complex64, complex128, got {dtype}")

@@ -408,17 +408,16 @@ def _side_stream(cupy):
 
 def prepare(cupy, dtype, devices, bits, k):
     """Compile (or load from CuPy's kernel cache) the kernels that emulated products of ``dtype`` with ``bits``
-    bits and an inner dimension up to ``k`` use on ``devices`` (shorter k chunks need fewer moduli: each count
-    from the least emulated k up to k), one device after the other on a background thread; returns the
-    thread, or None when there is nothing to do. A failure is left to the first product."""
+    bits and inner dimension ``k`` use on ``devices``, one device after the other on a background thread;
+    returns the thread, or None when there is nothing to do (k below the least emulated k, or every device has
+    them). A shorter k chunk may take fewer moduli: its kernels are compiled by its first product. A failure
+    is left to the first product."""
     dtype = np.dtype(dtype)
-    least = min(MIN_K[dtype.kind, t] for t in (False, True)) if dtype in EMULATED else k + 1
-    if k < least:
+    if dtype not in EMULATED or k < min(MIN_K[dtype.kind, t] for t in (False, True)):
         return None
-    cplx = dtype.kind == "c"
-    counts = range(ozaki.moduli_for(least, bits, cplx), ozaki.moduli_for(k, bits, cplx) + 1)
+    count = ozaki.moduli_for(k, bits, dtype.kind == "c")
     with _modules_lock:
-        todo = [(int(d), c) for d in dict.fromkeys(devices) for c in counts if (int(d), c) not in _modules]
+        todo = [(int(d), count) for d in dict.fromkeys(devices) if (int(d), count) not in _modules]
     if not todo:
         return None
 

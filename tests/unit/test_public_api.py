@@ -409,7 +409,7 @@ def test_peers_refuse_before_any_gpu_work(call, exc, match, rng):
     assert np.isnan(c).all()
 
 
-def test_emulation_kernels_prepared_for_every_moduli_count_up_to_k(monkeypatch):
+def test_emulation_kernels_prepared_once_per_device_for_the_count_k_needs(monkeypatch):
     from hybridblas import ozaki
     from hybridblas.devices import cuda_ozaki
     monkeypatch.setattr(cuda_ozaki, "_modules", {})
@@ -419,13 +419,9 @@ def test_emulation_kernels_prepared_for_every_moduli_count_up_to_k(monkeypatch):
     assert cuda_ozaki.prepare(cp, np.complex128, [0], 54, least - 1) is None      # below the least emulated k
     thread = cuda_ozaki.prepare(cp, np.complex128, [1, 0, 1], 54, 60000)
     thread.join(30)
-    counts = list(range(ozaki.moduli_for(least, 54, True), ozaki.moduli_for(60000, 54, True) + 1))
-    assert len(counts) >= 2                                     # k chunks shorter than k take fewer moduli
-    assert set(cuda_ozaki._modules) == {(d, c) for d in (0, 1) for c in counts}
-    assert [dev for dev, _ in cp.loaded] == [1] * len(counts) + [0] * len(counts)
+    count = ozaki.moduli_for(60000, 54, True)
+    assert set(cuda_ozaki._modules) == {(1, count), (0, count)}
+    assert [dev for dev, _ in cp.loaded] == [1, 0]
     assert cuda_ozaki.prepare(cp, np.complex128, [0, 1], 54, 60000) is None       # both have them now
-    monkeypatch.setattr(cuda_ozaki, "_modules", {})
-    cuda_ozaki.prepare(cp, np.float64, [0], 54, 60000).join(30)
-    least_real = min(cuda_ozaki.MIN_K["f", t] for t in (False, True))
-    assert set(cuda_ozaki._modules) == {(0, c) for c in range(ozaki.moduli_for(least_real, 54, False),
-                                                              ozaki.moduli_for(60000, 54, False) + 1)}
+    cuda_ozaki.prepare(cp, np.float64, [0], 40, 20000).join(30)
+    assert (0, ozaki.moduli_for(20000, 40, False)) in cuda_ozaki._modules
