@@ -49,7 +49,7 @@ stage ci-cpu         "CI eigensolver: on the CPU box, MKL and scipy backends"  "
 stage ci-spmm-cpu    "CI eigensolver: CPU block SpMM, MKL against scipy"       "CPU box + mkl"    "spmm_24Mg.json"
 stage ci-float32     "CI eigensolver: float32 on a GPU"                        "1 GPU"            "float32-diagnosis.txt"
 stage flapw-mpi      "Beyond one node: FLAPW k-points over ranks"              "2 GPUs + MPI"     "flapw-mpi/runs.json"
-stage plot-blas      "figures blas_h200x2_sizes, blas_h200_scaling, blas_h100, blas_emulation" "CPU box" "img/blas-*/"
+stage plot-blas      "figures blas_h200x2_sizes, blas_h200_scaling, blas_h100, blas_emulation_h200/_h100" "CPU box" "img/blas-*/"
 stage plot-flapw     "figure flapw_tio2.png"                                   "CPU box"          "img/flapw_tio2.png"
 stage plot-cisolver  "figure cisolver_peers.png"                               "CPU box"          "img/cisolver_peers.png"
 
@@ -138,7 +138,9 @@ run_stage() {
                 $BLAS plot $STORED/h200x4-2026-11-22/blas-24576/bench_blas_gpu.json --out $O/img/blas-h200-scaling &&
                 $BLAS plot $STORED/h100-2026-11-22/blas-16384-24576/bench_blas_gpu.json --out $O/img/blas-h100 &&
                 $BLAS emulation --plot-only $STORED/h200x2-2026-11-26/emulation/bench_blas_emulation.json \
-                    --out $O/img/blas-emulation ;;
+                    --out $O/img/blas-emulation &&
+                $BLAS emulation --plot-only $STORED/h100-2026-11-26/emulation/bench_blas_emulation.json \
+                    --out $O/img/blas-emulation-h100 ;;
   plot-flapw)   $FLAPW plot --out $O/img/flapw_tio2.png ;;
   plot-cisolver) $CI plot --out $O/img/cisolver_peers.png ;;
   esac

@@ -108,7 +108,8 @@ def _parser():
                         f"GPU (auto: side by side when N_G < {side.SPLIT_BELOW} and there are several k-points)")
     b.add_argument("--emulate", action="store_true",
                    help="FP64 products on the GPUs' INT8 tensor cores where that wins (k of at least 6144 for "
-                        "complex products: batches of 76 atoms or more at N_L = 81; hybridblas Context "
+                        "complex products, 12288 for H's and S's diagonal blocks: batches of 152 atoms or more at "
+                        "N_L = 81; hybridblas Context "
                         "emulation='int8', the Ozaki scheme II), as accurate as FP64 cuBLAS on FLAPW's operands "
                         "(docs/performance.md); CPU work and smaller products stay native")
     b.add_argument("--output", default=None,
