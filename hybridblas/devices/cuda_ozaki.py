@@ -36,16 +36,15 @@ STRIP = 2048               # a triangle goes in column strips this wide (waste: 
 PANEL_MIN = 256            # C too large for its reduced planes goes in panels of a multiple of this many columns
 ALIGN = 16                 # k padded to this (TN INT8 products want k-contiguous rows, 16-byte aligned)
 EDGE = 16                  # the INT8 products' m and n rounded up to this (rows past a block's end are computed
-                           # and not read): cuBLAS ran edges like 6490 x 2048 at a fraction of its peak
+                           # and not read): cuBLAS 13.1 ran 6490 x 2048 (k = 29152) at 292 TOPS, 6492 at 1458
 K_CHUNK = (ozaki.INT32_K - 1) // ALIGN * ALIGN   # longest exact INT32 sum of int8 products
-GEMM_K = 16384             # k of one cublasGemmEx call (longer k in pieces summed in INT32: cuBLAS 13's INT8
-                           # products ran at 400-660 TOPS on an H200 at k = 29152-31104, ~1550 at k = 16384)
 WORK_BYTES = 16 << 30      # at most this (and a quarter of the GPU's spare memory or of the run's limit) for
                            # each of: the residue planes of a group of moduli, the reduced planes of a panel of C
-# Where emulation wins (benchmarks.blas emulation on one H200, device operands, n = k, against cuBLAS): zgemm 0.95x
-# at 4096, 1.35x at 8192, 1.57x at 12288, 1.78x at 16384; zherk 0.95x at 8192, 1.20x at 12288, 1.39x at 16384;
-# dgemm 0.91x at 12288, 1.08x at 16384. Per entry of C the products cost in proportion to k and the reductions and
-# the reconstruction a fixed amount, so k decides (zgemm's fit: even near k = 4100):
+# Where emulation wins (benchmarks.blas emulation, one GPU, device operands, n = k, against cuBLAS): it lost with
+# zgemm at 4096 (0.95x), zherk at 8192 (0.95x) and dgemm at 12288 (0.91x) on an H200; above these thresholds zgemm
+# runs at 1.56-1.86x (8192-16384), zherk 1.25-1.47x (12288-16384), dgemm 1.24x (16384) on an H200, zgemm 1.89x and
+# zherk 1.43x at 16384 on an H100. Per entry of C the products cost in proportion to k and the reductions and the
+# reconstruction a fixed amount, so k decides:
 MIN_EDGE = 2048            # m and n at least this
 MIN_K = {("c", False): 6144, ("c", True): 12288,      # (dtype kind, triangle of a diagonal block): least k
          ("f", False): 16384, ("f", True): 16384}
@@ -348,19 +347,14 @@ class _Panel:
         return out
 
     def _gemm(self, a, b, out, m, n, ldc, q0, q1):
-        """out (column-major m x n, leading dimension ldc) <- a[:m, q0:q1] b[:n, q0:q1]^T, INT8 in, INT32 out, in
-        pieces of at most GEMM_K along k summed in out (exact: q1 - q0 is at most K_CHUNK)."""
+        """out (column-major m x n, leading dimension ldc) <- a[:m, q0:q1] b[:n, q0:q1]^T, INT8 in, INT32 out."""
         i = ctypes.c_int
-        stream = self.cp.cuda.get_current_stream().ptr
-        for p0 in range(q0, q1, GEMM_K):
-            p1 = min(q1, p0 + GEMM_K)
-            beta = _ZERO if p0 == q0 else _ONE
-            cublas.call("cublasGemmEx", self.handle, stream, i(1), i(0), i(m), i(n), i(p1 - p0),
-                        ctypes.c_void_p(_ONE.ctypes.data),
-                        ctypes.c_void_p(a.data.ptr + p0), i(_CUDA_R_8I), i(self.depth),
-                        ctypes.c_void_p(b.data.ptr + p0), i(_CUDA_R_8I), i(self.depth),
-                        ctypes.c_void_p(beta.ctypes.data),
-                        ctypes.c_void_p(out.data.ptr), i(_CUDA_R_32I), i(ldc), i(_COMPUTE_32I), i(_GEMM_DEFAULT))
+        cublas.call("cublasGemmEx", self.handle, self.cp.cuda.get_current_stream().ptr, i(1), i(0), i(m), i(n),
+                    i(q1 - q0), ctypes.c_void_p(_ONE.ctypes.data),
+                    ctypes.c_void_p(a.data.ptr + q0), i(_CUDA_R_8I), i(self.depth),
+                    ctypes.c_void_p(b.data.ptr + q0), i(_CUDA_R_8I), i(self.depth),
+                    ctypes.c_void_p(_ZERO.ctypes.data),
+                    ctypes.c_void_p(out.data.ptr), i(_CUDA_R_32I), i(ldc), i(_COMPUTE_32I), i(_GEMM_DEFAULT))
 
     def _reduce(self, products, ldp, m, n, mod, row, col, accumulate):
         """The block's INT32 products modulo p into the panel's planes at (row, col)."""

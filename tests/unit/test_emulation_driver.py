@@ -167,7 +167,7 @@ def host_gpu(monkeypatch):
     monkeypatch.setattr(cublas, "call", _gemm_ex)
     monkeypatch.setattr(cuda_ozaki, "MIN_EDGE", 1)
     monkeypatch.setattr(cuda_ozaki, "MIN_K", dict.fromkeys(cuda_ozaki.MIN_K, 1))
-    for name, value in (("SUB", 24), ("STRIP", 8), ("PANEL_MIN", 8), ("K_CHUNK", 32), ("GEMM_K", 16)):
+    for name, value in (("SUB", 24), ("STRIP", 8), ("PANEL_MIN", 8), ("K_CHUNK", 32)):
         monkeypatch.setattr(cuda_ozaki, name, value)
     return cuda_ozaki.Backend(0, _Stream(), 54)
 
