@@ -29,7 +29,8 @@ import threading
 
 import numpy as np
 
-from .. import cublas, ozaki, workers
+from .. import cublas, ozaki
+from . import cuda_compile
 
 SUB = 8192                 # output blocks at most SUB x SUB (INT8 products of 8192^2 x k run near peak)
 STRIP = 2048               # a triangle goes in column strips this wide (waste: half a strip's square)
@@ -411,18 +412,8 @@ def prepare(cupy, dtype, devices, bits, k):
         return None
     count = ozaki.moduli_for(k, bits, dtype.kind == "c")
     with _modules_lock:
-        todo = [(int(d), count) for d in dict.fromkeys(devices) if (int(d), count) not in _modules]
-    if not todo:
-        return None
-
-    def work():
-        for device, count in todo:
-            try:
-                with cupy.cuda.Device(device):
-                    _kernels(cupy, count)
-            except Exception:           # the product that needs the kernels compiles again and raises
-                pass
-    return workers.start(work, name="cuda-compile")
+        todo = [d for d in dict.fromkeys(int(d) for d in devices) if (d, count) not in _modules]
+    return cuda_compile.in_background(cupy, todo, lambda: _kernels(cupy, count))
 
 
 def _kernels(cupy, count):

@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from .. import workers
+from . import cuda_compile
 from ..devspec import gpu_multiprocessors
 from ..problem import leading_dim
 
@@ -202,20 +202,11 @@ def prepare(cupy, dtype, devices):
     device after the other, on a background thread; returns the thread, or None when ``dtype`` takes no kernel
     of this module (only float32 does) or every device has them. A failure is left to the first call."""
     dtype = np.dtype(dtype)
-    todo = [int(d) for d in dict.fromkeys(devices)]
-    with _modules_lock:
-        todo = [d for d in todo if (d, dtype) not in _modules]
-    if dtype != np.float32 or not todo:
+    if dtype != np.float32:
         return None
-
-    def work():
-        for device in todo:
-            try:
-                with cupy.cuda.Device(device):
-                    _kernels(cupy, dtype)
-            except Exception:           # the call that needs the kernels compiles again and raises
-                pass
-    return workers.start(work, name="cuda-compile")
+    with _modules_lock:
+        todo = [d for d in dict.fromkeys(int(d) for d in devices) if (d, dtype) not in _modules]
+    return cuda_compile.in_background(cupy, todo, lambda: _kernels(cupy, dtype))
 
 
 def run(problem):
