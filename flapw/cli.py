@@ -132,6 +132,9 @@ def make_backend(blas, devices, strategy, comm=None, emulation=None):
     """The BLAS backend for ``devices`` (a --devices string or a DeviceSpec): hybridblas on this rank's
     Context (``emulation`` as hybridblas.Context takes it), or cuBLASXt on the GPUs named."""
     spec = devices if isinstance(devices, hb.DeviceSpec) else parallel.check_devices(devices, comm)
+    if emulation and blas == "hybridblas" and not spec.gpus:
+        raise ValueError(f"--emulate runs the FP64 products on GPUs; --devices {str(spec)!r} names none "
+                         f"(--devices gpu or all)")
     if blas == "hybridblas":
         return get_backend(blas, parallel.rank_context(comm, spec, strategy, emulation))
     if emulation:

@@ -240,26 +240,23 @@ def test_coefficient_fill_refuses_an_out_it_cannot_write_in_place():
         fill_coefficients(np.zeros((5, 16), complex)[:, ::2], factors, phase, [0, 0], 4)
 
 
-def test_cli_emulate_reaches_the_context(tmp_path, capsys, monkeypatch):
-    """--emulate builds on a Context with emulation="int8" (on the CPU the products stay native: the same H and S),
-    says so in the JSON, and needs hybridblas as the BLAS."""
-    from flapw import cli
-    contexts = []
-    real = hb.Context
-
-    def recording(*args, **kw):
-        ctx = real(*args, **kw)
-        contexts.append(ctx)
-        return ctx
-    monkeypatch.setattr(hb, "Context", recording)
+def test_cli_emulate_reaches_the_context_and_needs_gpus(capsys, monkeypatch):
+    """--emulate gives the build's Context emulation="int8" on the GPUs named; without a GPU in --devices (the
+    default is the CPU) or with cuBLASXt it is refused before any work."""
+    from flapw import cli, parallel
     small = ["build", "--system", "NaCl", "--supercell", "1", "1", "1", "--kmax", "1.8", "--json"]
-    files = [tmp_path / "on.npz", tmp_path / "off.npz"]
-    for extra, out in ((["--emulate"], files[0]), ([], files[1])):
-        assert cli.main(small + extra + ["--output", str(out)]) == 0
-        doc = json.loads(capsys.readouterr().out)
-        assert doc["emulation"] == ("int8" if extra else None)
-    assert [c.emulation for c in contexts] == ["int8", None]
-    on, off = np.load(files[0]), np.load(files[1])
-    np.testing.assert_array_equal(on["H_0"], off["H_0"])
+    assert cli.main(small + ["--emulate"]) == 2
+    err = capsys.readouterr().err
+    assert "--emulate runs the FP64 products on GPUs; --devices 'cpu' names none (--devices gpu or all)" in err
+    assert "Traceback" not in err
+    asked = []
+
+    def context(comm, spec, strategy, emulation=None):
+        asked.append((spec.gpus, emulation))
+        return hb.Context("cpu")
+    monkeypatch.setattr(parallel, "rank_context", context)
+    cli.make_backend("hybridblas", hb.DeviceSpec(cpu=True, gpus=(0, 1)), "auto", None, "int8")
+    cli.make_backend("hybridblas", hb.DeviceSpec(cpu=True, gpus=()), "auto", None, None)
+    assert asked == [((0, 1), "int8"), ((), None)]
     with pytest.raises(ValueError, match="--emulate needs --blas hybridblas, got --blas cublasxt"):
         cli.make_backend("cublasxt", hb.DeviceSpec(cpu=False, gpus=(0,)), "auto", None, "int8")
