@@ -15,7 +15,7 @@ from numbers import Number
 
 import numpy as np
 
-from .problem import array_module
+from .problem import _overlap, array_module
 
 __all__ = ["gemm_batched"]
 
@@ -32,7 +32,7 @@ def gemm_batched(alpha, a, b, beta=0.0, c=None):
     overlap a or b, nor its own blocks one another."""
     xp = array_module(a, "a")
     for name, x in (("b", b), ("c", c)):
-        if x is not None and array_module(x, name) is not xp:
+        if (x is not None or name == "b") and array_module(x, name) is not xp:
             raise TypeError(f"{name} must be a {xp.__name__} array like a, got {type(x).__module__}.{type(x).__name__}")
     if a.ndim != 3:
         raise ValueError(f"a must be 3-D (batch, m, k), got shape {a.shape}")
@@ -48,11 +48,7 @@ def gemm_batched(alpha, a, b, beta=0.0, c=None):
         raise TypeError(f"a must be float32, float64, complex64 or complex128, got {dtype}")
     if b.dtype != dtype:
         raise TypeError(f"b must have a's dtype {dtype}, got {b.dtype}")
-    for name, value in (("alpha", alpha), ("beta", beta)):
-        if not isinstance(value, Number) or isinstance(value, bool) or not np.isfinite(value):
-            raise TypeError(f"{name} must be a finite number, got {value!r}")
-        if dtype.kind != "c" and isinstance(value, complex) and value.imag != 0:
-            raise TypeError(f"{name} must be real for {dtype} data, got {value!r}")
+    alpha, beta = _scalar(alpha, "alpha", dtype), _scalar(beta, "beta", dtype)
     if c is None:
         if beta != 0:
             raise ValueError(f"beta must be 0 when c is None (nothing to add to), got {beta!r}")
@@ -67,13 +63,15 @@ def gemm_batched(alpha, a, b, beta=0.0, c=None):
         if not _one_to_one(c.shape, c.strides, c.itemsize):
             raise ValueError(f"c's blocks overlap one another (shape {c.shape}, strides {c.strides})")
         for name, x in (("a", a), ("b", b)):
-            if xp.may_share_memory(c, x):
-                raise ValueError(f"c must not overlap {name}")
+            how = _overlap(xp, c, x)
+            if how:
+                raise ValueError(f"c must not overlap {name}" + ("" if how == "shares" else
+                                                                 " (the exact test would cost too much)"))
     if xp is not np:
         _check_device(a, b, c)
     if batch == 0 or m == 0 or n == 0:
         return c
-    if k == 0:
+    if k == 0 or alpha == 0:            # as in BLAS: a and b are not read
         _scale(c, beta)
         return c
     if xp is np:
@@ -83,9 +81,31 @@ def gemm_batched(alpha, a, b, beta=0.0, c=None):
     return c
 
 
+def _scalar(value, name, dtype):
+    """alpha or beta as a Python float (complex for complex data): a finite number; a complex value with a
+    non-zero imaginary part only for complex data."""
+    if isinstance(value, (bool, np.bool_)) or not (isinstance(value, Number) or getattr(value, "shape", None) == ()):
+        raise TypeError(f"{name} must be a finite number, got {value!r:.60}")
+    try:
+        value = complex(value) if np.iscomplexobj(value) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise TypeError(f"{name} must be a finite number, got {value!r:.60}") from None
+    if not np.isfinite(value):
+        raise TypeError(f"{name} must be a finite number, got {value!r}")
+    if isinstance(value, complex):
+        if value.imag == 0:
+            return value.real
+        if dtype.kind != "c":
+            raise TypeError(f"{name} must be real for {dtype} data, got {value!r}")
+    return value
+
+
 def _one_to_one(shape, strides, itemsize):
     """True where no two elements of the view share memory: along the axes sorted by stride, each stride
-    reaches past everything the smaller ones span (sufficient; strided block views of one array pass)."""
+    reaches past everything the smaller ones span (sufficient; strided block views of one array pass). An
+    empty view holds no element."""
+    if 0 in shape:
+        return True
     axes = sorted((abs(s), e) for s, e in zip(strides, shape) if e > 1)
     span = itemsize
     for stride, extent in axes:

@@ -202,15 +202,15 @@ class Context:
         for spec in devices:
             if isinstance(spec, Device):
                 out.append(spec)
-            elif spec == "cpu":
-                out.append(CPUDevice(n_cpu))
-                n_cpu += 1
-            elif isinstance(spec, (str, int)) and not isinstance(spec, bool):
-                _cpu, every_gpu, _opt, ids = device_words([spec])
-                if every_gpu or ids:
-                    out.extend(_cuda_devices(str(spec)))
-            else:
+                continue
+            if not isinstance(spec, (str, int)) or isinstance(spec, bool):
                 raise ValueError(f"devices: unknown device {spec!r}; use 'cpu', 'cuda:<i>' or a Device")
+            cpu, every_gpu, optional, ids = device_words([spec])   # one word, spelled as the string form takes it
+            if cpu:
+                out.append(CPUDevice(n_cpu))                      # each 'cpu' of the list: one more CPU worker
+                n_cpu += 1
+            if (every_gpu or ids) and not (optional and not gpu_count()):   # 'all' without GPUs: the cores
+                out.extend(_cuda_devices(str(spec)))
         names = [d.name for d in out]
         if len(set(names)) != len(names):
             raise ValueError(f"devices: a device is listed twice in {names}")
@@ -225,9 +225,13 @@ class Context:
             self._profile = load_profile(tell_missing=len(self.devices) > 1) or False
         return self._profile or None
 
-    def devices_for(self, problem):
+    def check_open(self):
+        """ValueError once the context is closed (every call checks, also one that reads no operand)."""
         if self._closed:
             raise ValueError(f"context: {self!r} is closed (Context.close()); make a new Context")
+
+    def devices_for(self, problem):
+        self.check_open()
         usable = [d for d in self.devices if d.accepts(problem)]
         if not usable:
             where = "host (numpy)" if problem.fxp.__name__ == "numpy" else "GPU (cupy)"

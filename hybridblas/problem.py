@@ -299,7 +299,13 @@ def _check_array(x, name):
 def _check_scalar(value, name, dtype, real_only):
     if not isinstance(value, Number) and not (hasattr(value, "shape") and value.shape == ()):
         raise TypeError(f"{name} must be a scalar, got {value!r:.60} ({type(value).__name__})")
-    value = complex(value) if np.iscomplexobj(value) else float(value)
+    try:
+        value = complex(value) if np.iscomplexobj(value) else float(value)
+    except OverflowError:
+        raise ValueError(f"{name} is beyond the range of a float, got {value!r:.60}") from None
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real or complex number, got {value!r:.60} ({type(value).__name__})") \
+            from None
     if isinstance(value, complex):
         if value.imag == 0:
             value = value.real

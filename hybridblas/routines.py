@@ -59,6 +59,7 @@ def _call(kind, alpha, operands, beta, c, ops, lower, overwrite_c, context):
     overwrite_c = _p.parse_flag(overwrite_c, "overwrite_c")
     ctx = _context(context)
     prob = _p.build_problem(kind, alpha, operands, beta, c, ops, lower, None, overwrite_c=overwrite_c)
+    ctx.check_open()
     if prob.m and prob.n:
         if prob.alpha == 0 or prob.k == 0:
             if prob.beta != 1:

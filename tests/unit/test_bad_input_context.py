@@ -113,3 +113,18 @@ def test_good_values_of_every_kind_accepted(profile_dir):
     assert ctx.profile is prof
     assert hb.Context("cpu", profile=False).profile is None
     assert hb.Context("cpu", pin_host=np.False_).pin_host is False
+
+
+def test_device_lists_take_the_words_of_the_string_form(monkeypatch):
+    """A list of devices is spelled like the string form (any case, spaces around); 'all' on a node without
+    GPUs is its cores, as for the string; a word the string form refuses is refused, never an empty Context."""
+    from hybridblas import context
+    monkeypatch.setattr(context, "gpu_count", lambda: 0)
+    for devices in (["CPU"], [" cpu"], ["Cpu"], ["all"], "all", "CPU"):
+        assert [d.name for d in hb.Context(devices).devices] == ["cpu"], devices
+    assert [d.name for d in hb.Context(["cpu", "CPU "]).devices] == ["cpu", "cpu#1"]
+    for devices in (["cpux"], [None], [True], ["cpu", 1.5]):
+        with pytest.raises(ValueError, match="devices: unknown device"):
+            hb.Context(devices)
+    with pytest.raises(ValueError, match=r"devices must name at least one device .* got \[''\]"):
+        hb.Context([""])

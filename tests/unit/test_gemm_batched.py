@@ -201,3 +201,40 @@ def test_gpu_wrong_device_or_module():
             b = cupy.ones((4, 5))
         with pytest.raises(ValueError, match="b is on GPU 1, not on the current device 0"):
             hb.gemm_batched(1.0, a, b)
+
+
+def test_empty_scalars_alpha_zero_and_disjoint_views():
+    """An empty c is returned as it is; real-valued complex and numpy scalars work on real data; alpha = 0
+    reads neither a nor b (NaN there stays out of c); disjoint strided views of one array are accepted."""
+    rng = np.random.default_rng(5)
+    empty = np.zeros((2, 3, 0))
+    assert hb.gemm_batched(1.0, np.ones((2, 3, 4)), np.ones((4, 0)), 0.0, empty) is empty
+    a, b = _rand(rng, (2, 3, 4), np.float64), _rand(rng, (4, 5), np.float64)
+    c0 = _rand(rng, (2, 3, 5), np.float64)
+    for alpha, beta in ((2 + 0j, 0.5 + 0j), (np.float32(2), np.complex64(0.5)), (np.array(2.0), np.int64(0))):
+        c = c0.copy()
+        hb.gemm_batched(alpha, a, b, beta, c)
+        np.testing.assert_allclose(c, 2 * a @ b + float(np.real(beta)) * c0, rtol=1e-13)
+    poisoned = a.copy()
+    poisoned[0, 0, 0] = np.nan
+    c = c0.copy()
+    hb.gemm_batched(0.0, poisoned, b, 1.0, c)
+    np.testing.assert_array_equal(c, c0)
+    hb.gemm_batched(0.0, poisoned, b, 0.0, c)
+    np.testing.assert_array_equal(c, 0.0)
+    x = rng.standard_normal((3, 4, 10))
+    left = x[:, :, 5:].copy()
+    hb.gemm_batched(1.0, x[:, :, 5:], np.eye(5), 0.0, x[:, :, :5])
+    np.testing.assert_array_equal(x[:, :, :5], left)
+
+
+def test_scalars_and_b_refused_with_their_names():
+    a, b = np.ones((2, 3, 4)), np.ones((4, 5))
+    for alpha in (np.complex64(1j), 1j):
+        with pytest.raises(TypeError, match=r"alpha must be real for float64 data, got 1j"):
+            hb.gemm_batched(alpha, a, b)
+    for beta in (np.array("x"), 10 ** 400, None, np.inf):
+        with pytest.raises(TypeError, match="beta must be a finite number, got "):
+            hb.gemm_batched(1.0, a, b, beta, np.ones((2, 3, 5)))
+    with pytest.raises(TypeError, match="b must be a numpy or cupy array, got NoneType None"):
+        hb.gemm_batched(1.0, a, None)

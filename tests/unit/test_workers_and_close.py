@@ -119,6 +119,11 @@ def test_a_closed_context_refuses_calls_and_the_with_form_closes(rng):
     assert ctx.closed
     with pytest.raises(ValueError, match=r"context: Context\(devices=\['cpu'\].* is closed"):
         hb.syrk(1.0, a, context=ctx)
+    c = np.ones((40, 40))
+    for alpha, k in ((0.0, 7), (1.0, 0)):               # calls that read no operand are refused too, C untouched
+        with pytest.raises(ValueError, match="is closed"):
+            hb.syrk(alpha, a[:, :k], 2.0, c, context=ctx)
+    np.testing.assert_array_equal(c, 1.0)
     ctx.close()                                          # twice: harmless
     other = hb.Context("cpu", profile=False)
     np.testing.assert_allclose(np.tril(hb.syrk(1.0, a, context=other)), np.tril(a @ a.T), rtol=1e-12, atol=1e-12)
