@@ -41,7 +41,8 @@ def _parser():
     s.add_argument("--neutrons", type=console.nonnegative_int, required=True, help="valence neutrons")
     s.add_argument("--twice-m", type=int, default=None, help="2M (default 0 for even A, 1 for odd A)")
     s.add_argument("--nev", type=console.positive_int, default=5, help="number of eigenpairs")
-    s.add_argument("--tol", type=console.positive_float, default=1e-8, help="relative residual tolerance")
+    s.add_argument("--tol", type=console.positive_float, default=None,
+                   help="relative residual tolerance (default: 1e-8 for float64, 1e-5 for float32)")
     s.add_argument("--maxiter", type=console.nonnegative_int, default=300)
     s.add_argument("--block-size", type=console.positive_int, default=None,
                    help="LOBPCG block size, >= --nev (default nev+3)")
@@ -147,7 +148,7 @@ def _body(args):
         write_output(output, out)
         log.info(f"results written to {output}")
     if not out["converged"]:
-        log.warning(f"LOBPCG did not converge to --tol {args.tol:g} in {out['iterations']} iterations "
+        log.warning(f"LOBPCG did not converge to --tol {request.tol:g} in {out['iterations']} iterations "
                     f"(largest residual {max(out['residuals']):.2e}); raise --maxiter or --tol")
     return code
 

@@ -4,6 +4,7 @@ J^π on the right and E_x on the left, labels moved apart where levels crowd. ma
 only when a figure is drawn (``pip install "hybridblas[plot]"``).
 """
 import json
+import math
 from pathlib import Path
 
 from hybridblas import console
@@ -30,14 +31,33 @@ def load_results(paths):
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: not a JSON file written by 'cisolver spectrum --json' ({exc})") from None
         items = data if isinstance(data, list) else [data]
+        if not items:
+            raise ValueError(f"{path}: no result in it (an empty list); 'cisolver spectrum --json' writes one")
         for item in items:
-            energies = item.get("energies") if isinstance(item, dict) else None
-            if not isinstance(energies, list) or not energies or \
-                    not all(isinstance(e, (int, float)) for e in energies):
-                raise ValueError(f"{path}: a result needs a non-empty list 'energies' (MeV), as 'cisolver spectrum "
-                                 f"--json' writes it")
+            _check_result(path, item)
             out.append(item)
     return out
+
+
+def _check_result(path, item):
+    """One result as 'cisolver spectrum --json' writes it: finite energies, and J, parities (where given) one
+    per energy."""
+    energies = item.get("energies") if isinstance(item, dict) else None
+    if not isinstance(energies, list) or not energies or \
+            not all(isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) for e in energies):
+        raise ValueError(f"{path}: a result needs a non-empty list 'energies' of finite numbers (MeV), as "
+                         f"'cisolver spectrum --json' writes it")
+    observables = item.get("observables")
+    if observables is not None and not isinstance(observables, dict):
+        raise ValueError(f"{path}: 'observables' must be an object, got {type(observables).__name__}")
+    for name, values, kinds in (("j", item.get("j"), (int, float)),
+                                ("observables.parity", (observables or {}).get("parity"), (int, float, str))):
+        if values is None:
+            continue
+        if not isinstance(values, list) or len(values) != len(energies) or \
+                not all(v is None or (isinstance(v, kinds) and not isinstance(v, bool)) for v in values):
+            raise ValueError(f"{path}: '{name}' must be a list of {len(energies)} values, one per energy, got "
+                             f"{str(values)[:60]}")
 
 
 def levels(result, max_energy=None):

@@ -20,7 +20,7 @@ import numpy as np
 
 import hybridblas as hb
 
-from . import estimate, gpu_build
+from . import estimate, gpu_build, host_blocks
 from . import solver as _lobpcg
 from .arrays import precision, to_host
 from .data import resolve_interaction
@@ -31,6 +31,8 @@ from .shellmodel import angmom, hamiltonian, nushellx
 
 # the H build's threads when not told: at most 8. On a 32-core node with two H100s 48Cr's build took 9.8 s on 8
 # threads and 14.7-16.7 s on 32 (the fill's numpy steps contend), and each thread adds build scratch memory
+# LOBPCG's relative residual tolerance when not told, by itemsize: float32 residuals level off near 1e-6
+DEFAULT_TOL = {8: 1e-8, 4: 1e-5}
 BUILD_THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
@@ -103,7 +105,7 @@ class _Checker:
         return value
 
 
-def prepare(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8, maxiter=300, devices="cpu",
+def prepare(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=None, maxiter=300, devices="cpu",
             dtype="float64", storage="upper", precond="none", block_size=None, seed=0, n_threads=None,
             comm=None, layout="rows", return_vectors=False, observables=True, eff_charge=(1.5, 0.5), gl=(1.0, 0.0),
             gs=(5.586, -3.826), b=None, hbar_omega=None, names=None):
@@ -119,6 +121,8 @@ def prepare(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8
     storage = ck.choice("storage", storage, ("upper", "full"))
     precond = ck.choice("precond", "none" if precond is None else precond, ("none", "tiles"))
     dt = precision(dtype, ck.name("dtype"))
+    if tol is None:
+        tol = DEFAULT_TOL[dt.itemsize]
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (math.isfinite(tol) and tol > 0):
         raise ValueError(f"{ck.name('tol')} must be a finite number > 0, got {tol!r}")
     maxiter = ck.integer("maxiter", maxiter, low=0)
@@ -128,6 +132,7 @@ def prepare(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8
     if seed is not None:
         seed = ck.integer("seed", seed, low=0)
     n_threads = BUILD_THREADS if n_threads is None else ck.integer("n_threads", n_threads, low=1)
+    host_blocks.cores()                  # $CISOLVER_THREADS checked now, not after the build
     if not isinstance(return_vectors, bool):
         raise TypeError(f"{ck.name('return_vectors')} must be True or False, got {return_vectors!r}")
     if not isinstance(observables, bool):
@@ -280,7 +285,7 @@ def _with_observables(out, problem, vectors, opts):
     return out
 
 
-def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=1e-8,
+def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=None,
                      maxiter=300, devices="cpu", dtype="float64", storage="upper", precond="none",
                      block_size=None, seed=0, n_threads=None, progress=None, comm=None, layout="rows",
                      return_vectors=False, observables=True, eff_charge=(1.5, 0.5), gl=(1.0, 0.0),
@@ -290,6 +295,8 @@ def compute_spectrum(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None,
     energies (MeV), J and <J^2>, relative residuals, iterations, ``converged`` and timings.
 
     devices: hybridblas' syntax ("cpu", "gpu", "all", "0,1", "cuda:0", a list of ids). dtype: float64 or float32.
+    tol: LOBPCG's relative residual tolerance (None: 1e-8 for float64, 1e-5 for float32, whose residuals level
+    off near 1e-6).
     storage: how the host stores H: "upper" (the upper triangle, H = U + U^T - D) or "full". On GPUs H is
     held as full rows that the GPUs build themselves where they fit (result["storage"] "full (built on the
     GPUs)", under MPI "full (row blocks built on the GPUs)"; not with precond "tiles"); else the host builds it

@@ -28,6 +28,10 @@ from .oscillator import hbar_omega, hbar_omega_of_length, oscillator_length
 J_LABEL_TOLERANCE = 1e-3        # |<J²> - J(J+1)| above this: the state has no usable J label
 
 
+PAIR_LIMIT = 1e3                          # |effective charge| (e), |g-factor| (μ_N): physical values are below 10
+RANGES = {"b": (0.01, 100.0), "hbar_omega": (0.01, 1000.0)}   # fm, MeV: nuclei have b ~ 1-3 fm, ħω ~ 5-20 MeV
+
+
 def _pair(value, name):
     try:
         a, b = (float(x) for x in value)
@@ -35,6 +39,8 @@ def _pair(value, name):
         raise ValueError(f"{name} must be a pair of numbers (proton, neutron), got {value!r}") from None
     if not (isfinite(a) and isfinite(b)):
         raise ValueError(f"{name} must be finite, got {value!r}")
+    if max(abs(a), abs(b)) > PAIR_LIMIT:
+        raise ValueError(f"{name} must be at most {PAIR_LIMIT:g} in size (e or μ_N), got {value!r}")
     return a, b
 
 
@@ -57,6 +63,10 @@ class TransitionOptions:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not isfinite(v) or v <= 0):
                 raise ValueError(f"{name} must be a positive number, got {v!r}")
+            low, high = RANGES[name]
+            if v is not None and not low <= v <= high:
+                raise ValueError(f"{name} must be between {low:g} and {high:g} ({'fm' if name == 'b' else 'MeV'}), "
+                                 f"got {v!r}")
         if self.b is not None and self.hbar_omega is not None:
             raise ValueError(f"give b or hbar_omega, not both (got b={self.b!r}, hbar_omega={self.hbar_omega!r})")
 

@@ -43,19 +43,28 @@ class SpeciesDeterminants:
         self.twom = twom[order]
         self.occ = occ[order]
         self.twom_min = int(self.twom.min())
-        self.keys = self.key(self.states, self.twom)
         groups, starts, counts = np.unique(self.twom, return_index=True, return_counts=True)
         self.group_start = {int(g): int(s) for g, s in zip(groups, starts)}
         self.group_size = {int(g): int(c) for g, c in zip(groups, counts)}
+        # one sortable uint64 key (2M block above the bit string) where both fit in 64 bits, else per 2M block
+        self.keyed = space.size + int(self.twom.max() - self.twom_min).bit_length() <= 64
+        self.keys = self.key(self.states, self.twom) if self.keyed else None
 
     def key(self, states, twom):
-        """Sortable uint64 key (2M block, then bit string)."""
+        """Sortable uint64 key (2M block, then bit string); only where ``keyed``."""
         shift = np.uint64(self.space.size)
         return (np.asarray(twom - self.twom_min, dtype=np.uint64) << shift) | np.asarray(states, np.uint64)
 
     def lookup(self, states, twom):
         """Positions of the given determinants (which must exist)."""
-        pos = np.searchsorted(self.keys, self.key(states, twom))
+        if self.keyed:
+            return np.searchsorted(self.keys, self.key(states, twom))
+        states, twom = np.asarray(states, np.uint64), np.asarray(twom)
+        pos = np.empty(states.shape, dtype=np.int64)
+        for g in np.unique(twom):           # the states of one 2M block are sorted
+            sel = twom == g
+            start, size = self.group(g)
+            pos[sel] = start + np.searchsorted(self.states[start:start + size], states[sel])
         return pos
 
     def group(self, twom):

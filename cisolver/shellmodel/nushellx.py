@@ -21,13 +21,12 @@ the pp and nn lines are normalised like-particle elements (T = 1). A pair listed
 the stored one with |ba; JT> = -(-1)^(j_a + j_b - J + 1 - T) |ab; JT>.
 """
 import logging
-from math import sqrt
+from math import isfinite, sqrt
 from pathlib import Path
 
-from .snt import Interaction, InteractionFileError, Orbit, data_lines, read_snt
+from .snt import AGREE, Interaction, InteractionFileError, Orbit, data_lines, read_snt
 
 log = logging.getLogger(__name__)
-_AGREE = 1e-5           # duplicated lines (also Hermitian partners) must agree to this (MeV)
 
 
 def read_interaction(path):
@@ -43,7 +42,7 @@ def _integer(path, number, text, what):
         x = float(text)
     except ValueError:
         raise InteractionFileError(f"{path}:{number}: cannot read {what} from {text!r}") from None
-    if x != int(x):
+    if not isfinite(x) or x != int(x):
         raise InteractionFileError(f"{path}:{number}: {what} must be an integer, got {text!r}")
     return int(x)
 
@@ -123,6 +122,8 @@ def _header(path, lines, n_spe):
         numbers = [float(x) for x in values]
     except ValueError:
         raise InteractionFileError(f"{path}:{number}: cannot read the SPE line {values!r}") from None
+    if not all(isfinite(x) for x in numbers):
+        raise InteractionFileError(f"{path}:{number}: the SPE line must hold finite numbers, got {values!r}")
     return count, numbers[:n_spe], numbers[n_spe:], number
 
 
@@ -133,7 +134,7 @@ def _swap_phase(twoj_a, twoj_b, jj, t):
 
 def _store(table, key, v, path, number):
     old = table.get(key)
-    if old is not None and abs(old - v) > _AGREE:
+    if old is not None and abs(old - v) > AGREE:
         raise InteractionFileError(f"{path}:{number}: {key} given twice with different values ({old} and {v})")
     table[key] = v
 
@@ -151,11 +152,15 @@ def _tbme_lines(path, lines, count):
             v = float(fields[6])
         except ValueError:
             raise InteractionFileError(f"{path}:{number}: cannot read the TBME value {fields[6]!r}") from None
+        if not isfinite(v):
+            raise InteractionFileError(f"{path}:{number}: the TBME value must be finite, got {fields[6]!r}")
         if t not in (0, 1):
             raise InteractionFileError(f"{path}:{number}: T must be 0 or 1, got {t}")
         out.append((number, a - 1, b - 1, c - 1, d - 1, jj, t, v))
     if count is not None and count > 0 and len(out) < count:
         raise InteractionFileError(f"{path}: {count} TBME lines announced, {len(out)} found")
+    if count is not None and count < 0 and len(out) != -count:
+        raise InteractionFileError(f"{path}: {-count} TBME lines announced (count {count}), {len(out)} found")
     return out
 
 
@@ -196,7 +201,9 @@ def read_nushellx(path, sp_path=None):
         if core != a_core:
             raise InteractionFileError(f"{int_path}:{number}: the scaling's core mass {core:g} differs from the "
                                        f"model space's A_core = {a_core} ({sp})")
-        if a0 > 0 and x != 0:
+        if a0 <= 0 and x != 0:
+            raise InteractionFileError(f"{int_path}:{number}: the scaling's A0 must be > 0, got {a0:g}")
+        if x != 0:
             inter.scaled, inter.mass_a0, inter.mass_p = True, a0, -x
     elif trailing:
         log.warning("%s: the TBME count is not negative, so the numbers %s after the SPEs are not applied as a "

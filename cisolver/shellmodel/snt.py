@@ -1,4 +1,12 @@
-"""Reader for KSHELL ``.snt`` interaction files (format: shared/data/interactions/README.md)."""
+"""Reader for KSHELL ``.snt`` interaction files (format: shared/data/interactions/README.md).
+
+Besides the syntax, a file is refused (naming the file and line) where its numbers could not describe a
+Hamiltonian: an energy, A0 or p that is not finite (A0 <= 0), an orbit or core with a negative label, an orbit
+without a single-particle energy, a two-body element that changes the charge or the parity, whose J is outside
+either pair's range or odd for two like nucleons in one orbit, one given twice with different values, or fewer
+or more two-body lines than the header announces.
+"""
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,14 +69,47 @@ def data_lines(path, separators=""):
                 yield number, fields
 
 
+AGREE = 1e-5           # an element given twice (also as its Hermitian partner) must agree to this (MeV)
+
+
 def _numbers(path, number, fields, kinds, what):
     if len(fields) < len(kinds):
         raise InteractionFileError(f"{path}:{number}: expected {len(kinds)} numbers for {what}, "
                                    f"got {fields!r}")
     try:
-        return [kind(x) for kind, x in zip(kinds, fields)]
+        values = [kind(x) for kind, x in zip(kinds, fields)]
     except ValueError:
         raise InteractionFileError(f"{path}:{number}: cannot read {what} from {fields!r}") from None
+    if not all(math.isfinite(v) for v in values):
+        raise InteractionFileError(f"{path}:{number}: {what} must be finite numbers, got {fields!r}")
+    return values
+
+
+def check_pairs(path, number, orbits, labels, jj, v):
+    """A two-body element V = <ab; J|V|cd; J> of these Orbits (0-based labels) that conserves parity, with J
+    in the range of both pairs and, unless V is 0, even for two like nucleons in one orbit."""
+    a, b, c, d = (orbits[x] for x in labels)
+    shown = " ".join(str(x + 1) for x in labels)
+    if (a.l + b.l + c.l + d.l) % 2:
+        raise InteractionFileError(f"{path}:{number}: TBME {shown} changes parity")
+    for (p, q), (x, y) in (((a, b), labels[:2]), ((c, d), labels[2:])):
+        if not abs(p.twoj - q.twoj) <= 2 * jj <= p.twoj + q.twoj:
+            raise InteractionFileError(f"{path}:{number}: J={jj} is not allowed for the pair 2j = {p.twoj}, "
+                                       f"{q.twoj} (TBME {shown})")
+        if x == y and jj % 2 and v != 0:
+            raise InteractionFileError(f"{path}:{number}: two like nucleons in one orbit cannot couple to odd "
+                                       f"J={jj} (TBME {shown})")
+
+
+def store_tbme(table, key, v, path, number):
+    """table[key] = v, and its Hermitian partner; a key given before with another value is refused."""
+    a, b, c, d, jj = key
+    old = table.get(key)
+    if old is not None and abs(old - v) > AGREE:
+        raise InteractionFileError(f"{path}:{number}: TBME {a + 1} {b + 1} {c + 1} {d + 1} J={jj} is given twice "
+                                   f"with different values ({old} and {v})")
+    table[key] = v
+    table[(c, d, a, b, jj)] = v
 
 
 def read_snt(path):
@@ -85,17 +126,23 @@ def read_snt(path):
             raise InteractionFileError(f"{path}: file ends before {what}") from None
         return _numbers(path, number, fields, kinds, what), number
 
-    (n_p, n_n, zc, nc), _ = take([int] * 4, "the model-space header 'Np Nn Zc Nc'")
+    (n_p, n_n, zc, nc), number = take([int] * 4, "the model-space header 'Np Nn Zc Nc'")
+    if min(n_p, n_n, zc, nc) < 0:
+        raise InteractionFileError(f"{path}:{number}: the model-space header 'Np Nn Zc Nc' must not be negative, "
+                                   f"got {n_p} {n_n} {zc} {nc}")
     orbits = []
     for k in range(n_p + n_n):
         (idx, n, l, twoj, twotz), number = take([int] * 5, f"orbit {k + 1} 'k n l 2j 2tz'")
-        if idx != k + 1 or twotz not in (-1, 1) or twoj < 1 or twoj % 2 == 0 or abs(2 * l - twoj) != 1:
+        if (idx != k + 1 or n < 0 or twotz not in (-1, 1) or twoj < 1 or twoj % 2 == 0
+                or abs(2 * l - twoj) != 1):
             raise InteractionFileError(f"{path}:{number}: bad orbit line k={idx} n={n} l={l} 2j={twoj} 2tz={twotz}")
         if (k < n_p) != (twotz == -1):
             raise InteractionFileError(f"{path}:{number}: proton orbits must come first (orbit {idx}, 2tz={twotz})")
         orbits.append(Orbit(k, n, l, twoj, twotz))
 
     (n1, method1), number = take([int, int], "the one-body header 'N1 method'")
+    if n1 < 0:
+        raise InteractionFileError(f"{path}:{number}: the number of one-body lines must not be negative, got {n1}")
     if method1 != 0:
         raise InteractionFileError(f"{path}:{number}: one-body method {method1} is not supported (only 0)")
     spe = {}
@@ -105,16 +152,26 @@ def read_snt(path):
             raise InteractionFileError(f"{path}:{number}: off-diagonal one-body term {i} {j} is not supported")
         if not 1 <= i <= len(orbits):
             raise InteractionFileError(f"{path}:{number}: orbit {i} out of range 1..{len(orbits)}")
+        if i - 1 in spe and abs(spe[i - 1] - e) > AGREE:
+            raise InteractionFileError(f"{path}:{number}: orbit {i}'s energy is given twice ({spe[i - 1]} and {e})")
         spe[i - 1] = e
+    missing = [k + 1 for k in range(len(orbits)) if k not in spe]
+    if missing:
+        raise InteractionFileError(f"{path}:{number}: no single-particle energy for orbit(s) {missing} "
+                                   f"({n1} one-body lines; write 'k k 0.0' for a zero)")
 
     try:
         number, fields = next(lines)
     except StopIteration:
         raise InteractionFileError(f"{path}: file ends before the two-body header") from None
     n2, method2 = _numbers(path, number, fields, [int, int], "the two-body header 'N2 method'")
+    if n2 < 0:
+        raise InteractionFileError(f"{path}:{number}: the number of two-body lines must not be negative, got {n2}")
     inter = Interaction(str(path), orbits, zc, nc, spe)
     if method2 == 1:
         _, _, a0, p = _numbers(path, number, fields, [int, int, float, float], "'N2 1 A0 p'")
+        if a0 <= 0:
+            raise InteractionFileError(f"{path}:{number}: the scaling's A0 must be > 0, got {a0}")
         inter.scaled, inter.mass_a0, inter.mass_p = True, a0, p
     elif method2 != 0:
         raise InteractionFileError(f"{path}:{number}: two-body method {method2} is not supported (0 or 1)")
@@ -134,6 +191,10 @@ def read_snt(path):
         charge_bra = orbits[a].twotz + orbits[b].twotz
         if charge_bra != orbits[c].twotz + orbits[d].twotz:
             raise InteractionFileError(f"{path}:{number}: TBME changes the charge ({i} {j} {k} {l})")
-        inter.tbme[(a, b, c, d, jj)] = v
-        inter.tbme[(c, d, a, b, jj)] = v
+        check_pairs(path, number, orbits, (a, b, c, d), jj, v)
+        store_tbme(inter.tbme, (a, b, c, d, jj), v, path, number)
+    extra = next(lines, None)
+    if extra is not None:
+        raise InteractionFileError(f"{path}:{extra[0]}: data after the {n2} two-body lines the header announces: "
+                                   f"{extra[1]!r}")
     return inter

@@ -196,3 +196,10 @@ def test_return_vectors(nucleus):
 def test_all_devices_without_gpus_is_the_cpu():
     out = compute_spectrum("ckpot", 4, 4, nev=3, devices="all")
     assert out["devices"] == "cpu"
+
+
+def test_a_bad_thread_count_in_the_environment_is_refused_before_the_build(monkeypatch):
+    from cisolver import spectrum
+    monkeypatch.setenv("CISOLVER_THREADS", "0")
+    with pytest.raises(ValueError, match="CISOLVER_THREADS must be a positive integer, got '0'"):
+        spectrum.prepare("usdb", 2, 2)

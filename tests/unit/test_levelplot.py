@@ -99,3 +99,17 @@ def test_plot_command(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["plot", str(src), "-o", str(tmp_path / "x.gif")]) == 2
     assert main(["plot", str(tmp_path / "none.json"), "-o", str(tmp_path / "x.png")]) == 2
+
+
+@pytest.mark.parametrize("text,match", [
+    ("[]", "no result in it"),
+    ('{"energies": [1, 2, 3], "j": [0]}', r"'j' must be a list of 3 values, one per energy, got \[0\]"),
+    ('{"energies": [1, 2], "observables": [1]}', "'observables' must be an object, got list"),
+    ('{"energies": [1, NaN]}', "'energies' of finite numbers"),
+    ('{"energies": [1, 2], "observables": {"parity": [1]}}', "'observables.parity' must be a list of 2 values"),
+])
+def test_a_file_that_is_no_spectrum_is_refused(tmp_path, text, match):
+    path = tmp_path / "r.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        levelplot.load_results([path])

@@ -288,7 +288,10 @@ def test_oscillator_length_and_options():
                           ({"b": 2.0, "hbar_omega": 10.0}, "give b or hbar_omega, not both"),
                           ({"eff_charge": (1.5,)}, "eff_charge must be a pair"),
                           ({"gs": (5.586, float("inf"))}, "gs must be finite"),
-                          ({"gl": "ab"}, "gl must be a pair")]:
+                          ({"gl": "ab"}, "gl must be a pair"),
+                          ({"b": 1e-300}, r"b must be between 0.01 and 100 \(fm\), got 1e-300"),
+                          ({"hbar_omega": 1e6}, r"hbar_omega must be between 0.01 and 1000 \(MeV\)"),
+                          ({"eff_charge": (1e308, 1e308)}, "eff_charge must be at most 1000 in size")]:
         with pytest.raises(ValueError, match=match):
             TransitionOptions(**kwargs)
     with pytest.raises(ValueError, match="mass must be a positive integer"):
