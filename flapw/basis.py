@@ -9,6 +9,9 @@ def reciprocal(lattice):
     return 2.0 * np.pi * np.linalg.inv(lattice).T
 
 
+MAX_CANDIDATES = 2e9       # Miller indices searched for |k+G| <= kmax (N_G is about half of them)
+
+
 class GkBasis:
     """G vectors (integer Miller indices of the supercell reciprocal lattice) with |k+G| <= kmax.
 
@@ -25,7 +28,12 @@ class GkBasis:
         b = reciprocal(np.asarray(lattice, float))
         # |k+G| <= kmax bounds each Miller index by kmax |a_i| / 2π (a_i · (k+G) = 2π (n_i + k_i))
         lengths = np.linalg.norm(lattice, axis=1)
-        nmax = np.ceil(kmax * lengths / (2 * np.pi) + np.abs(k)).astype(int) + 1
+        span = np.ceil(kmax * lengths / (2 * np.pi) + np.abs(k)) + 1
+        if not np.all(np.isfinite(span)) or np.prod(2 * span + 1) > MAX_CANDIDATES:
+            raise ValueError(f"kmax={kmax!r} on this cell (|a| = {', '.join(f'{x:.4g}' for x in lengths)} bohr) "
+                             f"asks for more than {MAX_CANDIDATES:.0e} plane waves to look through: far beyond "
+                             f"what H and S of one node could hold; lower kmax or give a smaller cell")
+        nmax = span.astype(int)
         axes = [np.arange(-n, n + 1) for n in nmax]
         grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, 3)
         kg = (grid + k) @ b

@@ -37,6 +37,9 @@ log = logging.getLogger(PROG)
 _C16 = 16
 
 
+MAX_KPOINTS = 100_000
+
+
 def _kpoints(n, first):
     """``n`` generic k-points: the default one, then a fixed low-discrepancy sequence (reproducible)."""
     out = [tuple(float(x) for x in first)]
@@ -205,10 +208,14 @@ def _host_batch(args, cell, nb, arrays, comm, workers=1, overlap=False):
     share = f" per rank ({ranks} ranks on this node)" if ranks > 1 else ""
     hb.memory.require(
         need, where="host", fraction=fraction,
-        what=f"--system {cell.name} --kmax {args.kmax} (N_G = {cell.n_g}: {parts}){share}",
+        what=f"{_crystal_option(args)} --kmax {args.kmax} (N_G = {cell.n_g}: {parts}){share}",
         advice="use a smaller --kmax (N_G grows as Kmax³, H and S as N_G²), bound the A/B/X buffers with "
                "--max-temp-gib or --batch-atoms, or run fewer MPI ranks per node")
     return nb
+
+
+def _crystal_option(args):
+    return f"--structure {args.structure}" if args.structure is not None else f"--system {args.system}"
 
 
 def _side_by_side(args, backend, largest, nb, n_kpoints):
@@ -256,7 +263,12 @@ def _plan(args, comm):
         path = args.output if comm is None else rank_path(args.output, comm.Get_rank())
         check_writable(path, "--output")
     crystal = dict(kmax=args.kmax, k=tuple(args.k), potential=args.potential, v0=args.v0, supercell=args.supercell)
-    cell = System.from_file(args.structure, **crystal) if args.structure else System.preset(args.system, **crystal)
+    if args.kpoints > MAX_KPOINTS:
+        raise ValueError(f"--kpoints must be at most {MAX_KPOINTS} (a build each), got {args.kpoints}")
+    if args.structure is not None:
+        cell = System.from_file(args.structure, **crystal)
+    else:
+        cell = System.preset(args.system, **crystal)
     kpoints = _kpoints(args.kpoints, args.k)
     mine = parallel.my_kpoints(kpoints, comm)
     sizes = {ik: cell.with_k(k).n_g for ik, k in mine}
@@ -271,7 +283,7 @@ def _plan(args, comm):
             raise ValueError(f"--solve {args.solve} needs --interstitial here: without it S (muffin-tin part "
                              f"only) has rank at most 2 N_A N_L = {2 * cell.n_atoms * cell.n_l} < N_G = {n_g}")
     largest = cell.with_k(kpoints[max(sizes, key=sizes.get)]) if sizes else cell
-    max_bytes = None if args.max_temp_gib is None else int(args.max_temp_gib * 2 ** 30)
+    max_bytes = None if args.max_temp_gib is None else int(min(args.max_temp_gib, 2.0 ** 32) * 2 ** 30)
     per_atom = buffers_per_atom(args.method) * _C16 * largest.n_l * largest.n_g
     if max_bytes is not None and max_bytes < per_atom:
         raise ValueError(f"--max-temp-gib {args.max_temp_gib} is below one atom's {args.method} buffers "

@@ -25,6 +25,7 @@ k-points after the first allocate nothing and find their host memory already pag
 """
 import gc
 import logging
+import math
 import sys
 
 import numpy as np
@@ -104,22 +105,27 @@ def buffers_per_atom(method, overlap=False):
 
 
 def _batch_size(cell, method, batch_atoms, max_temp_bytes):
-    n_a = cell.n_atoms
+    """Atoms per batch: all, or as many as ``batch_atoms`` and ``max_temp_bytes`` allow (both: the fewer)."""
+    nb = n_a = cell.n_atoms
     if batch_atoms is not None:
         if not isinstance(batch_atoms, (int, np.integer)) or isinstance(batch_atoms, bool) or batch_atoms < 1:
             raise ValueError(f"batch_atoms must be a positive integer, got {batch_atoms!r}")
-        return min(int(batch_atoms), n_a)
+        nb = min(int(batch_atoms), n_a)
     if max_temp_bytes is not None:
-        if (not isinstance(max_temp_bytes, (int, float, np.integer, np.floating)) or isinstance(max_temp_bytes, bool)
-                or not np.isfinite(max_temp_bytes) or max_temp_bytes <= 0):
+        try:
+            ok = (isinstance(max_temp_bytes, (int, float, np.integer, np.floating))
+                  and not isinstance(max_temp_bytes, bool) and math.isfinite(max_temp_bytes) and max_temp_bytes > 0)
+        except OverflowError:                   # an int beyond a float: as good as no bound
+            ok = True
+        if not ok:
             raise ValueError(f"max_temp_bytes must be a positive number of bytes, got {max_temp_bytes!r}")
         per_atom = buffers_per_atom(method) * _C16 * cell.n_l * cell.n_g
-        nb = int(max_temp_bytes // per_atom)
-        if nb < 1:
+        fits = int(max_temp_bytes // per_atom) if per_atom else n_a
+        if fits < 1:
             raise ValueError(f"max_temp_bytes={max_temp_bytes!r} is below one atom's buffers "
                              f"({per_atom} bytes for {method})")
-        return min(nb, n_a)
-    return n_a
+        nb = min(nb, fits)
+    return nb
 
 
 def build_bytes(cell, method, batch_atoms, interstitial=False, *, overlap=False, on_device=False):
@@ -317,6 +323,16 @@ def _matrix(workspace, name, n, xp):
     return workspace.get(name, n * n, xp).reshape((n, n), order="F")
 
 
+def _backend(blas, context):
+    """The backend ``blas`` names (a string; 'cublasxt' needs a visible GPU) or is."""
+    if not isinstance(blas, str):
+        return blas
+    backend = get_backend(blas, context)
+    if blas == "cublasxt" and not hb.gpu_count():
+        raise ValueError("blas='cublasxt' runs on GPUs, and none is visible (it needs CuPy and a CUDA GPU)")
+    return backend
+
+
 def _runs_on_gpu(backend):
     """True when the backend's large products run on a GPU (cuBLASXt; a hybridblas context with one)."""
     if isinstance(backend, PeerBackend):
@@ -365,7 +381,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
                      return_report=return_report), progress, workspace, overlap)
     hxp = _array_module(arrays)                 # H and S
     nb = _batch_size(cell, method, batch_atoms, max_temp_bytes)
-    backend = get_backend(blas, context) if isinstance(blas, str) else blas
+    backend = _backend(blas, context)
     place = operands_place(arrays, operands, backend)
     xp = _array_module(place)                   # A, B, X, the k-only factors, T
     if method != "refined" or xp is not np:
@@ -499,7 +515,7 @@ def build_hs_with_fallback(cell, method="refined", context=None, interstitial=Fa
         raise TypeError(f"out_of_memory must be a tuple of exception types, got {out_of_memory!r}")
     first = nb = _batch_size(cell, method, batch_atoms, max_temp_bytes)
     place = arrays
-    backend = get_backend(blas, context) if isinstance(blas, str) else blas
+    backend = _backend(blas, context)
     on_gpu = operands_place(arrays, operands, backend) == "device"
     while True:
         try:

@@ -1,4 +1,5 @@
 """Crystals: lattice vectors in bohr, fractional positions, species data; the presets and ASE crystals."""
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -212,10 +213,19 @@ PRESETS = {
 }
 
 
+MAX_CELLS = 1000        # cells of a supercell: 10 x 10 x 10 (TiO2: 6000 atoms) is far beyond what a node builds
+
+
 def _supercell(supercell):
-    sc = tuple(supercell)
-    if len(sc) != 3 or any(isinstance(s, bool) or int(s) != s or s < 1 for s in sc):
+    try:
+        sc = tuple(supercell)
+        ok = len(sc) == 3 and not any(isinstance(s, bool) or int(s) != s or s < 1 for s in sc)
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
         raise ValueError(f"supercell must be three positive integers, got {supercell!r}")
+    if math.prod(int(s) for s in sc) > MAX_CELLS:
+        raise ValueError(f"supercell must hold at most {MAX_CELLS} cells, got {supercell!r}")
     return tuple(int(s) for s in sc)
 
 

@@ -6,6 +6,8 @@ computed until a build asks for it.  ``with_k`` returns the same
 crystal at another k-point sharing the k-independent caches, so radial functions and T matrices are
 computed once for all k-points (SIRIUS's split between the k-independent Hamiltonian and the k-set).
 """
+import math
+import numbers
 import time
 
 import numpy as np
@@ -35,16 +37,38 @@ def _check_kmax(kmax):
         raise ValueError(f"kmax must be a positive number (1/bohr), got {kmax!r}")
 
 
+K_LIMIT = 100.0     # |k| per coordinate: k and k + G are one k-point; the basis search grows with |k| (and past
+                    # ~1e15 |k + G| loses its digits)
+V0_LIMIT = 100.0    # Ha: |v0| and |ns_strength| beyond this make the radial solutions overflow (NaN in H, S)
+
+
+def _check_k(k):
+    try:
+        out = tuple(float(x) for x in k)
+    except (TypeError, ValueError):
+        raise ValueError(f"k must be three fractional coordinates, got {k!r}") from None
+    if len(out) != 3 or not all(math.isfinite(x) and abs(x) <= K_LIMIT for x in out):
+        raise ValueError(f"k must be three finite fractional coordinates in [-{K_LIMIT:g}, {K_LIMIT:g}] (k and k + G "
+                         f"are the same k-point), got {k!r}")
+    return out
+
+
+def _bounded(value, name, limit, unit):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or abs(value) > limit:
+        raise ValueError(f"{name} must be a finite number of {unit} in [-{limit:g}, {limit:g}], got {value!r}")
+    return float(value)
+
+
 class System:
     def __init__(self, structure, kmax, k=DEFAULT_K, potential="model", v0=0.0, e_l=None,
                  ns_strength=0.1, _shared=None):
         _check_kmax(kmax)
         self.structure = structure
         self.kmax = float(kmax)
-        self.k = tuple(float(x) for x in k)
-        if len(self.k) != 3:
-            raise ValueError(f"k must have three fractional coordinates, got {k!r}")
-        self.model = PotentialModel(potential, float(v0), float(ns_strength))
+        self.k = _check_k(k)
+        self.model = PotentialModel(potential, _bounded(v0, "v0", V0_LIMIT, "Ha"),
+                                    _bounded(ns_strength, "ns_strength", V0_LIMIT, "Ha"))
         self.e_l = self._parse_e_l(e_l, structure.lmax)
         self._basis = None
         self._shared = _shared if _shared is not None else _Shared()
@@ -115,7 +139,7 @@ class System:
         """The same crystal and potential at another k-point; radial functions and T are shared."""
         other = System.__new__(System)
         other.__dict__.update(self.__dict__)
-        other.k = tuple(float(x) for x in k)
+        other.k = _check_k(k)
         other._basis = None
         return other
 

@@ -8,6 +8,7 @@ path, a size that would not fit in memory); 130 interrupted (Ctrl-C).
 import argparse
 import logging
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -26,9 +27,24 @@ class CLIError(Exception):
         self.code = code
 
 
+class ToolParser(argparse.ArgumentParser):
+    """argparse for the tools: a bad option is one line, 'prog: error: message (--help lists the options)', with
+    exit 2; values like -1e-3 are numbers, not options."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self._negative_number_matcher = _NEGATIVE_NUMBER
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
 def tool_parser(prog, description):
     """(parser, subparsers) of a tool with subcommands: ``prog --version`` and one required command."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = ToolParser(prog=prog, description=description)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser, parser.add_subparsers(dest="command", required=True)
 

@@ -43,6 +43,12 @@ BAD = [
     (["--arrays", "device"], ["--arrays device", "'cpu'"]),
     (["--method", "fast"], ["--method", "'fast'"]),
     (["--system", "GaAs"], ["--system", "'GaAs'"]),
+    (["--k", "500", "0", "0"], ["k must be three finite fractional coordinates in [-100, 100]", "(500.0, 0.0, 0.0)"]),
+    (["--v0", "1e5"], ["v0 must be a finite number of Ha in [-100, 100]", "100000.0"]),
+    (["--kpoints", "99999999999999999999"], ["--kpoints must be at most 100000", "99999999999999999999"]),
+    (["--supercell", "99999999999999999999", "1", "1"], ["supercell must hold at most 1000 cells"]),
+    (["--supercell", "1000000", "1", "1"], ["supercell must hold at most 1000 cells", "1000000"]),
+    (["--structure", ""], ["structure file '' does not exist"]),
 ]
 
 
@@ -154,3 +160,24 @@ def test_version_and_unexpected_errors(capsys, monkeypatch):
                         lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a fault deep inside")))
     rc, _, err = _run(capsys, ["build", *SMALL])
     assert rc == 1 and "RuntimeError: a fault deep inside" in err and "Traceback" not in err
+
+
+def test_an_argparse_refusal_is_one_line_and_negative_numbers_in_e_notation_are_values(capsys):
+    rc, out, err = _run(capsys, ["build", *SMALL, "--kmax", "nan"])
+    assert rc == 2 and out == ""
+    assert err.strip().splitlines() == ["flapw build: error: argument --kmax: must be a finite number > 0, got 'nan' "
+                                        "(--help lists the options)"]
+    rc, out, err = _run(capsys, ["build", *SMALL, "--v0", "-1e-3", "--k", "0", "0", "-2.5e-1", "-q", "--json"])
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["reports"][0]["k"] == [0.0, 0.0, -0.25]
+
+
+def test_both_batch_bounds_take_the_tighter_one(capsys):
+    rc, out, err = _run(capsys, ["build", *SMALL, "--batch-atoms", "8", "--max-temp-gib", "0.0005", "--json", "-q"])
+    assert rc == 0, err
+    alone = json.loads(out)["batch_atoms"]
+    rc, out, err = _run(capsys, ["build", *SMALL, "--max-temp-gib", "0.0005", "--json", "-q"])
+    assert json.loads(out)["batch_atoms"] == alone < 8
+    rc, out, err = _run(capsys, ["build", *SMALL, "--max-temp-gib", "1e300", "--json", "-q"])
+    assert rc == 0 and json.loads(out)["batch_atoms"] == 8

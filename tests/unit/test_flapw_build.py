@@ -260,3 +260,37 @@ def test_cli_emulate_reaches_the_context_and_needs_gpus(capsys, monkeypatch):
     assert asked == [((0, 1), "int8"), ((), None)]
     with pytest.raises(ValueError, match="--emulate needs --blas hybridblas, got --blas cublasxt"):
         cli.make_backend("cublasxt", hb.DeviceSpec(cpu=False, gpus=(0,)), "auto", None, "int8")
+
+
+def test_crystal_numbers_outside_their_range_are_refused_with_their_name():
+    """k beyond [-1, 1] (k + G is the same k-point; the basis search grows with |k|), v0 and ns_strength that
+    make the radial solutions overflow, NaN, supercells beyond 1000 cells, a cell too large to search: ValueError
+    naming the argument, before any work."""
+    for kw, match in [(dict(k=(1e20, 0, 0)), r"k must be three finite fractional coordinates in \[-100, 100\]"),
+                      (dict(k=(0, float("nan"), 0)), "k must be three finite"),
+                      (dict(k=(0, 0)), "k must be three finite"),
+                      (dict(v0=1e5), r"v0 must be a finite number of Ha in \[-100, 100\], got 100000.0"),
+                      (dict(v0=float("nan")), "v0 must be a finite number"),
+                      (dict(ns_strength=float("inf")), "ns_strength must be a finite number"),
+                      (dict(supercell=(10 ** 20, 1, 1)), "supercell must hold at most 1000 cells"),
+                      (dict(supercell=(11, 10, 10)), "supercell must hold at most 1000 cells")]:
+        with pytest.raises(ValueError, match=match):
+            flapw.System.preset("NaCl", kmax=1.5, **kw)
+    cell = flapw.System.preset("NaCl", kmax=1.5, supercell=(1, 1, 1))
+    with pytest.raises(ValueError, match=r"k must be three finite"):
+        cell.with_k((200.0, 0, 0))
+    from flapw.basis import GkBasis
+    with pytest.raises(ValueError, match="plane waves to look through"):
+        GkBasis(np.eye(3) * 1e6, (0, 0, 0), 3.0)
+
+
+def test_build_arguments_checked_before_work(monkeypatch):
+    cell = flapw.System.preset("NaCl", kmax=1.5, supercell=(1, 1, 1))
+    monkeypatch.setattr(hb, "gpu_count", lambda: 0)
+    with pytest.raises(ValueError, match="blas='cublasxt' runs on GPUs, and none is visible"):
+        flapw.build_hs(cell, blas="cublasxt")
+    for bound in (-5, "x", float("nan")):
+        with pytest.raises(ValueError, match="max_temp_bytes must be a positive number of bytes"):
+            flapw.build_hs(cell, batch_atoms=2, max_temp_bytes=bound)
+    h, s = flapw.build_hs(cell, max_temp_bytes=10 ** 400, lower_only=True)     # beyond a float: no bound
+    assert h.shape == (cell.n_g, cell.n_g) and np.isfinite(h).all()
