@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import gpu_ortho
+from .dense import NotPositiveDefinite
 from .arrays import Timer, column_sumsq, module_of, precision, to_host
 from .iterations import Iterations, agreed
 from .start import first_block
@@ -37,6 +38,10 @@ class LobpcgResult:
     queued: bool = False                           # the iterations were queued on the GPU to the end (cisolver.iterations)
 
 
+NORM_RANGE = (1e-100, 1e100)     # |H| estimates whose residual sums of squares stay within float64
+DEFAULT_TOL = {8: 1e-8, 4: 1e-5}  # relative residual when not told, by itemsize: float32's level off near 1e-6
+
+
 def _as_operator(h, dtype):
     from .operators import SymmetricOperator
     if hasattr(h, "matmat"):
@@ -48,6 +53,8 @@ def _as_operator(h, dtype):
 
             def matmat(self, x):
                 return self.a @ x
+        if dtype is None:                   # the matrix's own precision, as for a sparse one (integers: float64)
+            dtype = np.float64 if h.dtype.kind in "iu" else precision(h.dtype, "h's dtype")
         return _Dense(h.astype(dtype, copy=False))
     return SymmetricOperator(h, dtype=dtype)
 
@@ -105,7 +112,7 @@ def _check_matrix(h, dtype):
                          f"SymmetricOperator(h, storage='upper'))")
 
 
-def _check_arguments(h, nev, block_size, x0=None, tol=1e-8, maxiter=300, precond=None, seed=0, dtype=None,
+def _check_arguments(h, nev, block_size, x0=None, tol=None, maxiter=300, precond=None, seed=0, dtype=None,
                      context=None, callback=None, comm=None, queued=True):
     """Every argument of ``lobpcg``, before any work: a ValueError or TypeError naming it and its value."""
     if dtype is not None:
@@ -133,8 +140,9 @@ def _check_arguments(h, nev, block_size, x0=None, tol=1e-8, maxiter=300, precond
     b = int(block_size or min(n, nev + 3))
     if 3 * b > n:
         raise ValueError(f"matrix too small for LOBPCG with block_size={b} (n={n}); use a dense solver")
-    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (math.isfinite(tol) and tol > 0):
-        raise ValueError(f"tol must be a finite number > 0, got {_name_value(tol)}")
+    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, numbers.Real)
+                            or not (math.isfinite(tol) and tol > 0)):
+        raise ValueError(f"tol must be a finite number > 0 (or None), got {_name_value(tol)}")
     if not _integer(maxiter) or maxiter < 0:
         raise ValueError(f"maxiter must be an integer >= 0, got {_name_value(maxiter)}")
     if x0 is not None:
@@ -195,12 +203,13 @@ def lobpcg(h, nev, *, block_size=None, **kwargs):
         return _lobpcg(op, nev, block_size=block_size, **kwargs)
 
 
-def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=None, seed=0,
+def _lobpcg(h, nev, *, block_size=None, x0=None, tol=None, maxiter=300, precond=None, seed=0,
             dtype=None, context=None, callback=None, comm=None, queued=True):
     """Lowest ``nev`` eigenpairs of symmetric ``h`` (scipy/cupyx sparse, a SymmetricOperator, or dense),
     arguments checked by ``lobpcg``.
 
-    tol: relative residual ‖H x − θ x‖ / ‖H‖_est, ‖H‖_est the largest |Ritz value| met so far.
+    tol: relative residual ‖H x − θ x‖ / ‖H‖_est, ‖H‖_est the largest |Ritz value| met so far (None: 1e-8, for
+    float32 1e-5: its residuals level off near 1e-6).
     block_size: default nev + 3. x0: start block (n x block_size), else seeded normal random.
     precond: object with ``apply(R, theta)`` (e.g. TilePreconditioner), or None.
     comm: an MPI communicator when ``h`` is a DistributedOperator (rows over ranks); x0 is then the whole start
@@ -213,6 +222,8 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
     op = _as_operator(h, dtype)
     n = op.shape[0]
     dtype = np.dtype(dtype or op.dtype)
+    if tol is None:
+        tol = DEFAULT_TOL[dtype.itemsize]
     b = int(block_size or min(n, nev + 3))
     xp = getattr(op, "xp", np)
     timer = Timer(xp)
@@ -236,9 +247,19 @@ def _lobpcg(h, nev, *, block_size=None, x0=None, tol=1e-8, maxiter=300, precond=
     # whose sums and gathers NCCL queues on the GPU; CPUs and other MPI runs wait at every host trip
     overlap = (queued and xp is not np and (comm is None or getattr(op, "queued", False))
                and gpu_ortho.fits(s, b))
-    theta, largest, sq, start_redone = first_block(op, x, s, hs, r, context=context, comm=comm, timer=timer,
-                                                   queued=overlap, agree=lambda value: agreed(value, comm))
+    try:
+        theta, largest, sq, start_redone = first_block(op, x, s, hs, r, context=context, comm=comm, timer=timer,
+                                                       queued=overlap, agree=lambda value: agreed(value, comm))
+    except NotPositiveDefinite as exc:
+        if x0 is None:
+            raise
+        raise ValueError(f"x0's columns must be linearly independent; its Gram matrix is not positive definite "
+                         f"({exc})") from None
     del x
+    if largest != 0 and not NORM_RANGE[0] <= largest <= NORM_RANGE[1]:
+        raise ValueError(f"h's largest start Ritz value |θ| = {largest:.3g} is outside {NORM_RANGE[0]:g}..."
+                         f"{NORM_RANGE[1]:g}, where the residuals' sums of squares under- or overflow: scale h (its "
+                         f"eigenvalues scale with it)")
     norm_est = max(largest, np.finfo(np.float64).tiny)
     run = Iterations(op, (s, hs, s_next, hs_next), r, theta, norm_est, sq, nev=nev, tol=tol, precond=precond,
                      context=context, comm=comm, timer=timer, callback=callback, overlap=overlap)

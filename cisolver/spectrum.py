@@ -31,8 +31,6 @@ from .shellmodel import angmom, hamiltonian, nushellx
 
 # the H build's threads when not told: at most 8. On a 32-core node with two H100s 48Cr's build took 9.8 s on 8
 # threads and 14.7-16.7 s on 32 (the fill's numpy steps contend), and each thread adds build scratch memory
-# LOBPCG's relative residual tolerance when not told, by itemsize: float32 residuals level off near 1e-6
-DEFAULT_TOL = {8: 1e-8, 4: 1e-5}
 BUILD_THREADS = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
@@ -122,7 +120,7 @@ def prepare(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=None
     precond = ck.choice("precond", "none" if precond is None else precond, ("none", "tiles"))
     dt = precision(dtype, ck.name("dtype"))
     if tol is None:
-        tol = DEFAULT_TOL[dt.itemsize]
+        tol = _lobpcg.DEFAULT_TOL[dt.itemsize]
     if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (math.isfinite(tol) and tol > 0):
         raise ValueError(f"{ck.name('tol')} must be a finite number > 0, got {tol!r}")
     maxiter = ck.integer("maxiter", maxiter, low=0)

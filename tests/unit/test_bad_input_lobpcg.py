@@ -96,9 +96,31 @@ def test_block_too_large_for_the_matrix(h):
     _refused(ValueError, r"matrix too small for LOBPCG with block_size=1 \(n=1\)", np.ones((1, 1)), 1)
 
 
-@pytest.mark.parametrize("tol", [0, -1e-8, float("nan"), float("inf"), "1e-8", True, None])
+@pytest.mark.parametrize("tol", [0, -1e-8, float("nan"), float("inf"), "1e-8", True])
 def test_bad_tol(h, tol):
-    _refused(ValueError, rf"tol must be a finite number > 0, got {type(tol).__name__}", h, 2, tol=tol)
+    _refused(ValueError, rf"tol must be a finite number > 0 \(or None\), got {type(tol).__name__}", h, 2, tol=tol)
+
+
+@pytest.mark.parametrize("scale", [1e-200, 1e-160, 1e200])
+def test_a_matrix_whose_residuals_under_or_overflow_is_refused_not_answered(scale):
+    """Entries so small (large) that the residuals' sums of squares underflow (overflow) float64 gave wrong
+    eigenvalues flagged as converged; such a matrix is refused, naming h and the fix."""
+    with pytest.raises(ValueError, match=r"h's largest start Ritz value .* is outside 1e-100...1e\+100.*scale h"):
+        lobpcg(np.diag(np.arange(1.0, 61)) * scale, 3)
+    assert lobpcg(np.diag(np.arange(1.0, 61)) * 1e-90, 3).eigenvalues == pytest.approx([1e-90, 2e-90, 3e-90])
+    assert lobpcg(np.zeros((60, 60)), 3).converged                 # the zero matrix: eigenvalues 0
+
+
+def test_x0_of_dependent_columns_and_dense_precisions(h):
+    n = h.shape[0]
+    for x0 in (np.zeros((n, 5)), np.ones((n, 5))):
+        with pytest.raises(ValueError, match="x0's columns must be linearly independent"):
+            lobpcg(h, 2, x0=x0)
+    dense = h.toarray() if hasattr(h, "toarray") else np.asarray(h)
+    single = lobpcg(dense.astype(np.float32), 2)
+    assert single.eigenvectors.dtype == np.float32                 # solved in the matrix's own precision
+    with pytest.raises(TypeError, match="h's dtype must be float32 or float64, got float128"):
+        lobpcg(dense.astype(np.longdouble), 2)
 
 
 @pytest.mark.parametrize("maxiter", [-5, 2.5, None, True])
