@@ -78,7 +78,8 @@ def read_profile(path):
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ProfileError(f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        why = " ".join(str(getattr(exc, "problem", None) or exc).split())     # one line (a reader error spans two)
+        raise ProfileError(f"not valid YAML{where}: {why}") from None
     except RecursionError:
         raise ProfileError("not a profile: nested too deeply") from None
     return Profile(data, path)

@@ -101,6 +101,8 @@ def _output_folder(output):
     """The folder the profile and its calibration log go to, checked before any work: an explicit
     --output must be an existing, writable folder; the default one is made if missing."""
     if output is not None:
+        if not str(output).strip():
+            raise CLIError(f"--output {output!r}: give the folder to write the profile into")
         folder, option = Path(output).expanduser(), "--output"
         if folder.exists() and not folder.is_dir():
             raise CLIError(f"--output {output!r} is a file; give the folder to write the profile into")
@@ -138,24 +140,35 @@ def cmd_calibrate(args):
     return 0
 
 
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".eps", ".ps")
+
+
 def cmd_show(args):
+    for option, value in (("--file", args.file), ("--plot", args.plot)):
+        if value is not None and not str(value).strip():
+            raise CLIError(f"{option} {value!r}: give a file name")
     check_output_path(args.plot, "--plot")
-    if args.file:
+    if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
+        raise CLIError(f"--plot {args.plot!r}: the figure's name must end in {', '.join(PLOT_SUFFIXES)}")
+    if args.file is not None:
         try:
             p = read_profile(args.file)
         except ProfileError as exc:
             raise CLIError(f"--file {args.file!r}: {exc}") from None
     else:
-        _, status, p = _profile_status()
+        path, status, p = _profile_status()
         if p is None:
             if args.json:
                 print(json.dumps(None))
-            print(f"{PROG}: no usable profile for this node: {status}", file=sys.stderr)
+            where = f" ({path})" if path else ""
+            print(f"{PROG}: no usable profile for this node{where}: {status}", file=sys.stderr)
             return 1
     if args.plot:
         from .plot import plot_rates
         try:
             plot_rates(p, args.plot)
+        except ValueError as exc:
+            raise CLIError(f"--plot {args.plot!r}: {exc}") from None
         except ImportError:
             raise CLIError("--plot needs matplotlib (pip install 'hybridblas[plot]')") from None
     if args.json:

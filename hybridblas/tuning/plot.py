@@ -2,11 +2,13 @@
 
 
 def plot_rates(profile, path):
+    devices = profile.to_dict()["devices"]
+    routines = sorted({r for e in devices.values() for r in e.get("rates", {})})
+    if not routines:
+        raise ValueError("the profile holds no rates to plot")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    devices = profile.to_dict()["devices"]
-    routines = sorted({r for e in devices.values() for r in e.get("rates", {})})
     fig, axes = plt.subplots(1, len(routines), figsize=(4 * len(routines), 3.5), squeeze=False)
     for ax, routine in zip(axes[0], routines):
         for name, e in devices.items():

@@ -153,6 +153,35 @@ def test_show_refuses_a_bad_file(profile_dir, capsys, case):
     assert out == ""
 
 
+@pytest.mark.parametrize("case", ["empty name", "NUL byte"])
+def test_show_refuses_an_empty_name_and_says_yaml_errors_in_one_line(profile_dir, capsys, case):
+    path = profile_dir / "given.yaml"
+    path.write_bytes(b"format: 1\n\x00bad")
+    name = "" if case == "empty name" else str(path)
+    code, out, err = run_tune(["show", "--file", name], capsys)
+    _refused(code, err, "--file", repr(name), "give a file name" if case == "empty name" else "not valid YAML")
+    assert len(err.strip().splitlines()) == 1 and out == ""
+
+
+def test_calibrate_refuses_an_empty_output_folder(no_work, capsys):
+    code, out, err = run_tune(["calibrate", "--sizes", "32", "--output", ""], capsys)
+    _refused(code, err, "--output", "''", "give the folder")
+    assert _files(no_work) == []
+
+
+def test_show_plot_needs_a_figure_suffix_and_rates(profile_dir, capsys, monkeypatch):
+    code, out, err = run_tune(["show", "--plot", str(profile_dir / "rates.txt")], capsys)
+    _refused(code, err, "--plot", "must end in .png")
+
+    class Empty:
+        def to_dict(self):
+            return {"devices": {"cpu": {"kind": "cpu"}}}
+    from hybridblas.tuning.plot import plot_rates
+    with pytest.raises(ValueError, match="the profile holds no rates to plot"):
+        plot_rates(Empty(), str(profile_dir / "rates.png"))
+    assert not (profile_dir / "rates.png").exists() and not (profile_dir / "rates.txt").exists()
+
+
 @pytest.mark.parametrize("case", ["missing folder", "a folder"])
 def test_show_refuses_a_bad_plot_path(profile_dir, capsys, case):
     target = profile_dir / ("nowhere/rates.png" if case == "missing folder" else "plots")
