@@ -33,6 +33,8 @@ def solve(h, s, nev, *, vectors=False):
     if not isinstance(vectors, (bool, np.bool_)):
         raise TypeError(f"vectors must be True or False, got {type(vectors).__name__} {vectors!r}")
     for name, m in (("h", h), ("s", s)):
+        if m.dtype.kind not in "biufc":
+            raise TypeError(f"{name} must hold numbers, got dtype {m.dtype}")
         if not finite(m, True, xp):
             raise ValueError(f"{name} holds entries that are not finite (nan or inf) in its lower triangle")
     values, x = _on_host(h, s, int(nev), vectors) if xp is np else _reduced(h, s, int(nev), vectors, _gpu_ops(xp))

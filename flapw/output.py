@@ -97,7 +97,14 @@ def rank_path(path, rank):
 
 
 def _crystal(cell, method, interstitial, n_kpoints):
-    """The metadata every file carries (numbers, strings and small arrays)."""
+    """The metadata every file carries (numbers, strings and small arrays), its arguments checked."""
+    from .hsdla import METHODS
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if not isinstance(interstitial, (bool, np.bool_)):
+        raise TypeError(f"interstitial must be True or False, got {type(interstitial).__name__} {interstitial!r}")
+    if not isinstance(n_kpoints, (int, np.integer)) or isinstance(n_kpoints, bool) or n_kpoints < 1:
+        raise ValueError(f"n_kpoints must be a positive integer, got {n_kpoints!r}")
     st = cell.structure
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "generator": f"flapw (hybridblas {hb.__version__})",
@@ -131,6 +138,7 @@ class HSWriter:
         self._meta = _crystal(cell, method, interstitial, n_kpoints)
         self._tmp = _temporary(self.path, option)
         self._indices = []
+        self._done = False
         if self.format == "npz":
             self._file = zipfile.ZipFile(self._tmp, "w", zipfile.ZIP_STORED, allowZip64=True)
         else:
@@ -142,6 +150,8 @@ class HSWriter:
         as they are). Refuses (ValueError) a shape other than this k-point's N_G, non-finite entries (in the
         triangle that is read), and without ``lower`` a matrix whose first row is not the conjugate of its
         first column (one triangle only). ``eigenvalues`` (NEV,) and ``eigenvectors`` (N_G, NEV): optional."""
+        if self._done:
+            raise ValueError(f"{str(self.path)!r} is closed (or discarded): no k-point can be added")
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or index < 0:
             raise ValueError(f"index must be a k-point number >= 0, got {index!r}")
         if int(index) in self._indices:
@@ -198,7 +208,18 @@ class HSWriter:
             np.lib.format.write_array(fh, np.asanyarray(value), allow_pickle=False)
 
     def close(self):
-        """Write the crystal's data and move the file into place."""
+        """Write the crystal's data and move the file into place (nothing appears if that fails; a second call
+        does nothing)."""
+        if self._done:
+            return
+        try:
+            self._finish()
+        except BaseException:
+            self.discard()
+            raise
+        self._done = True
+
+    def _finish(self):
         meta = dict(self._meta, kpoints=np.array(sorted(self._indices), np.int64))
         if self.format == "npz":
             for name, value in meta.items():
@@ -218,7 +239,10 @@ class HSWriter:
         self._file.create_dataset(name, data=data.astype(object), dtype=h5py.string_dtype())
 
     def discard(self):
-        """Drop the partial file (nothing appears at ``path``)."""
+        """Drop the partial file (nothing appears at ``path``; after ``close`` it does nothing)."""
+        if self._done:
+            return
+        self._done = True
         try:
             self._file.close()
         finally:
@@ -254,7 +278,7 @@ def _rows(m, r0, r1, lower):
     triangle m holds (columns right of the diagonal from the conjugate of the lower rows; real diagonal,
     as flapw.hermitian_fill makes it)."""
     if not lower:
-        return np.ascontiguousarray(m[r0:r1])
+        return np.ascontiguousarray(m[r0:r1], dtype=complex)      # the file's dtype, whatever m's
     n = m.shape[0]
     out = np.empty((r1 - r0, n), complex)
     out[:, :r0] = m[r0:r1, :r0]
@@ -299,8 +323,40 @@ def _scalar(value):
 def read_hs(path):
     """A file of HSWriter as a dict: the crystal's fields (``system``, ``kmax``, ``lattice``, ``species``
     as a list of str, ...) and ``kpoints``, a list of dicts (``index``, ``H``, ``S``, ``k``, ``k_cart``,
-    ``miller``, ``N_G``, and ``eigenvalues``, ``eigenvectors`` where written) in k-point order."""
+    ``miller``, ``N_G``, and ``eigenvalues``, ``eigenvectors`` where written) in k-point order. A file that is
+    damaged, truncated or incomplete (a k-point without H, S or its basis, a matrix of another size) is refused
+    with a ValueError naming it."""
     fmt = file_format(path, "path")
+    try:
+        meta = _read(path, fmt)
+    except _FormatError as exc:
+        raise ValueError(str(exc)) from None
+    except (OSError, EOFError, KeyError, TypeError, ValueError, IndexError, zipfile.BadZipFile) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise ValueError(f"path {str(path)!r} is not a readable flapw H/S file ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]})") from None
+    for point in meta["kpoints"]:
+        _check_kpoint(point, path)
+    return meta
+
+
+class _FormatError(Exception):
+    pass
+
+
+def _check_kpoint(point, path):
+    """Every k-point of a file holds H and S of N_G x N_G, k and its N_G Miller indices."""
+    missing = [n for n in _PER_K if n not in point]
+    n = point.get("N_G")
+    if not missing and (np.shape(point["H"]) != (n, n) or np.shape(point["S"]) != (n, n)
+                        or np.shape(point["miller"]) != (n, 3)):
+        missing = ["H, S or miller of N_G = %s" % n]
+    if missing:
+        raise ValueError(f"path {str(path)!r} is incomplete: k-point {point['index']} lacks {', '.join(missing)}")
+
+
+def _read(path, fmt):
     if fmt == "npz":
         with np.load(path, allow_pickle=False) as z:
             meta = {n: _scalar(z[n]) for n in z.files if not n.rpartition("_")[2].isdigit()}
@@ -329,5 +385,5 @@ def read_hs(path):
 
 def _check_format(meta, path):
     if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"path {str(path)!r} is not a flapw H/S file of format version {FORMAT_VERSION} "
+        raise _FormatError(f"path {str(path)!r} is not a flapw H/S file of format version {FORMAT_VERSION} "
                          f"(format {meta.get('format')!r}, version {meta.get('format_version')!r})")

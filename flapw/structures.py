@@ -19,6 +19,9 @@ class MissingDependency(ImportError, ValueError):
     """An optional dependency is not installed (an ImportError, and a ValueError so CLIs report it as bad input)."""
 
 
+MIN_RMT = 0.05          # bohr: muffin tins below this leave the radial functions no mesh (NaN in H, S)
+
+
 @dataclass(frozen=True)
 class Species:
     """One chemical species: symbol, nuclear charge Z of the model potential, muffin-tin radius R_MT (bohr)."""
@@ -34,6 +37,9 @@ class Species:
             if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
                     or not np.isfinite(value) or value <= 0:
                 raise ValueError(f"species {self.symbol}: {name} must be a positive number, got {value!r}")
+        if self.rmt < MIN_RMT:
+            raise ValueError(f"species {self.symbol}: rmt must be at least {MIN_RMT} bohr (the radial mesh starts at "
+                             f"1e-5 bohr; atoms this close are not a crystal), got {self.rmt!r}")
 
 
 SPECIES = {

@@ -33,7 +33,7 @@ class _Shared:
 
 
 def _check_kmax(kmax):
-    if isinstance(kmax, bool) or not isinstance(kmax, (int, float)) or not np.isfinite(kmax) or kmax <= 0:
+    if isinstance(kmax, (bool, np.bool_)) or not isinstance(kmax, numbers.Real) or not np.isfinite(kmax) or kmax <= 0:
         raise ValueError(f"kmax must be a positive number (1/bohr), got {kmax!r}")
 
 
@@ -70,6 +70,10 @@ class System:
         self.model = PotentialModel(potential, _bounded(v0, "v0", V0_LIMIT, "Ha"),
                                     _bounded(ns_strength, "ns_strength", V0_LIMIT, "Ha"))
         self.e_l = self._parse_e_l(e_l, structure.lmax)
+        unknown = sorted(set(self.e_l) - {"*"} - {sp.symbol for sp in structure.species})
+        if unknown:
+            raise ValueError(f"e_l names species {unknown} that the crystal does not hold "
+                             f"({sorted({sp.symbol for sp in structure.species})})")
         self._basis = None
         self._shared = _shared if _shared is not None else _Shared()
 
@@ -77,16 +81,21 @@ class System:
     def _parse_e_l(e_l, lmax):
         """E_l per species symbol: None -> 0 Ha for every l; a number; a list per l; or {symbol: ...}."""
         def one(v):
-            arr = np.broadcast_to(np.asarray(0.0 if v is None else v, float), (lmax + 1,)).copy()
-            if not np.all(np.isfinite(arr)):
-                raise ValueError(f"e_l must be finite energies (Ha), got {v!r}")
+            try:
+                arr = np.broadcast_to(np.asarray(0.0 if v is None else v, float), (lmax + 1,)).copy()
+            except (TypeError, ValueError):
+                raise ValueError(f"e_l must be a number or {lmax + 1} numbers (one per l) per species, got "
+                                 f"{v!r}") from None
+            if not np.all(np.isfinite(arr)) or np.abs(arr).max() > V0_LIMIT:
+                raise ValueError(f"e_l must be finite energies within ±{V0_LIMIT:g} Ha, got {v!r}")
             return arr
         if isinstance(e_l, dict):
             return {s: one(v) for s, v in e_l.items()}
         try:
             return {"*": one(e_l)}
         except ValueError as exc:
-            raise ValueError(f"e_l must be a number, {lmax + 1} numbers or a dict by species, got {e_l!r}") from exc
+            raise ValueError(f"e_l must be a number, {lmax + 1} numbers or a dict by species, got {e_l!r} "
+                             f"({exc})") from None
 
     @classmethod
     def preset(cls, name, kmax=3.0, k=DEFAULT_K, *, potential="model", v0=0.0, e_l=None,

@@ -199,3 +199,24 @@ def test_structures_by_hand_are_checked():
         flapw.Structure("x", lat, [[0, 0, 0], [.5, .5, .5]], [na], 4)
     with pytest.raises(ValueError, match="muffin-tin spheres overlap"):
         flapw.Structure("x", lat, [[0, 0, 0], [.3, 0, 0]], [na, na], 4)
+
+
+def test_radial_inputs_that_would_give_nan_are_refused():
+    """Muffin tins below MIN_RMT (also the default radii of two atoms 1e-5 Å apart), E_l beyond ±100 Ha, E_l
+    of a species the crystal lacks, E_l lists of the wrong length: ValueError naming them; kmax may be a numpy
+    float; solve names h of no numbers."""
+    ase = pytest.importorskip("ase")
+    from ase.build import bulk
+    si = bulk("Si", "diamond", a=5.43)
+    for kw, match in [(dict(rmt=1e-5), "species Si: rmt must be at least 0.05 bohr"),
+                      (dict(e_l=-1e5), r"e_l must be finite energies within ±100 Ha"),
+                      (dict(e_l={"Xx": 1.0}), r"e_l names species \['Xx'\] that the crystal does not hold"),
+                      (dict(e_l={"Si": [0, 0, 0]}), r"e_l must be a number or \d+ numbers \(one per l\)")]:
+        with pytest.raises(ValueError, match=match):
+            flapw.System.from_ase(si, kmax=2.0, **kw)
+    pair = ase.Atoms("Na2", positions=[[0, 0, 0], [1e-5, 0, 0]], cell=[5, 5, 5], pbc=True)
+    with pytest.raises(ValueError, match="species Na: rmt must be at least 0.05 bohr"):
+        flapw.System.from_ase(pair, kmax=2.0)
+    assert flapw.System.from_ase(si, kmax=np.float32(2.0)).kmax == 2.0
+    with pytest.raises(TypeError, match="h must hold numbers, got dtype object"):
+        flapw.solve(np.eye(3, dtype=object), np.eye(3), 1)

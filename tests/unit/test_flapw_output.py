@@ -201,3 +201,56 @@ def test_lower_triangle_checks(tmp_path, nacl):
             out.add(0, kc, h, s, eigenvalues=[1.0, 2.0], eigenvectors=np.ones((kc.n_g, 3)))
         out.add(0, kc, h, s)
     assert "eigenvalues" not in read_hs(tmp_path / "hs.npz")["kpoints"][0]
+
+
+@pytest.mark.parametrize("suffix", FORMATS)
+def test_any_precision_is_written_as_complex128_and_the_writer_closes_once(tmp_path, nacl, suffix):
+    """Real or single-precision H and S are written as the complex128 the file declares; close and discard
+    inside the block, or twice, are harmless; a bad method, interstitial or n_kpoints is named."""
+    cell, built = nacl
+    kc, h, s = built[0]
+    path = tmp_path / f"r.{suffix}"
+    write_hs(path, kc, h.real.copy(), s.real.astype(np.float32), method="refined", interstitial=True)
+    point = read_hs(path)["kpoints"][0]
+    assert point["H"].dtype == complex
+    np.testing.assert_array_equal(point["H"], h.real)
+    np.testing.assert_array_equal(point["S"], s.real.astype(np.float32))
+    with HSWriter(tmp_path / f"c.{suffix}", cell, method="refined", interstitial=True) as out:
+        out.add(0, kc, h, s)
+        out.close()
+        with pytest.raises(ValueError, match="is closed"):
+            out.add(1, kc, h, s)
+    assert read_hs(tmp_path / f"c.{suffix}")["kpoints"][0]["N_G"] == kc.n_g
+    with HSWriter(tmp_path / f"d.{suffix}", cell, method="refined", interstitial=True) as out:
+        out.discard()
+    assert not (tmp_path / f"d.{suffix}").exists()
+    for kw, exc, match in ((dict(method="bogus"), ValueError, "method must be one of"),
+                           (dict(interstitial="no"), TypeError, "interstitial must be True or False"),
+                           (dict(n_kpoints=0.5), ValueError, "n_kpoints must be a positive integer")):
+        with pytest.raises(exc, match=match):
+            HSWriter(tmp_path / f"e.{suffix}", cell, **{**dict(method="refined", interstitial=True), **kw})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"r.{suffix}", f"c.{suffix}"])
+
+
+@pytest.mark.parametrize("suffix", FORMATS)
+def test_damaged_or_incomplete_files_are_refused_naming_them(tmp_path, nacl, suffix):
+    cell, built = nacl
+    kc, h, s = built[0]
+    good = tmp_path / f"g.{suffix}"
+    write_hs(good, kc, h, s, method="refined", interstitial=True)
+    raw = good.read_bytes()
+    for name, data in (("empty", b""), ("truncated", raw[:len(raw) // 2]), ("junk", b"\x00" * 300)):
+        bad = tmp_path / f"{name}.{suffix}"
+        bad.write_bytes(data)
+        with pytest.raises(ValueError, match=f"path '{bad}' is not a readable flapw H/S file"):
+            read_hs(bad)
+    if suffix == "npz":
+        z = dict(np.load(good))
+        z["H_0"] = z["H_0"][:2, :2]
+        np.savez(tmp_path / "small.npz", **z)
+        with pytest.raises(ValueError, match="is incomplete: k-point 0 lacks H, S or miller"):
+            read_hs(tmp_path / "small.npz")
+        del z["S_0"]
+        np.savez(tmp_path / "nos.npz", **z)
+        with pytest.raises(ValueError, match="is incomplete: k-point 0 lacks S"):
+            read_hs(tmp_path / "nos.npz")
