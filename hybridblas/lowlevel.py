@@ -80,10 +80,16 @@ def _gemm_problem(out, a, b, beta, alpha):
     return out, alpha, _operand(a), _operand(b), beta
 
 
+def _writable(x, name):
+    if not x.flags.writeable:
+        raise ValueError(f"{name} must be writeable, got a read-only array")
+
+
 def host_gemm(out, a, b, beta=0.0, alpha=1.0):
     """out <- alpha a @ b + beta out (numpy arrays; no transposes: pass ``x.T`` views), one BLAS gemm on the
     calling thread (GIL released); ``beta = 0`` does not read ``out``. Returns ``out``."""
     _check({"out": out, "a": a, "b": b}, device=False)
+    _writable(out, "out")
     problem = _gemm_problem(out, a, b, beta, alpha)
     if problem is not None:
         host_blas.gemm(*problem)
@@ -95,6 +101,7 @@ def host_trmm_right(v, t, lower=False):
     or lower triangle is read, the other is taken as zero. One BLAS trmm on the calling thread (GIL released),
     no scratch; sizes and leading dimensions beyond 32-bit ints are an OverflowError. Returns ``v``."""
     _check({"v": v, "t": t}, device=False)
+    _writable(v, "v")
     if not isinstance(lower, bool):
         raise TypeError(f"lower must be True or False, got {type(lower).__name__} {lower!r}")
     n, q = v.shape

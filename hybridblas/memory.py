@@ -5,6 +5,8 @@
 raises ``InsufficientMemory`` (a MemoryError) with the estimate, the limit and the advice when the bytes
 exceed what the place has: the host's available memory (from the OS) or a GPU's free memory.
 """
+import math
+import numbers
 import os
 
 __all__ = ["InsufficientMemory", "host_available", "host_total", "gpu_free", "gpu_total", "require",
@@ -91,6 +93,12 @@ def require(nbytes, *, where="host", what="this job", advice="", fraction=0.9):
     ``where``: "host", or an int GPU id. ``what`` names the estimate in the message, ``advice`` says
     what to change. Returns the limit it compared against.
     """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Real) or not math.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes must be a number of bytes >= 0, got {nbytes!r}")
+    if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
+    if where != "host" and (isinstance(where, bool) or not isinstance(where, numbers.Integral) or where < 0):
+        raise ValueError(f"where must be 'host' or a GPU id (an integer >= 0), got {where!r}")
     if where == "host":
         limit, place = int(fraction * host_available()), "available host memory"
     else:

@@ -168,6 +168,10 @@ def gemm(a, b, n_moduli=16, matmul=None):
     out_dtype = np.complex128 if complex_data else np.float64
     if m == 0 or n == 0 or k == 0:
         return xp.zeros((m, n), dtype=out_dtype)
+    # a row of A or column of B holding an infinity or NaN gives NaN in its entries of C (as on the GPU)
+    bad_rows, bad_cols = ~xp.isfinite(a).all(axis=1), ~xp.isfinite(b).all(axis=0)
+    a = xp.where(bad_rows[:, None], 0, a)
+    b = xp.where(bad_cols[None, :], 0, b)
     bits = bits_for(k, moduli, complex_data)
     parts_a = (a.real, a.imag) if complex_data else (a,)
     parts_b = (b.real, b.imag) if complex_data else (b,)
@@ -191,4 +195,5 @@ def gemm(a, b, n_moduli=16, matmul=None):
     c = xp.ldexp(reconstruct(real, moduli), scale)
     if complex_data:
         c = c + 1j * xp.ldexp(reconstruct(imag, moduli), scale)
-    return c
+    bad = bad_rows[:, None] | bad_cols[None, :]
+    return xp.where(bad, xp.asarray(complex(np.nan, np.nan) if complex_data else np.nan, dtype=out_dtype), c)

@@ -75,10 +75,17 @@ def ref_gemm(alpha, a, b, beta, c, transa="N", transb="N"):
 def exact_entries(a, b, rows, cols):
     """Entries (rows[t], cols[t]) of a @ b, each rounded once from its exact value: every product split
     exactly in two doubles (Dekker), the sum by math.fsum. float64 or complex128 host arrays whose products
-    neither overflow nor underflow; the yardstick for the accuracy of a BLAS product."""
+    neither overflow nor underflow (|entries| below ~1e300, where Dekker's split stays finite); the yardstick
+    for the accuracy of a BLAS product. ``rows`` and ``cols``: integer sequences of one length, in range."""
     a, b = _wide(a), _wide(b)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"a and b must be m x k and k x n, got shapes {a.shape} and {b.shape}")
+    rows, cols = np.asarray(rows), np.asarray(cols)
+    for name, idx, limit in (("rows", rows, a.shape[0]), ("cols", cols, b.shape[1])):
+        if idx.ndim != 1 or (idx.size and (idx.dtype.kind not in "iu" or idx.min() < 0 or idx.max() >= limit)):
+            raise ValueError(f"{name} must be a sequence of integers in 0..{limit - 1}, got {idx!r:.80}")
+    if len(rows) != len(cols):
+        raise ValueError(f"rows and cols must have one length, got {len(rows)} and {len(cols)}")
     out = []
     for i, j in zip(rows, cols):
         x, y = a[i], b[:, j]

@@ -57,8 +57,9 @@ def inject_fault(context, device_index, after_tiles=0, exc=RuntimeError):
                          f"got {device_index!r}")
     if isinstance(after_tiles, bool) or not isinstance(after_tiles, int) or after_tiles < 0:
         raise ValueError(f"after_tiles must be an integer >= 0, got {after_tiles!r}")
-    if not (isinstance(exc, BaseException) or (isinstance(exc, type) and issubclass(exc, Exception))):
-        raise TypeError(f"exc must be an exception class or instance, got {exc!r}")
+    if not (isinstance(exc, Exception) or (isinstance(exc, type) and issubclass(exc, Exception))):
+        raise TypeError(f"exc must be an Exception class or instance (a device fault; not an interrupt or "
+                        f"SystemExit), got {exc!r}")
     name = context.devices[device_index].name
     plan = FaultPlan(after_tiles, exc)
     with context._fault_lock:

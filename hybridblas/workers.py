@@ -19,6 +19,8 @@ item to the group and waits.
 import queue
 import threading
 
+import numpy as np
+
 __all__ = ["Job", "Group", "start", "map", "idle_threads"]
 
 _idle = queue.SimpleQueue()
@@ -114,14 +116,14 @@ def map(fn, items, threads, progress=None):    # noqa: A001  (the name says what
                 return
             try:
                 results[i] = fn(items[i])
-            except Exception as exc:
+                if progress:
+                    with lock:
+                        finished[0] += 1
+                        progress(finished[0], len(items))
+            except BaseException as exc:     # also an interrupt or SystemExit on a worker: raised by the caller
                 errors.append((i, exc))
                 stop.set()
                 return
-            if progress:
-                with lock:
-                    finished[0] += 1
-                    progress(finished[0], len(items))
 
     jobs = [start(drain, name="map") for _ in range(min(threads, len(items)) - 1)]
     try:
@@ -142,7 +144,10 @@ class Group:
     """``threads`` long-lived threads sharing one job queue (named ``name``); ``close`` ends them."""
 
     def __init__(self, threads, name="group"):
+        if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+            raise ValueError(f"threads must be a positive integer, got {threads!r}")
         self.threads = int(threads)
+        self._closed = False
         self._jobs = queue.SimpleQueue()
         for i in range(self.threads):
             threading.Thread(target=self._loop, name=f"hybridblas-{name}-{i}", daemon=True).start()
@@ -163,6 +168,8 @@ class Group:
 
     def map(self, fn, items):
         """[fn(x) for x in items] on the group's threads, in order; the first exception raised after all ran."""
+        if self._closed:
+            raise ValueError("this Group is closed: its threads have ended")
         items = list(items)
         out = [None] * len(items)
         done = threading.Semaphore(0)
@@ -183,7 +190,10 @@ class Group:
         return [value for _, value in out]
 
     def close(self):
-        """End the threads once the queued jobs have run."""
+        """End the threads once the queued jobs have run (a second call does nothing)."""
+        if self._closed:
+            return
+        self._closed = True
         for _ in range(self.threads):
             self._jobs.put(None)
 

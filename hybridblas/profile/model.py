@@ -189,7 +189,12 @@ def _integer(x):
 
 
 def _number(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:           # an integer beyond a float: no rate a profile can hold
+        return False
 
 
 def _positive(x):

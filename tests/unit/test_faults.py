@@ -206,7 +206,9 @@ def test_many_callers_one_context_with_a_fault(rng):
     ({"device_index": 3}, ValueError, r"device_index must be an index into context.devices \(0..1\), got 3"),
     ({"device_index": True}, ValueError, "device_index .* got True"),
     ({"device_index": 0, "after_tiles": -1}, ValueError, "after_tiles must be an integer >= 0, got -1"),
-    ({"device_index": 0, "exc": "boom"}, TypeError, "exc must be an exception class or instance, got 'boom'"),
+    ({"device_index": 0, "exc": "boom"}, TypeError, "exc must be an Exception class or instance .*, got 'boom'"),
+    ({"device_index": 0, "exc": KeyboardInterrupt()}, TypeError, "not an interrupt or SystemExit"),
+    ({"device_index": 0, "exc": SystemExit(3)}, TypeError, "exc must be an Exception class or instance"),
 ])
 def test_inject_fault_bad_input(kwargs, exc, match):
     ctx = hb.Context(devices=["cpu", "cpu"])

@@ -157,3 +157,20 @@ def test_exact_entries_are_correctly_rounded(rng):
                 im = sum(Fraction(float(x)) * Fraction(float(y)) for xs, ys in
                          ((a[i].real, b[:, j].imag), (a[i].imag, b[:, j].real)) for x, y in zip(xs, ys))
                 assert got[t].imag == float(im)
+
+
+@pytest.mark.parametrize("cplx", [False, True])
+def test_a_row_or_column_with_an_infinity_or_nan_gives_nan_there_only(cplx):
+    """As the GPU emulation does: the entries of C that a non-finite row of A or column of B touches are NaN,
+    the others exact to the scheme's accuracy."""
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((6, 9)), rng.standard_normal((9, 5))
+    if cplx:
+        a, b = a + 1j * rng.standard_normal((6, 9)), b + 1j * rng.standard_normal((9, 5))
+    a[2, 4], b[7, 3] = np.nan, np.inf
+    got = ozaki.gemm(a, b)
+    bad = np.zeros((6, 5), bool)
+    bad[2, :] = bad[:, 3] = True
+    assert np.isnan(got[bad]).all() and np.isfinite(got[~bad]).all()
+    ref = np.where(bad, 0, np.nan_to_num(a, nan=0, posinf=0) @ np.nan_to_num(b, nan=0, posinf=0))
+    np.testing.assert_allclose(got[~bad], ref[~bad], rtol=1e-13, atol=1e-13)
