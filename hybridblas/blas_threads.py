@@ -59,6 +59,7 @@ def limit(threads):
             raise TypeError(f"threads must be a positive integer or None, got {type(threads).__name__} {threads!r}")
         if threads < 1:
             raise ValueError(f"threads must be a positive integer or None, got {threads!r}")
+        threads = int(threads)                  # threadpoolctl takes Python ints only
     with _lock:
         if _depth == 0 and threads is not None:
             ctl = _blas_controllers()

@@ -110,7 +110,7 @@ def _gpu_index(word):
     text = word.strip().lower()
     if text.startswith("cuda:"):
         text = text[5:]
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def device_words(spec, *, name="devices"):

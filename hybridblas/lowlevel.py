@@ -161,12 +161,16 @@ def prepare_kernels(dtype, devices, *, emulation_bits=None, k=None):
     devices = list(devices)
     if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in devices):
         raise ValueError(f"devices must be GPU indices (non-negative integers), got {devices!r}")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    if not devices:
+        return None
     if emulation_bits is not None:
         if isinstance(emulation_bits, bool) or not isinstance(emulation_bits, (int, np.integer)) \
                 or not 8 <= emulation_bits <= 62:
             raise ValueError(f"emulation_bits must be an integer in 8..62 (or None), got {emulation_bits!r}")
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"k must be a positive integer with emulation_bits, got {k!r}")
+        if k is None:
+            raise ValueError("k must be a positive integer with emulation_bits, got None")
     import cupy
     from .devices import cuda_ozaki, cuda_skinny
     if emulation_bits is not None and dtype in cuda_ozaki.EMULATED:

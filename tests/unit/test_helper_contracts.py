@@ -85,3 +85,11 @@ def test_exact_entries_and_require_name_bad_arguments():
         with pytest.raises(ValueError, match=match):
             memory.require(kw.pop("nbytes"), **kw)
     assert memory.require(1) > 0
+
+
+def test_device_words_digits_and_numpy_thread_counts():
+    with pytest.raises(ValueError, match="unknown device '²'"):
+        hb.parse_devices("²")
+    from hybridblas import blas_threads
+    with blas_threads.limit(np.int64(1)):
+        assert blas_threads.current() == 1

@@ -253,8 +253,11 @@ def test_prepare_kernels_refuses_bad_emulation_arguments():
         with pytest.raises(ValueError, match=r"emulation_bits must be an integer in 8..62 \(or None\), got "):
             lowlevel.prepare_kernels(np.complex128, [0], emulation_bits=bits, k=20000)
     for k in (None, 0, -5, 1.5e4, True):
-        with pytest.raises(ValueError, match="k must be a positive integer with emulation_bits, got "):
+        with pytest.raises(ValueError, match="k must be a positive integer.*, got "):
             lowlevel.prepare_kernels(np.complex128, [0], emulation_bits=54, k=k)
+    with pytest.raises(ValueError, match="k must be a positive integer, got -5"):
+        lowlevel.prepare_kernels(np.float64, [0], k=-5)
+    assert lowlevel.prepare_kernels(np.float64, []) is None          # no GPU named: nothing to compile
 
 
 class _CompilingCupy:
