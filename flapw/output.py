@@ -351,7 +351,7 @@ def _check_kpoint(point, path):
     n = point.get("N_G")
     if not missing and (np.shape(point["H"]) != (n, n) or np.shape(point["S"]) != (n, n)
                         or np.shape(point["miller"]) != (n, 3)):
-        missing = ["H, S or miller of N_G = %s" % n]
+        missing = [f"H, S or miller of N_G = {n}"]
     if missing:
         raise ValueError(f"path {str(path)!r} is incomplete: k-point {point['index']} lacks {', '.join(missing)}")
 

@@ -70,10 +70,10 @@ class System:
         self.model = PotentialModel(potential, _bounded(v0, "v0", V0_LIMIT, "Ha"),
                                     _bounded(ns_strength, "ns_strength", V0_LIMIT, "Ha"))
         self.e_l = self._parse_e_l(e_l, structure.lmax)
-        unknown = sorted(set(self.e_l) - {"*"} - {sp.symbol for sp in structure.species})
+        held = {sp.symbol for sp in structure.species}
+        unknown = sorted(set(self.e_l) - {"*"} - held)
         if unknown:
-            raise ValueError(f"e_l names species {unknown} that the crystal does not hold "
-                             f"({sorted({sp.symbol for sp in structure.species})})")
+            raise ValueError(f"e_l names species {unknown} that the crystal does not hold ({sorted(held)})")
         self._basis = None
         self._shared = _shared if _shared is not None else _Shared()
 

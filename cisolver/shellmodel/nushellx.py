@@ -24,7 +24,7 @@ import logging
 from math import isfinite, sqrt
 from pathlib import Path
 
-from .snt import AGREE, Interaction, InteractionFileError, Orbit, data_lines, read_snt
+from .snt import AGREE, Interaction, InteractionFileError, Orbit, check_coupling, data_lines, read_snt
 
 log = logging.getLogger(__name__)
 
@@ -164,16 +164,11 @@ def _tbme_lines(path, lines, count):
     return out
 
 
-def _check(path, number, labels, jj, orb):
-    """Labels in range, parity conserved, J allowed by both pairs."""
-    if any(not 0 <= x < len(orb) for x in labels):
-        raise InteractionFileError(f"{path}:{number}: orbit out of range 1..{len(orb)} in {[x + 1 for x in labels]}")
-    a, b, c, d = (orb[x] for x in labels)
-    if (a[1] + b[1] + c[1] + d[1]) % 2:
-        raise InteractionFileError(f"{path}:{number}: TBME {[x + 1 for x in labels]} changes parity")
-    for p, q in ((a, b), (c, d)):
-        if not abs(p[2] - q[2]) <= 2 * jj <= p[2] + q[2]:
-            raise InteractionFileError(f"{path}:{number}: J={jj} is not allowed for the pair 2j = {p[2]}, {q[2]}")
+def _check(path, number, labels, jj, lj):
+    """Labels in range, parity conserved, J allowed by both pairs (``lj``: (l, 2j) of each orbit)."""
+    if any(not 0 <= x < len(lj) for x in labels):
+        raise InteractionFileError(f"{path}:{number}: orbit out of range 1..{len(lj)} in {[x + 1 for x in labels]}")
+    check_coupling(path, number, lj, labels, jj)
 
 
 def read_nushellx(path, sp_path=None):
@@ -246,8 +241,9 @@ def _lookup(table, orb, a, b, c, d, jj, t):
 
 def _isospin_to_pn(inter, orb, tbme_lines, path):
     table = {}
+    lj = [(l, tj) for _, l, tj in orb]
     for number, a, b, c, d, jj, t, v in tbme_lines:
-        _check(path, number, (a, b, c, d), jj, orb)
+        _check(path, number, (a, b, c, d), jj, lj)
         _canonical(table, orb, path, number, a, b, c, d, jj, t, v)
     n = len(orb)
     for (a, b, c, d, jj, t), v in table.items():        # pp and nn: V_(J, T=1)
@@ -271,8 +267,9 @@ def _isospin_to_pn(inter, orb, tbme_lines, path):
 
 def _upn_to_pn(inter, orb, n_proton, tbme_lines, path):
     like, pn = {}, {}
+    lj = [(l, tj) for _, l, tj in orb]
     for number, a, b, c, d, jj, t, v in tbme_lines:
-        _check(path, number, (a, b, c, d), jj, orb)
+        _check(path, number, (a, b, c, d), jj, lj)
         protons = [x < n_proton for x in (a, b, c, d)]
         if protons[0] == protons[1] and protons[2] == protons[3]:
             if protons[0] != protons[2]:

@@ -85,20 +85,27 @@ def _numbers(path, number, fields, kinds, what):
     return values
 
 
-def check_pairs(path, number, orbits, labels, jj, v):
-    """A two-body element V = <ab; J|V|cd; J> of these Orbits (0-based labels) that conserves parity, with J
-    in the range of both pairs and, unless V is 0, even for two like nucleons in one orbit."""
-    a, b, c, d = (orbits[x] for x in labels)
+def check_coupling(path, number, lj, labels, jj):
+    """A two-body element <ab; J|V|cd; J> of orbits given as (l, 2j) by 0-based label that conserves parity,
+    with J in the range of both pairs (both readers' rule)."""
+    a, b, c, d = (lj[x] for x in labels)
     shown = " ".join(str(x + 1) for x in labels)
-    if (a.l + b.l + c.l + d.l) % 2:
+    if (a[0] + b[0] + c[0] + d[0]) % 2:
         raise InteractionFileError(f"{path}:{number}: TBME {shown} changes parity")
-    for (p, q), (x, y) in (((a, b), labels[:2]), ((c, d), labels[2:])):
-        if not abs(p.twoj - q.twoj) <= 2 * jj <= p.twoj + q.twoj:
-            raise InteractionFileError(f"{path}:{number}: J={jj} is not allowed for the pair 2j = {p.twoj}, "
-                                       f"{q.twoj} (TBME {shown})")
+    for p, q in ((a, b), (c, d)):
+        if not abs(p[1] - q[1]) <= 2 * jj <= p[1] + q[1]:
+            raise InteractionFileError(f"{path}:{number}: J={jj} is not allowed for the pair 2j = {p[1]}, {q[1]} "
+                                       f"(TBME {shown})")
+
+
+def _check_pairs(path, number, lj, labels, jj, v):
+    """check_coupling, and J even for two like nucleons in one orbit (unless V is 0): .snt orbits are of one
+    kind of nucleon each."""
+    check_coupling(path, number, lj, labels, jj)
+    for x, y in (labels[:2], labels[2:]):
         if x == y and jj % 2 and v != 0:
             raise InteractionFileError(f"{path}:{number}: two like nucleons in one orbit cannot couple to odd "
-                                       f"J={jj} (TBME {shown})")
+                                       f"J={jj} (TBME {' '.join(str(z + 1) for z in labels)})")
 
 
 def store_tbme(table, key, v, path, number):
@@ -176,6 +183,7 @@ def read_snt(path):
     elif method2 != 0:
         raise InteractionFileError(f"{path}:{number}: two-body method {method2} is not supported (0 or 1)")
 
+    lj = [(o.l, o.twoj) for o in orbits]
     for _ in range(n2):
         (i, j, k, l, jj, v), number = take([int] * 5 + [float], "a TBME line 'i j k l J V'")
         for x in (i, j, k, l):
@@ -191,7 +199,7 @@ def read_snt(path):
         charge_bra = orbits[a].twotz + orbits[b].twotz
         if charge_bra != orbits[c].twotz + orbits[d].twotz:
             raise InteractionFileError(f"{path}:{number}: TBME changes the charge ({i} {j} {k} {l})")
-        check_pairs(path, number, orbits, (a, b, c, d), jj, v)
+        _check_pairs(path, number, lj, (a, b, c, d), jj, v)
         store_tbme(inter.tbme, (a, b, c, d, jj), v, path, number)
     extra = next(lines, None)
     if extra is not None:
