@@ -87,3 +87,18 @@ def _logging_restored():
         lg.setLevel(level)
         lg.propagate = propagate
     logging.captureWarnings(False)
+
+
+@pytest.fixture
+def count_calls(monkeypatch):
+    """count_calls(owner, name): replace owner.name by a wrapper that calls it and appends 1 to the returned
+    list at each call (for this test)."""
+    def count(owner, name):
+        calls, real = [], getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            calls.append(1)
+            return real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, counted)
+        return calls
+    return count

@@ -20,26 +20,14 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
-def emulated(monkeypatch):
+def emulated(monkeypatch, count_calls):
     """Emulation on blocks of any size, in small output blocks and strips; counts the emulated products."""
     from hybridblas.devices import cuda_ozaki
     monkeypatch.setattr(cuda_ozaki, "MIN_EDGE", 1)
     monkeypatch.setattr(cuda_ozaki, "MIN_K", dict.fromkeys(cuda_ozaki.MIN_K, 1))
     monkeypatch.setattr(cuda_ozaki, "SUB", 40)
     monkeypatch.setattr(cuda_ozaki, "STRIP", 16)
-    return _count_products(monkeypatch)
-
-
-def _count_products(monkeypatch):
-    """A list that grows by one at each emulated product (cuda_ozaki.product call)."""
-    from hybridblas.devices import cuda_ozaki
-    calls, real = [], cuda_ozaki.product
-
-    def counted(*args, **kw):
-        calls.append(1)
-        return real(*args, **kw)
-    monkeypatch.setattr(cuda_ozaki, "product", counted)
-    return calls
+    return count_calls(cuda_ozaki, "product")   # the emulated products, counted
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
@@ -132,18 +120,18 @@ def test_rows_far_apart_in_scale_and_infinities(emulated, rng):
     assert np.max(np.abs(got[rest] - ref[rest]) / scale[rest]) < 5e-15
 
 
-def test_small_blocks_stay_native(monkeypatch, rng):
+def test_small_blocks_stay_native(monkeypatch, rng, count_calls):
     """Below MIN_EDGE and MIN_K the product is cuBLAS's own (emulation loses there)."""
     import cupy
     from hybridblas.devices import cuda_ozaki
-    calls = _count_products(monkeypatch)
+    calls = count_calls(cuda_ozaki, "product")
     a = cupy.asarray(random_matrix(rng, (cuda_ozaki.MIN_EDGE - 1, cuda_ozaki.MIN_K["c", True] + 5), np.complex128))
     hb.herk(1.0, a, context=hb.Context(devices=["cuda:0"], emulation="int8", min_call_seconds=0))
     assert calls == []
 
 
 @pytest.mark.multi_gpu
-def test_two_gpus_host_operands_through_the_tiles(monkeypatch, rng):
+def test_two_gpus_host_operands_through_the_tiles(monkeypatch, rng, count_calls):
     """zherk and zgemm with numpy operands over two GPUs: tiles of at least MIN_EDGE are emulated (any k here)."""
     from hybridblas.devices import cuda_ozaki
     monkeypatch.setattr(cuda_ozaki, "MIN_K", dict.fromkeys(cuda_ozaki.MIN_K, 1))
@@ -151,7 +139,7 @@ def test_two_gpus_host_operands_through_the_tiles(monkeypatch, rng):
     a = random_matrix(rng, (n, k), np.complex128)
     b = random_matrix(rng, (k, n), np.complex128)
     ctx = hb.Context(devices=["cuda:0", "cuda:1"], emulation="int8", min_call_seconds=0, block_size=n // 2 + 1)
-    calls = _count_products(monkeypatch)
+    calls = count_calls(cuda_ozaki, "product")
     c = np.full((n, n), np.nan, dtype=np.complex128, order="F")
     hb.herk(1.0, a, 0.0, c, context=ctx, lower=True)
     g = hb.gemm(1.0, a, b, context=ctx)
@@ -229,7 +217,7 @@ def test_nothing_is_allocated_after_c_is_first_written(emulated, monkeypatch, rn
     assert np.max(np.abs(out[low] - expected[low])) < 1e-13 * np.abs(expected).max()
 
 
-def test_prepared_kernels_are_the_ones_the_products_use(monkeypatch, rng):
+def test_prepared_kernels_are_the_ones_the_products_use(monkeypatch, rng, count_calls):
     """hybridblas.lowlevel.prepare_kernels compiles the emulation's kernels for the moduli counts up to k on a
     background thread; the products then use that module (nothing compiled again)."""
     import cupy
@@ -238,7 +226,7 @@ def test_prepared_kernels_are_the_ones_the_products_use(monkeypatch, rng):
     monkeypatch.setattr(cuda_ozaki, "_modules", {})
     monkeypatch.setattr(cuda_ozaki, "MIN_EDGE", 1)
     monkeypatch.setattr(cuda_ozaki, "MIN_K", dict.fromkeys(cuda_ozaki.MIN_K, 200))
-    calls = _count_products(monkeypatch)
+    calls = count_calls(cuda_ozaki, "product")
     lowlevel.prepare_kernels(np.complex128, [0], emulation_bits=54, k=257).join()
     prepared = {key: v for key, v in cuda_ozaki._modules.items() if isinstance(key, tuple) and key[0] == 0
                 and isinstance(key[1], int)}

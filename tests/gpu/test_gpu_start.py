@@ -32,15 +32,9 @@ def _start(op, x0, queued, dtype):
 
 
 @pytest.fixture
-def host_calls(monkeypatch):
+def host_calls(count_calls):
     """The host path's starts, counted."""
-    calls, real = [], start._on_host_path
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(start, "_on_host_path", counted)
-    return calls
+    return count_calls(start, "_on_host_path")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
