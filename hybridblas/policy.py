@@ -9,7 +9,7 @@ to a device that does not hold them from the profile's measured transfer rates (
 """
 
 __all__ = ["participants", "without_idle_cpus", "one_device_if_small", "transfer_rate", "home_gpu", "wants_split_k",
-           "TRANSFER_RATE", "REMOTE_LATENCY", "HOST_SPLIT_SECONDS"]
+           "TRANSFER_RATE", "REMOTE_LATENCY", "HOST_SPLIT_SECONDS", "DEVICE_SPLIT_SECONDS"]
 
 
 def participants(problem, devices, rates, ctx):
@@ -41,8 +41,13 @@ def without_idle_cpus(devices, rates, min_share):
 # 2 x H200 (benchmarks.blas gpu, steady state), at n = k = 4096 two GPUs took 16 ms for a zherk that one
 # took in 12.7 (zher2k 20 % slower, zgemmt 13 %); at 8192 they were even (about 40 ms on one GPU), at 12288
 # two GPUs were 1.3-1.5x faster. So a host-operand call that one GPU computes in under this many seconds
-# runs on one GPU; device operands keep the Context's min_call_seconds (their peers are an NVLink away).
+# runs on one GPU.
 HOST_SPLIT_SECONDS = 0.04
+# Device operands split with a peer GPU lose too while a call is short: on 2 x H200 at n = k = 4096 (one GPU
+# 6-13 ms) zherk took 7.3 ms on two against 6.8 on one, zgemmt 9.5 against 6.6 (the peer's copies over NVLink,
+# its streams and the write-back cost 4-6 ms); at 8192 (40-55 ms) two GPUs were 1.5-1.7x faster. So a call on
+# GPU operands that one GPU computes in under this many seconds stays on one GPU.
+DEVICE_SPLIT_SECONDS = 0.015
 TRANSFER_RATE = 25e9     # bytes/s to move operands to a device that does not hold them, where no profile measured it
 REMOTE_LATENCY = 1e-4    # s: streams, staging and the copy back on a device that does not hold the data
 
@@ -70,15 +75,16 @@ def home_gpu(problem):
 def one_device_if_small(problem, devices, rates, ctx):
     """Calls too short to share run on one device: the one that finishes first once the operands'
     trip to a device that does not hold them is counted (tiny Gram matrices stay where their data is).
-    Short is ``ctx.min_call_seconds`` on the fastest device, and for host operands on GPUs alone
-    HOST_SPLIT_SECONDS: a call never runs slower on several devices than on the best one of them."""
+    Short is ``ctx.min_call_seconds`` on the fastest device, and on GPUs alone HOST_SPLIT_SECONDS for host
+    operands, DEVICE_SPLIT_SECONDS for GPU operands: a call never runs slower on several devices than on the
+    best one of them."""
     if len(devices) == 1 or ctx.block_size or ctx.min_call_seconds <= 0:
         return devices, rates
     flops = problem.flops()
     host = problem.fxp.__name__ == "numpy"
     short = ctx.min_call_seconds
-    if host and all(d.kind == "cuda" for d in devices):
-        short = max(short, HOST_SPLIT_SECONDS)
+    if all(d.kind == "cuda" for d in devices):
+        short = max(short, HOST_SPLIT_SECONDS if host else DEVICE_SPLIT_SECONDS)
     if flops / max(rates) >= short:
         return devices, rates
     if host:

@@ -402,3 +402,31 @@ def test_host_operands_stay_on_one_gpu_until_splitting_pays():
     assert one_device_if_small(problem, with_cpu, [1e12] + rates, ctx)[0] == with_cpu
     off = hb.Context(devices=["cpu", "cpu"], profile=False, min_call_seconds=0)
     assert one_device_if_small(problem, gpus, rates, off)[0] == gpus  # the opt-out splits every call
+
+
+def test_gpu_operands_stay_on_their_gpu_until_splitting_pays():
+    """Operands on a GPU, GPUs alone: a call one GPU finishes in under DEVICE_SPLIT_SECONDS stays on the GPU
+    that holds them (n = 4096 was slower split with a peer), a longer one goes to all of them."""
+    from types import SimpleNamespace
+    from hybridblas.policy import DEVICE_SPLIT_SECONDS, one_device_if_small
+    cupy_like = SimpleNamespace(__name__="cupy")
+    ctx = hb.Context(devices=["cpu", "cpu"], profile=False)          # min_call_seconds 5 ms
+    gpus = [SimpleNamespace(kind="cuda", name="cuda:0"), SimpleNamespace(kind="cuda", name="cuda:1")]
+    rates = [40e12, 44e12]
+
+    def on_gpu(n, home):
+        problem = _herk_problem(n, n)
+        base = SimpleNamespace(device=SimpleNamespace(id=home), nbytes=problem.factors[0].base.nbytes)
+        return SimpleNamespace(flops=problem.flops, fxp=cupy_like, xp=cupy_like, operand_xp=None,
+                               c=SimpleNamespace(device=SimpleNamespace(id=home), nbytes=problem.c.nbytes),
+                               factors=[SimpleNamespace(base=base)])
+    small = on_gpu(4096, home=0)
+    assert ctx.min_call_seconds < small.flops() / max(rates) < DEVICE_SPLIT_SECONDS
+    kept, kept_rates = one_device_if_small(small, gpus, rates, ctx)
+    assert kept == [gpus[0]] and kept_rates == [40e12]                # where the operands are, not the faster
+    assert one_device_if_small(on_gpu(4096, home=1), gpus, rates, ctx)[0] == [gpus[1]]
+    big = on_gpu(8192, home=0)
+    assert big.flops() / max(rates) >= DEVICE_SPLIT_SECONDS
+    assert one_device_if_small(big, gpus, rates, ctx)[0] == gpus
+    off = hb.Context(devices=["cpu", "cpu"], profile=False, min_call_seconds=0)
+    assert one_device_if_small(small, gpus, rates, off)[0] == gpus    # the opt-out splits every call
