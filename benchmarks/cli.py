@@ -23,9 +23,10 @@ import time  # noqa: E402
 from hybridblas.console import add_common_options, check_output_path, positive_int, run_main  # noqa: E402
 
 
-def run_once(cmd):
+def run_once(cmd, env=None, cwd=None):
+    """Run ``cmd`` once in a new process (with ``env`` and in ``cwd`` when given); its wall time and report."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     wall = time.perf_counter() - t0
     record = {"wall_s": wall, "rc": proc.returncode}
     try:
