@@ -9,6 +9,7 @@ layouts only (TypeError / ValueError naming the argument and its value, before a
     host_trmm_right(v, t, lower=False)            v <- v t in place, t triangular    numpy; scipy's BLAS
     device_gemm(out, a, b, beta=0.0, alpha=1.0)   out <- alpha a b + beta out          cupy; cuBLAS
     conj_transpose(dst, src)                      dst <- src^H (src^T for real data)   cupy; cuBLAS geam
+    to_host(dst, src, lower=None)                 numpy dst <- cupy src, or one triangle of it, by DMA
     prepare_kernels(dtype, devices, ...)          compile hybridblas's own CUDA kernels ahead, in the background
 
 Every matrix is 2-D with a unit stride along its rows or its columns and a leading dimension (a column
@@ -23,7 +24,7 @@ import numpy as np
 from . import cublas, host_blas
 from .problem import SUPPORTED_DTYPES, Operand, _check_scalar, is_column_major, leading_dim
 
-__all__ = ["host_gemm", "host_trmm_right", "device_gemm", "conj_transpose", "prepare_kernels"]
+__all__ = ["host_gemm", "host_trmm_right", "device_gemm", "conj_transpose", "to_host", "prepare_kernels"]
 
 
 def _check(arrays, device):
@@ -146,6 +147,32 @@ def conj_transpose(dst, src):
         raise ValueError(f"src must be {dst.shape[1]} x {dst.shape[0]} for dst of shape {dst.shape}, "
                          f"got {src.shape}")
     return cublas.conj_transpose_into(dst, src)
+
+
+def to_host(dst, src, lower=None):
+    """dst <- src, numpy ``dst`` and cupy ``src`` (on the current device) of one shape and dtype, both
+    column-major or both row-major; ``lower`` True / False copies only the lower / upper triangle of a square
+    matrix, diagonal included (nothing else of ``dst`` is written). Waits for the current stream's earlier work
+    on ``src`` and returns ``dst`` once the copy has landed. A ``dst`` of 256 MiB or more is page-locked on its
+    first copy (once: it stays so while it lives, as hybridblas keeps host operands) and then written by DMA,
+    at the link's rate (a pageable copy runs at a fraction of it)."""
+    _check({"dst": dst}, device=False)
+    _check({"src": src}, device=True)
+    _writable(dst, "dst")
+    if src.dtype != dst.dtype:
+        raise TypeError(f"src has dtype {src.dtype}, unlike dst ({dst.dtype}): one dtype for both")
+    if src.shape != dst.shape:
+        raise ValueError(f"src must have dst's shape {dst.shape}, got {src.shape}")
+    if lower is not None and not isinstance(lower, bool):
+        raise TypeError(f"lower must be True, False or None, got {type(lower).__name__} {lower!r}")
+    if lower is not None and dst.shape[0] != dst.shape[1]:
+        raise ValueError(f"a triangle (lower={lower}) needs a square matrix, got shape {dst.shape}")
+    if dst.size and is_column_major(dst) != is_column_major(src):
+        raise ValueError(f"dst and src must both be column-major or both row-major, got strides {dst.strides} "
+                         f"and {src.strides}")
+    from .downloads import to_host as copy
+    copy(dst, src, lower)
+    return dst
 
 
 def prepare_kernels(dtype, devices, *, emulation_bits=None, k=None):

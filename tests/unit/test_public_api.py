@@ -202,6 +202,9 @@ def test_host_trmm_right_reads_one_triangle(dtype, n, q, v_layout, t_layout, low
     (lambda o, a, b: lowlevel.host_trmm_right(o, b[:5], lower=1), TypeError, r"lower must be True or False, got int 1"),
     (lambda o, a, b: lowlevel.device_gemm(o, a, b), TypeError, r"out must be a cupy array, got ndarray"),
     (lambda o, a, b: lowlevel.conj_transpose(o, o.T), TypeError, r"dst must be a cupy array, got ndarray"),
+    (lambda o, a, b: lowlevel.to_host(o, o.copy()), TypeError, r"src must be a cupy array, got ndarray"),
+    (lambda o, a, b: lowlevel.to_host([[0.0]], o), TypeError, r"dst must be a numpy array, got list"),
+    (lambda o, a, b: lowlevel.to_host(o[:, ::2], o), ValueError, r"dst needs a unit stride"),
 ])
 def test_lowlevel_refuses_bad_input_before_writing(call, exc, match, rng):
     out, a, b = np.full((6, 5), np.nan), rng.standard_normal((6, 4)), rng.standard_normal((4, 5))
