@@ -25,8 +25,8 @@ from hybridblas import console
 from . import kpoints as side, parallel
 from .backends import BACKENDS, BackendUnavailable, get_backend
 from .eigen import solve
-from .hsdla import (METHODS, Workspace, _batch_size, _runs_on_gpu, build_bytes, build_hs_with_fallback,
-                    buffers_per_atom, fitting_batch, memory_breakdown, operands_place)
+from .hsdla import (DEVICE_SHARE, METHODS, Workspace, _batch_size, _runs_on_gpu, build_bytes,
+                    build_hs_with_fallback, buffers_per_atom, fitting_batch, memory_breakdown, operands_place)
 from .output import HSWriter, check_writable, file_format, rank_path
 from .structures import PRESETS
 from .system import DEFAULT_K, System
@@ -85,7 +85,8 @@ def _parser():
                         "that runs out of GPU memory is repeated with fewer atoms per batch, then on the host")
     b.add_argument("--operands", default="auto", choices=("auto", "host", "device"),
                    help="with host arrays: where A, B, X and the T products live (device: the first GPU of "
-                        "--devices, H and S stay in host memory and only their tiles cross PCIe; auto: there when "
+                        "--devices; H and S are built there too and copied to host memory when the whole build fits "
+                        "there, else they stay in host memory and only their tiles cross PCIe; auto: there when "
                         "hybridblas runs on GPUs, else host)")
     b.add_argument("--potential", default="model", choices=("model", "empty"))
     b.add_argument("--v0", type=_finite, default=0.0, help="interstitial potential (Ha)")
@@ -163,13 +164,14 @@ def _use_gpu(index):
 
 def auto_arrays(backend, cell, method, batch_atoms, interstitial=False):
     """('device', nb) when hybridblas runs on GPUs and a build with nb atoms per batch, the first of
-    batch_atoms, batch_atoms // 2, ..., 1 that fits, takes at most 80 % of the first GPU's free memory
+    batch_atoms, batch_atoms // 2, ..., 1 that fits, takes at most DEVICE_SHARE of the first GPU's free memory
     (that GPU becomes current: cupy allocates there); else ('host', batch_atoms). On the host the per-atom
     products and copies between the BLAS calls cost more than the GPUs' BLAS part."""
     gpus = _context_gpus(backend)
     if not gpus:
         return "host", batch_atoms
-    nb = fitting_batch(cell, method, batch_atoms, 0.8 * hb.memory.gpu_free(gpus[0]), interstitial, on_device=True)
+    nb = fitting_batch(cell, method, batch_atoms, DEVICE_SHARE * hb.memory.gpu_free(gpus[0]), interstitial,
+                       on_device=True)
     if nb is None:
         return "host", batch_atoms
     _use_gpu(gpus[0])

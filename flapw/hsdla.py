@@ -7,15 +7,19 @@ H and S with beta = 1, so a batch of all atoms is exactly the paper's algorithm 
 memory at the same flop count. Only the lower triangle of H and S is computed (the BLAS calls, the
 interstitial part); the upper one is filled at the end unless ``lower_only``.
 
-Where the small per-atom work runs: where the operands A, B, X live (``operands``). On a GPU (device arrays,
-and by default host arrays whose BLAS runs on GPUs: H and S stay in host memory, hybridblas writes C's tiles
-there) everything is queued on the current GPU's stream (matching, X = UB, the T products as one batched
-product per run of atoms of one class). With host operands it is spread over the host's cores, and when the
-BLAS runs on GPUs (``overlap``) it runs beside the BLAS calls that do not read what it writes, in a fourth
-buffer Y:
+Where the small per-atom work runs: where the operands A, B, X live (``operands``). On a GPU (device
+arrays, and by default host arrays whose BLAS runs on GPUs) everything is queued on the current GPU's stream
+(matching, X = UB, the T products as one batched product per run of atoms of one class). With host operands
+it is spread over the host's cores, and when the BLAS runs on GPUs (``overlap``) it runs beside the BLAS calls
+that do not read what it writes, in a fourth buffer Y:
 
     fill A | S = AᴴA ‖ fill B, X = UB | S += XᴴX ‖ Y = T^BA A + ½T^BB B | H = YᴴB + BᴴY ‖ X = T^AA A
            | H += AᴴX
+
+Host H and S with the operands on a GPU: when the whole build fits on that GPU (DEVICE_SHARE of its free
+memory, as for the CLI's device arrays) H and S are built there and copied into the host arrays at the end
+(hybridblas.lowlevel.to_host: the lower triangles only with ``lower_only``); else they stay in host memory and
+hybridblas writes C's tiles there, with the batches the GPU holds beside its tiles (OPERAND_SHARE).
 
 Memory: ``build_bytes`` estimates what a build holds at its peak; a host build larger than the host's
 available memory is refused before anything is allocated. ``build_hs_with_fallback`` repeats a build that
@@ -59,6 +63,7 @@ def _array_module(arrays):
     raise ValueError(f"arrays must be 'host' or 'device', got {arrays!r}")
 
 
+DEVICE_SHARE = 0.8            # of a GPU's free memory, at most, for a whole build there (the CLI's --arrays auto)
 OPERAND_SHARE = 0.75          # of a GPU's free memory, at most, for host-array builds' operands (the rest: tiles)
 
 
@@ -386,6 +391,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     xp = _array_module(place)                   # A, B, X, the k-only factors, T
     if method != "refined" or xp is not np:
         overlap = False
+    on_gpu = None          # host H and S built on the GPU (the atoms per batch that fit there), then copied
     if hxp is np:
         held = workspace.held_bytes() if workspace is not None else 0
         if overlap is None:
@@ -395,10 +401,11 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
                 <= 0.9 * hb.memory.host_available()
         _require_host_memory(cell, method, nb, interstitial, bool(overlap), held, on_host=xp is np)
         if xp is not np:
-            nb = _device_batch(cell, method, nb, workspace)
+            on_gpu = _gpu_holds_build(cell, method, nb, interstitial, workspace)
+            nb = on_gpu or _device_batch(cell, method, nb, workspace)
     n_g, n_l, n_a = cell.n_g, cell.n_l, cell.n_atoms
     rep = BuildReport(method=method, system=cell.name, n_atoms=n_a, n_g=n_g, n_l=n_l, batch_atoms=nb,
-                      backend=backend.name, operands=place)
+                      backend=backend.name, operands=place, hs_built_on_gpu=bool(on_gpu))
     sync = _sync(xp)
 
     # k-independent data (computed on first use, then cached on the crystal)
@@ -434,6 +441,9 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
 
     h = _matrix(workspace, "H", n_g, hxp)
     s = _matrix(workspace, "S", n_g, hxp)
+    if on_gpu:
+        host_hs, hxp = (h, s), xp
+        h, s = _matrix(workspace, "H on the GPU", n_g, xp), _matrix(workspace, "S on the GPU", n_g, xp)
     rep.hs_bytes = 2 * _C16 * n_g * n_g
     width = nb * n_l
     bufs = {k: (workspace.get(k, n_g * width, xp) if workspace is not None else xp.empty(n_g * width, complex))
@@ -478,7 +488,23 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
         with rep.stage("hermitian fill", sync=sync):
             hermitian_fill(h, hxp)
             hermitian_fill(s, hxp)
+    if on_gpu:
+        with rep.stage("H, S to the host"):
+            for dst, src in zip(host_hs, (h, s)):
+                hb.lowlevel.to_host(dst, src, lower=True if lower_only else None)
+        h, s = host_hs
     return (h, s, rep) if return_report else (h, s)
+
+
+def _gpu_holds_build(cell, method, nb, interstitial, workspace):
+    """Atoms per batch (the first of nb, nb // 2, ..., 1) for which the whole build, H and S included, takes
+    at most DEVICE_SHARE of the current GPU's free memory (with what the workspace holds there); None when
+    not even one atom per batch fits. Host H and S are then built there, like device arrays, and copied to the
+    host at the end (the lower triangles only with lower_only): each BLAS call then reads and writes GPU
+    memory, not host memory over PCIe, and the interstitial part runs on the GPU."""
+    import cupy
+    free = hb.memory.gpu_free(cupy.cuda.Device().id) + (workspace.held_bytes(cupy) if workspace is not None else 0)
+    return fitting_batch(cell, method, nb, DEVICE_SHARE * free, interstitial, on_device=True)
 
 
 def _device_batch(cell, method, nb, workspace):

@@ -45,6 +45,7 @@ class BuildReport:
     hs_bytes: int = 0
     setup: dict = field(default_factory=dict)   # k-independent seconds (radial functions, T matrices)
     operands: str = "host"            # where A, B, X and the T products lived: "host" or "device"
+    hs_built_on_gpu: bool = False     # host H and S built on the GPU of the operands, then copied to the host
 
     @contextmanager
     def stage(self, name, flop_count=0.0, blas=False, sync=None, overlapped=False):
@@ -95,7 +96,7 @@ class BuildReport:
             "blas_tflops": rate(self.blas_flops, self.blas_seconds),
             "effective_zgemm_tflops": rate(self.total_flops, self.total_seconds),
             "peak_temp_bytes": self.peak_temp_bytes, "hs_bytes": self.hs_bytes, "setup_seconds": self.setup,
-            "operands": self.operands,
+            "operands": self.operands, "hs_built_on_gpu": self.hs_built_on_gpu,
         }
 
     def table(self):

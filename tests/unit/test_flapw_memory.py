@@ -114,6 +114,7 @@ def test_gpu_operands_out_of_memory_fall_back_to_host_operands(nacl, monkeypatch
     cell, (h_ref, s_ref) = nacl
     monkeypatch.setattr(hsdla, "operands_place", lambda arrays, operands, backend: operands or "device")
     monkeypatch.setattr(hsdla, "_device_batch", lambda cell, method, nb, workspace: nb)
+    monkeypatch.setattr(hsdla, "_gpu_holds_build", lambda *args: None)        # H and S stay on the host
     seen = _full_gpu_attempts(monkeypatch, _FullGpuOperands(), ("arrays", "operands", "batch_atoms"))
     with caplog.at_level(logging.INFO, logger="flapw"):
         h, s, rep = flapw.build_hs_with_fallback(cell, interstitial=True, arrays="host", return_report=True,

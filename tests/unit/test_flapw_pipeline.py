@@ -314,3 +314,57 @@ def test_warm_up_compiles_an_emulating_contexts_kernels_for_the_builds_k(tio2, m
     monkeypatch.setattr(warmup, "_emulation_kernels", lambda *a: Thread())
     warmup.prepare(cell, flapw.backends.get_backend("hybridblas", hb.Context("cpu")), "host", "refined", 6)
     assert seen[-1] == "joined"
+
+
+@pytest.mark.parametrize("lower_only", [True, False])
+def test_host_arrays_built_on_the_gpu_equal_the_host_build(tio2, lower_only, monkeypatch):
+    """Host H and S with the operands on a GPU that holds the whole build: built there (numpy standing in for
+    cupy) and copied into the host arrays (the lower triangles only with lower_only, the upper ones untouched),
+    equal to the host build; a workspace's host H and S are the arrays returned."""
+    cell, _ = tio2
+    h_ref, s_ref = flapw.build_hs(cell, interstitial=True, lower_only=lower_only, batch_atoms=4)
+    real = hsdla._array_module
+    monkeypatch.setattr(hsdla, "_array_module", lambda arrays: _NumpyAsDevice() if arrays == "device"
+                        else real(arrays))
+    monkeypatch.setattr(hsdla, "_hybridblas_on_gpu", lambda backend: True)
+    monkeypatch.setattr(hsdla, "_gpu_holds_build", lambda cell, method, nb, interstitial, workspace: nb)
+    copies = []
+
+    def to_host(dst, src, lower=None):
+        copies.append(lower)
+        keep = np.ones(dst.shape, bool) if lower is None else np.tril(np.ones(dst.shape, bool))
+        np.copyto(dst, src, where=keep)
+        return dst
+    monkeypatch.setattr(hb.lowlevel, "to_host", to_host)
+    ws = flapw.Workspace()
+    ws.reserve(cell, "refined", 4, operands="device")
+    host_h = ws.get("H", cell.n_g ** 2)
+    host_h[:] = 7.0                                              # what an earlier build left there
+    h, s, rep = flapw.build_hs(cell, interstitial=True, lower_only=lower_only, batch_atoms=4, operands="device",
+                               workspace=ws, return_report=True)
+    assert rep.hs_built_on_gpu and "H, S to the host" in rep.stages and copies == [True if lower_only else None] * 2
+    assert np.shares_memory(h, host_h)
+    if lower_only:
+        assert _rel(_lower(h), _lower(h_ref)) <= 1e-13 and _rel(_lower(s), _lower(s_ref)) <= 1e-13
+        assert (np.triu(h, 1)[np.triu(np.ones(h.shape, bool), 1)] == 7.0).all()
+    else:
+        assert _rel(h, h_ref) <= 1e-13 and _rel(s, s_ref) <= 1e-13
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lower_only", [True, False])
+@pytest.mark.parametrize("fits", [True, False])
+def test_gpu_host_arrays_built_there_or_streamed_equal_the_host_build(tio2, fits, lower_only, monkeypatch):
+    """Host H and S, operands on the GPU: built on the GPU and copied (the whole build fits) or kept in host
+    memory with their tiles streamed (DEVICE_SHARE 0: nothing fits), both equal to the CPU build."""
+    cell, _ = tio2
+    h_ref, s_ref = flapw.build_hs(cell, interstitial=True, lower_only=lower_only, context=hb.Context("cpu"))
+    if not fits:
+        monkeypatch.setattr(hsdla, "DEVICE_SHARE", 0.0)
+    ws = flapw.Workspace()
+    for _ in range(2):                                           # the second build reuses the workspace
+        h, s, rep = flapw.build_hs(cell, interstitial=True, lower_only=lower_only, return_report=True,
+                                   context=hb.Context(devices=["cuda:0"]), workspace=ws)
+        assert isinstance(h, np.ndarray) and rep.operands == "device" and rep.hs_built_on_gpu == fits
+        pick = _lower if lower_only else (lambda m: m)
+        assert _rel(pick(h), pick(h_ref)) <= 1e-12 and _rel(pick(s), pick(s_ref)) <= 1e-12
