@@ -39,9 +39,13 @@ import numpy as np
 import hybridblas as hb
 n, devices, where = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 rng = np.random.default_rng(1)
-def operand():
+def operand():                             # random values, a 1 Mi-entry random block repeated (fast to make)
     x = np.empty((n, n), dtype=np.complex128)
-    rng.random(out=x.view(np.float64))
+    flat = x.view(np.float64).reshape(-1)
+    block = rng.random(min(flat.size, 1 << 20)) + 0.5
+    whole = flat.size // block.size * block.size
+    flat[:whole].reshape(-1, block.size)[:] = block
+    flat[whole:] = block[:flat.size - whole]
     return x
 a, b, c = operand(), operand(), np.zeros((n, n), dtype=np.complex128)
 if where == "device":                      # cupy operands on the first GPU of the context
