@@ -10,6 +10,8 @@ layouts only (TypeError / ValueError naming the argument and its value, before a
     device_gemm(out, a, b, beta=0.0, alpha=1.0)   out <- alpha a b + beta out          cupy; cuBLAS
     conj_transpose(dst, src)                      dst <- src^H (src^T for real data)   cupy; cuBLAS geam
     to_host(dst, src, lower=None)                 numpy dst <- cupy src, or one triangle of it, by DMA
+    grams(s, hs=None, *, staged=True)             [s^T hs, s^T s] summed in double     cupy; hybridblas's kernels
+    grams_preferred(s, hs=None)                   whether grams is the faster way      no GPU work
     prepare_kernels(dtype, devices, ...)          compile hybridblas's own CUDA kernels ahead, in the background
 
 Every matrix is 2-D with a unit stride along its rows or its columns and a leading dimension (a column
@@ -18,13 +20,19 @@ float32, float64, complex64, complex128. The output must not share memory with a
 checked (disjoint blocks of one buffer are the common case here, and an exact test costs more than the
 call). Host calls run scipy's BLAS through ctypes with the GIL released, on the calling thread; device
 calls run on CuPy's current device and stream, where every array must live, and return without waiting.
+
+``grams`` is the tall-skinny exception to "one BLAS call": both Gram matrices of a tall row-major block S
+(n x k, k <= 32, float32 or float64) and of H S in one pass of hybridblas's own kernels, summed in double
+(for float32 blocks too), where a gemmt and a syrk read S twice and take 130-275 us of host time each.
 """
 import numpy as np
 
 from . import cublas, host_blas
+from .devices import cuda_compile, cuda_grams
 from .problem import SUPPORTED_DTYPES, Operand, _check_scalar, is_column_major, leading_dim
 
-__all__ = ["host_gemm", "host_trmm_right", "device_gemm", "conj_transpose", "to_host", "prepare_kernels"]
+__all__ = ["host_gemm", "host_trmm_right", "device_gemm", "conj_transpose", "to_host", "grams",
+           "grams_preferred", "prepare_kernels"]
 
 
 def _check(arrays, device):
@@ -173,15 +181,69 @@ def to_host(dst, src, lower=None):
     from .downloads import to_host as copy
     copy(dst, src, lower)
     return dst
+def _check_grams(s, hs, staged):
+    """TypeError / ValueError unless ``s`` (and ``hs``) are blocks ``grams`` takes."""
+    arrays = {"s": s} if hs is None else {"s": s, "hs": hs}
+    for name, x in arrays.items():
+        if not cuda_grams.is_device(x):
+            raise TypeError(f"{name} must be a cupy array, got {type(x).__name__} {x!r:.60}")
+        if x.ndim != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {x.shape}")
+        if x.dtype not in cuda_grams.DTYPES:
+            raise TypeError(f"{name} has dtype {x.dtype}; grams takes float32 or float64")
+    if not 1 <= s.shape[1] <= cuda_grams.KMAX:
+        raise ValueError(f"s must have 1 to {cuda_grams.KMAX} columns, got shape {s.shape}")
+    if hs is not None:
+        if hs.dtype != s.dtype:
+            raise TypeError(f"hs has dtype {hs.dtype}, unlike s ({s.dtype}): one dtype for both")
+        if hs.shape != s.shape:
+            raise ValueError(f"hs must have the shape of s {s.shape}, got {hs.shape}")
+    for name, x in arrays.items():
+        if x.shape[0] and cuda_grams.row_stride(x) is None:        # an empty block is never read
+            raise ValueError(f"{name} must be row-major (unit stride along its rows, a leading dimension), got "
+                             f"shape {x.shape} with strides {x.strides}")
+    if not isinstance(staged, bool):
+        raise TypeError(f"staged must be True or False, got {type(staged).__name__} {staged!r}")
+    import cupy
+    current = cupy.cuda.runtime.getDevice()
+    for name, x in arrays.items():
+        if x.device.id != current:
+            raise ValueError(f"{name} lives on GPU {x.device.id}, not on the current device {current}")
+
+
+def grams(s, hs=None, *, staged=True):
+    """Both Gram matrices of a tall block in one pass, s^T hs and s^T s, summed in double and queued on the
+    current stream (returns without waiting). ``s``: a row-major n x k cupy block (unit stride along its rows,
+    any leading dimension: a column range of a wider row-major buffer is read in place), 1 <= k <= 32, float32
+    or float64, on the current device; ``hs`` (H S, optional): the same shape, dtype and device, row-major too.
+
+    Returns a new (k, k, 2) float64 cupy array in Fortran order on the current device (``out[:, :, g]`` a
+    column-major k x k matrix): ``out[:, :, 0]`` = s^T hs (zeros without ``hs``) and ``out[:, :, 1]`` = s^T s,
+    both whole (s^T s mirrored from its lower triangle, so exactly symmetric; s^T hs entry by entry). Every
+    product is formed and summed in double, also for float32 blocks, and the per-block partial sums are added
+    in a fixed order: the same inputs give the same bits on the same GPU. n = 0 gives zeros. ``staged`` False
+    takes the register-prefetch kernel also where the cp.async-staged one applies (rows of whole, aligned
+    16-byte vectors). ``grams_preferred`` says where this is faster than hb.gemmt and hb.syrk."""
+    _check_grams(s, hs, staged)
+    return cuda_grams.grams(s, hs, staged)
+
+
+def grams_preferred(s, hs=None):
+    """Whether ``grams(s, hs)`` takes these blocks (as they lie, on the current device) and is the faster way
+    to their Grams: at most 2^18 rows, or 2^20 float64 rows that the staged kernel takes (beyond, cuBLAS
+    through hb.gemmt and hb.syrk takes less GPU time; below, the host's time sets the pace and this call takes
+    far less of it). No GPU work, and never an exception: False for anything ``grams`` would refuse."""
+    return cuda_grams.preferred(s, hs)
 
 
 def prepare_kernels(dtype, devices, *, emulation_bits=None, k=None):
     """Compile (or load from CuPy's on-disk kernel cache) the CUDA kernels of hybridblas's own that calls of
-    ``dtype`` use on the GPUs ``devices`` (indices), on a background thread, so that a program can overlap the
+    ``dtype`` use on the GPUs ``devices`` (indices), in the background, so that a program can overlap the
     compilation (about a second per module with an empty cache) with its own work: the tall-skinny float32
-    products summed in double; with ``emulation_bits`` (a Context's, when it has emulation="int8") the
-    float64/complex128 products emulated on INT8 tensor cores at inner dimension ``k``. Returns the thread
-    (join it to wait), or None when there is nothing to do."""
+    products summed in double, or with ``emulation_bits`` (a Context's, when it has emulation="int8") the
+    float64/complex128 products emulated on INT8 tensor cores at inner dimension ``k``; and for float32 and
+    float64 the kernels of ``grams``. Each module compiles on a thread of its own, the devices one after the
+    other. Returns the background work (``join()`` waits for all of it), or None when there is nothing to do."""
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be one of float32, float64, complex64, complex128, got {dtype}")
@@ -201,5 +263,7 @@ def prepare_kernels(dtype, devices, *, emulation_bits=None, k=None):
     import cupy
     from .devices import cuda_ozaki, cuda_skinny
     if emulation_bits is not None and dtype in cuda_ozaki.EMULATED:
-        return cuda_ozaki.prepare(cupy, dtype, devices, int(emulation_bits), int(k))
-    return cuda_skinny.prepare(cupy, dtype, devices)
+        products = cuda_ozaki.prepare(cupy, dtype, devices, int(emulation_bits), int(k))
+    else:
+        products = cuda_skinny.prepare(cupy, dtype, devices)
+    return cuda_compile.together(products, cuda_grams.prepare(cupy, dtype, devices))

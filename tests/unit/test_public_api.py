@@ -264,7 +264,8 @@ def test_prepare_kernels_refuses_bad_emulation_arguments():
 
 
 class _CompilingCupy:
-    """What cuda_skinny's compilation uses of CuPy: RawModule (recording the device it loads on), Device."""
+    """What the kernels' compilation (cuda_skinny, cuda_grams, cuda_ozaki) uses of CuPy: RawModule (recording the
+    device it loads on and the first line of the code), Device."""
 
     def __init__(self):
         fake, self.loaded, self.device = self, [], 0
@@ -302,6 +303,43 @@ def test_skinny_kernels_prepared_once_per_device_in_the_background(monkeypatch):
     with cp.cuda.Device(1):
         assert cuda_skinny._kernels(cp, np.dtype(np.float32)) == ("skinny_gram_partials", "skinny_gram_finish")
     assert len(cp.loaded) == 2
+
+
+def test_gram_kernels_prepared_once_per_device_dtype_and_constants(monkeypatch):
+    from hybridblas.devices import cuda_grams
+    monkeypatch.setattr(cuda_grams, "_modules", {})
+    cp = _CompilingCupy()
+    assert cuda_grams.prepare(cp, np.complex128, [0]) is None               # no Gram kernels for complex data
+    cuda_grams.prepare(cp, np.float64, [1, 0, 1]).join(5)
+    cuda_grams.prepare(cp, np.float32, [0]).join(5)
+    assert cp.loaded == [(1, "typedef double T;"), (0, "typedef double T;"), (0, "typedef float T;")]
+    assert cuda_grams.prepare(cp, np.float64, [0, 1]) is None               # both have them now
+    with cp.cuda.Device(1):
+        assert cuda_grams._kernels(cp, np.float64) == cuda_grams.KERNELS
+    assert len(cp.loaded) == 3
+    monkeypatch.setattr(cuda_grams, "TILE", 64)                              # another source: compiled again
+    with cp.cuda.Device(1):
+        cuda_grams._kernels(cp, np.float64)
+    assert len(cp.loaded) == 4
+
+
+def test_prepare_kernels_starts_the_gram_kernels_for_float32_and_float64(monkeypatch):
+    from hybridblas.devices import cuda_grams, cuda_skinny
+    monkeypatch.setattr(cuda_grams, "_modules", {})
+    monkeypatch.setattr(cuda_skinny, "_modules", {})
+    cp = _CompilingCupy()
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    both = lowlevel.prepare_kernels(np.float32, [0])         # the skinny products' module and the Grams', side by side
+    assert both.join(5) is True and not both.is_alive() and both.done()
+    assert sorted(cp.loaded) == [(0, "typedef float T;")] * 2
+    assert list(cuda_grams._modules) == [(0, np.dtype(np.float32), cuda_grams._constants())]
+    assert list(cuda_skinny._modules) == [(0, np.dtype(np.float32))]
+    assert lowlevel.prepare_kernels(np.float64, [0]).join(5) is True       # the Grams' alone
+    assert cp.loaded[2:] == [(0, "typedef double T;")]
+    assert (0, np.dtype(np.float64), cuda_grams._constants()) in cuda_grams._modules
+    for dtype in (np.float32, np.float64, np.complex64, np.complex128):
+        assert lowlevel.prepare_kernels(dtype, [0]) is None                 # compiled, or none to compile
+    assert len(cp.loaded) == 3
 
 
 @pytest.mark.gpu
