@@ -16,7 +16,9 @@ on the untouched blocks. One exception: a NaN or Inf in V spreads over its row t
 """
 import numpy as np
 
-from . import blocks, cuda_modules, dense, gpu_grams
+import hybridblas as hb
+
+from . import blocks, cuda_modules, dense
 from .arrays import is_device
 from .distributed import device_sum
 
@@ -141,9 +143,8 @@ def _kernel(cupy, dtype):
 
 def _cross_products(s, b, context):
     """[X^T V; V^T V] = (S^T S)[:, b:] in double, on the GPU."""
-    if gpu_grams.preferred(s):
-        return gpu_grams.grams(s)[:, b:, 1]
-    import hybridblas as hb
+    if hb.lowlevel.grams_preferred(s):
+        return hb.lowlevel.grams(s)[:, b:, 1]
     return hb.gemm(1.0, s, s[:, b:], transa="T", context=context).astype(np.float64, copy=False)
 
 

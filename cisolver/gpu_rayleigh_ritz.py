@@ -240,7 +240,7 @@ class Queued:
 
 def queue(both, b, dtype):
     """Queue Rayleigh-Ritz on the Gram buffer ``both`` ((k, k, 2), at least the lower triangles of S^T H S
-    and S^T S: cisolver.gpu_grams.grams, or dense.gram_buffer) for the ``b`` lowest pairs, [C Z] in ``dtype``."""
+    and S^T S: hybridblas.lowlevel.grams, or dense.gram_buffer) for the ``b`` lowest pairs, [C Z] in ``dtype``."""
     import cupy
     k = both.shape[0]
     if (both.shape != (k, k, 2) or not 0 < b <= k <= KMAX or np.dtype(dtype) not in (np.float32, np.float64)

@@ -11,7 +11,7 @@ queues on the stream) queues whole iterations instead, and the host only reads s
 long finished:
 - the first orthonormalisation pass is factored on the GPU (cisolver.gpu_ortho) and Rayleigh-Ritz runs
   there too (cisolver.gpu_rayleigh_ritz), on Grams of one pass over S and H S for blocks of up to 2^18
-  rows, float64 ones up to 2^20 (cisolver.gpu_grams; hybridblas beyond);
+  rows, float64 ones up to 2^20 (hybridblas.lowlevel.grams; hb.gemmt and hb.syrk beyond);
 - the end of iteration writes R into the next basis's W columns too while every column is active, and the
   next orthonormalisation then skips its copy of W = R (``w_holds_r``; any host-path update clears it);
 - the residuals of X are read once the next [P W] pass is queued, so W's columns follow the residuals of
@@ -27,7 +27,9 @@ import hashlib
 
 import numpy as np
 
-from . import dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz
+import hybridblas as hb
+
+from . import dense, gpu_ortho, gpu_rayleigh_ritz
 from .arrays import Later, Ready, module_of, to_host
 from .blocks import update_with_residual
 from .distributed import device_sum
@@ -169,8 +171,8 @@ class Iterations:
         b = self.b
         with self.timer.phase("dense", "rayleigh_ritz"):
             s, hs = self.s[:, :k], self.hs[:, :k]
-            if gpu_grams.preferred(s, hs):
-                both = gpu_grams.grams(s, hs)
+            if hb.lowlevel.grams_preferred(s, hs):
+                both = hb.lowlevel.grams(s, hs)
             else:
                 both = dense.gram_buffer(s, hs, context=self.context)
             both = device_sum(both, self.comm)

@@ -12,7 +12,7 @@ less than k single-vector products.
 import numpy as np
 import scipy.sparse as sp
 
-from hybridblas import workers
+from hybridblas import lowlevel, workers
 from hybridblas.blas_threads import available_cores
 
 from . import mkl_sparse
@@ -95,6 +95,7 @@ class SymmetricOperator:
         self.storage, self.shape, self.dtype = "full", (n, n), _float_dtype(dtype)
         self.xp, self.mkl, self.backend = cupy, None, "cupy"
         cuda_modules.prepare(cupy, self.dtype, [dev for dev, _, _, _ in parts])
+        lowlevel.prepare_kernels(self.dtype, [dev for dev, _, _, _ in parts])     # the Gram kernels, hybridblas's
         self.gpu = MultiDeviceCsr.from_parts(parts, n, self.dtype)
         self.devices = self.gpu.devices
         self.nnz = sum(part.rows.nnz for part in self.gpu.parts)
@@ -157,6 +158,7 @@ class SymmetricOperator:
         self.xp = cupy
         self.devices = devices
         cuda_modules.prepare(cupy, self.dtype, devices)       # compiles meanwhile (the set-up's kernels wait)
+        lowlevel.prepare_kernels(self.dtype, devices)         # and hybridblas's (lowlevel.grams) likewise
         self.gpu = MultiDeviceCsr(h, devices, self.dtype, self.storage == "upper", storage=gpu_storage)
 
     def matmat(self, x, out=None):

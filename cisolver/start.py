@@ -13,7 +13,9 @@ the GPU declined goes to the host path from the same block (made orthonormal, or
 """
 import numpy as np
 
-from . import dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz
+import hybridblas as hb
+
+from . import dense, gpu_ortho, gpu_rayleigh_ritz
 from .arrays import Later
 from .blocks import product_into, residual_into
 from .distributed import device_sum
@@ -42,7 +44,10 @@ def _queued(op, x, s, hs, r, *, context, comm, timer, agree):
     with timer.phase("spmm"):
         hx = op.matmat(x)
     with timer.phase("dense", "start"):
-        both = gpu_grams.grams(x, hx) if gpu_grams.preferred(x, hx) else dense.gram_buffer(x, hx, context=context)
+        if hb.lowlevel.grams_preferred(x, hx):
+            both = hb.lowlevel.grams(x, hx)
+        else:
+            both = dense.gram_buffer(x, hx, context=context)
         rr = gpu_rayleigh_ritz.queue(device_sum(both, comm), b, x.dtype)
         product_into(s[:, :b], x, rr.m[:, :b])
         product_into(hs[:, :b], hx, rr.m[:, :b])

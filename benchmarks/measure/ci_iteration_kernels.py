@@ -11,7 +11,7 @@ launch__grid_size,launch__registers_per_thread \
 import numpy as np
 
 import hybridblas as hb
-from cisolver import blocks, dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz
+from cisolver import blocks, dense, gpu_ortho, gpu_rayleigh_ritz
 from hybridblas.console import positive_int
 
 from benchmarks.measure.ci_queued_steps import state
@@ -33,7 +33,7 @@ def run(args):
     def iteration():
         s[:, 2 * b:] = r                                   # W into S
         gpu_ortho.first_pass(s, hs, b, b, context=ctx)
-        both = gpu_grams.grams(s, hs) if gpu_grams.preferred(s, hs) else dense.gram_buffer(s, hs, context=ctx)
+        both = hb.lowlevel.grams(s, hs) if hb.lowlevel.grams_preferred(s, hs) else dense.gram_buffer(s, hs, context=ctx)
         queued = gpu_rayleigh_ritz.queue(both, b, dt)
         blocks.update_with_residual(s_next[:, :2 * b], s, hs_next[:, :2 * b], hs, queued.m, r, queued.theta,
                                     later=True)

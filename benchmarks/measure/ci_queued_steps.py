@@ -15,9 +15,10 @@ import time
 import numpy as np
 
 import hybridblas as hb
-from cisolver import blocks, dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz, row_kernels
+from cisolver import blocks, dense, gpu_ortho, gpu_rayleigh_ritz, row_kernels
 from cisolver.arrays import Later
 from hybridblas.console import check_output_path, positive_int
+from hybridblas.devices import cuda_grams
 
 from benchmarks.common import write_json
 from benchmarks.gputime import device_name, spin_seconds as queue_spin
@@ -93,11 +94,11 @@ def run(args):
     s, hs, r = state(n, b, dt)
     s_next, hs_next = cp.empty_like(s), cp.empty_like(hs)
     ctx = hb.Context(devices=["cuda:0"])
-    y = gpu_grams.grams(s)[:, b:, 1]
+    y = hb.lowlevel.grams(s)[:, b:, 1]
     m = cp.asarray(np.vstack([np.zeros((b, 2 * b)), np.eye(2 * b)]), dtype=dt)
     m_hp = cp.asarray(np.vstack([np.zeros((b, b)), np.eye(b)]), dtype=dt)
     both = dense.gram_buffer(s, hs, context=ctx)
-    grams64 = gpu_grams.grams(s, hs)
+    grams64 = hb.lowlevel.grams(s, hs)
     rr = gpu_rayleigh_ritz.queue(grams64, b, dt)
     a = cp.asarray(np.diag(np.arange(1.0, k + 1))[None])
     flag = cp.zeros(1, dtype=np.int32)
@@ -107,7 +108,7 @@ def run(args):
     steps = {
         "W copy into S": w_copy,
         "ortho: hb.gemm [X^T V; V^T V]": lambda: hb.gemm(1.0, s, s[:, b:], transa="T", context=ctx),
-        "ortho: gpu_grams S^T S (one pass)": lambda: gpu_grams.grams(s),
+        "ortho: lowlevel.grams S^T S (one pass)": lambda: hb.lowlevel.grams(s),
         "ortho: factor kernel": lambda: gpu_ortho._kernel(cp, dt)((1,), (gpu_ortho.THREADS,), (
             y, np.int64(y.strides[0] // y.itemsize), np.int64(y.strides[1] // y.itemsize), np.int32(b),
             np.int32(2 * b), np.int32(b), np.float64(1e-16), np.float64(dense.CANCELLATION),
@@ -122,7 +123,7 @@ def run(args):
         "grams: hb.syrk S^T S": lambda: hb.syrk(1.0, s, trans="T", c=both[:, :, 1], context=ctx),
         "grams: whole gram_buffer": lambda: dense.gram_buffer(s, hs, context=ctx),
         "grams: cupy S^T [S HS] (one cuBLAS gemm each)": lambda: (s.T @ s, s.T @ hs),
-        "grams: gpu_grams S^T HS and S^T S (one pass)": lambda: gpu_grams.grams(s, hs),
+        "grams: lowlevel.grams S^T HS and S^T S (one pass)": lambda: hb.lowlevel.grams(s, hs),
         "rr: cupy.linalg.eigh (1, k, k) syevjBatched": lambda: cp.linalg.eigh(a),
         "rr: cupy.linalg.eigh (1, k, k), a dense A": lambda: cp.linalg.eigh(dense_a),
         "rr: cupy.linalg.eigh (k, k) syevd, a dense A": lambda: cp.linalg.eigh(dense_a[0]),
@@ -149,17 +150,17 @@ def run(args):
                                                                           (gpu_ortho, "THREADS", threads))
         steps[f"rr: whole queue ({threads} threads)"] = with_settings(
             steps["rr: whole queue (prepare, syevj, finish)"], (gpu_rayleigh_ritz, "THREADS", threads))
-    for name in ("ortho: gpu_grams S^T S (one pass)", "grams: gpu_grams S^T HS and S^T S (one pass)"):
+    for name in ("ortho: lowlevel.grams S^T S (one pass)", "grams: lowlevel.grams S^T HS and S^T S (one pass)"):
         for per_sm in (3, 4):
             steps[name + f" (staged, {per_sm} blocks/SM)"] = with_settings(
-                steps[name], (gpu_grams, "STAGED_BLOCKS_PER_SM", per_sm))
-    steps["ortho: gpu_grams S^T S (register prefetch)"] = lambda: gpu_grams.grams(s, staged=False)
-    steps["grams: gpu_grams S^T HS and S^T S (register prefetch)"] = lambda: gpu_grams.grams(s, hs, staged=False)
+                steps[name], (cuda_grams, "STAGED_BLOCKS_PER_SM", per_sm))
+    steps["ortho: lowlevel.grams S^T S (register prefetch)"] = lambda: hb.lowlevel.grams(s, staged=False)
+    steps["grams: lowlevel.grams S^T HS and S^T S (register prefetch)"] = lambda: hb.lowlevel.grams(s, hs, staged=False)
 
     def iteration():                  # as cisolver.iterations queues them
         w_copy()
         gpu_ortho.first_pass(s, hs, b, b, context=ctx)
-        both = gpu_grams.grams(s, hs) if gpu_grams.preferred(s, hs) else dense.gram_buffer(s, hs, context=ctx)
+        both = hb.lowlevel.grams(s, hs) if hb.lowlevel.grams_preferred(s, hs) else dense.gram_buffer(s, hs, context=ctx)
         queued = gpu_rayleigh_ritz.queue(both, b, dt)
         blocks.update_with_residual(s_next[:, :2 * b], s, hs_next[:, :2 * b], hs, queued.m, r, queued.theta,
                                     later=True)

@@ -110,8 +110,8 @@ def run_case(name, nev, tol, devices, dtype, maxiter, threads, log, path, meta, 
 def warm_up(gpus, dtype):
     """Compile and load the GPU kernels every timed solver uses (ours on one and two GPUs, both
     storages; cupyx's lobpcg) on a small matrix first, so no timed run pays for that; and ours on a
-    sparse matrix of 2^20 + 8 rows, beyond cisolver.gpu_grams' limits, where the Grams (the start's too)
-    take hybridblas' kernels instead (48Cr's first timed run had taken ~47 ms more for their first use)."""
+    sparse matrix of 2^20 + 8 rows, beyond hybridblas.lowlevel.grams' limits, where the Grams (the start's too)
+    take hb.gemmt and hb.syrk instead (48Cr's first timed run had taken ~47 ms more for their first use)."""
     import cupy
     import cupyx.scipy.sparse as csp
     import cupyx.scipy.sparse.linalg as csla

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from cisolver import dense, gpu_grams, gpu_ortho, gpu_rayleigh_ritz, solver
+from cisolver import dense, gpu_ortho, gpu_rayleigh_ritz, solver
 from cisolver.operators import SymmetricOperator
+from hybridblas import lowlevel
 
 pytestmark = pytest.mark.gpu
 TOL = {np.float32: 2e-5, np.float64: 1e-10}
@@ -63,7 +64,7 @@ def test_rayleigh_ritz_on_gpu_with_repeated_ritz_values(dtype, rng):
         s[g * 1000:(g + 1) * 1000, g * b:(g + 1) * b] = rng.standard_normal((1000, b)) / 30
     s = s @ np.linalg.qr(rng.standard_normal((3 * b, 3 * b)))[0]
     s_dev, hs_dev = cupy.asarray(s.astype(dtype)), cupy.asarray((h[:, None] * s).astype(dtype))
-    both = gpu_grams.grams(s_dev, hs_dev)
+    both = lowlevel.grams(s_dev, hs_dev)
     rr = gpu_rayleigh_ritz.queue(both, b, dtype)
     theta, largest, usable, definite = rr.summary()
     assert definite
@@ -83,7 +84,7 @@ def test_rayleigh_ritz_on_gpu_says_when_the_eigensolver_did_not_converge(dtype, 
     import cupy
     from cupy_backends.cuda.libs import cusolver
     s, hs, s_dev, hs_dev = _blocks(rng, 3001, 24, dtype)
-    both = gpu_grams.grams(s_dev, hs_dev)
+    both = lowlevel.grams(s_dev, hs_dev)
     assert gpu_rayleigh_ritz.queue(both, 8, dtype).summary()[3]            # converged with the default sweeps
     params = gpu_rayleigh_ritz._syevj_params[cupy.cuda.Device().id][0]
     cusolver.xsyevjSetMaxSweeps(params, 1)

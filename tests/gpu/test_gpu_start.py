@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from cisolver import dense, gpu_grams, start
+import hybridblas as hb
+from cisolver import dense, start
 from cisolver.arrays import Timer
 from cisolver.operators import SymmetricOperator
 
@@ -76,12 +77,13 @@ def test_queued_start_hands_an_ill_conditioned_block_to_the_host_path(rng, host_
 
 
 def test_queued_start_with_hybridblas_grams(rng, host_calls, monkeypatch):
-    """Blocks beyond gpu_grams' row limits take hybridblas' Gram kernels (dense.gram_buffer): the same start."""
+    """Blocks beyond hybridblas.lowlevel.grams' row limits take hb.gemmt and hb.syrk (dense.gram_buffer): the
+    same start."""
     n, b = 3000, 8
     op = SymmetricOperator(_matrix(n, rng), devices=[0])
     x0 = rng.standard_normal((n, b))
     want = _start(op, x0, True, np.float64)
-    monkeypatch.setattr(gpu_grams, "preferred", lambda *blocks: False)
+    monkeypatch.setattr(hb.lowlevel, "grams_preferred", lambda *blocks: False)
     got = _start(op, x0, True, np.float64)
     assert host_calls == [] and got[7] == 0
     np.testing.assert_allclose(got[0], want[0], rtol=1e-11)

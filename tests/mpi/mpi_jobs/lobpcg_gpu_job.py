@@ -7,13 +7,14 @@ import functools
 
 import numpy as np
 
-from cisolver import cuda_modules, gpu_build, gpu_grams, solver
+import hybridblas as hb
+from cisolver import cuda_modules, gpu_build, solver
 from cisolver.data import resolve_interaction
 from cisolver.distributed import DistributedOperator, build_rows, local_rows, world
 from cisolver.shellmodel import hamiltonian, nushellx
 from cisolver.spectrum import compute_spectrum
 
-ROWS_LIMIT = gpu_grams.ROWS_LIMIT
+grams_preferred = hb.lowlevel.grams_preferred
 comm = world()
 if comm is None:                          # one rank
     from mpi4py import MPI
@@ -67,16 +68,16 @@ assert all(np.abs(y - ref).max() <= scale for y in products), [np.abs(y - ref).m
 refs = {nev: compute_spectrum("usdb", 3, 4, nev=nev, tol=1e-9) if rank == 0 else None for nev in (5, 10)}
 cases = (("float64", 1e-9, True, 5, ""), ("float32", 1e-5, True, 5, ""), ("float64", 1e-9, False, 5, ""),
          ("float64", 1e-9, True, 10, "S has 39 columns: Rayleigh-Ritz on the host path"),
-         ("float64", 1e-9, True, 5, "rank 0's Grams through hybridblas, rank 1's through gpu_grams"),
+         ("float64", 1e-9, True, 5, "rank 0's Grams through hb.gemmt and hb.syrk, rank 1's through lowlevel.grams"),
          ("float64", 1e-9, True, 5, "rows built on the host and uploaded"))
 fits = gpu_build.fits
 lobpcg = solver.lobpcg
 for dtype, tol, queued, nev, note in cases:
     solver.lobpcg = functools.partial(lobpcg, queued=queued)        # compute_spectrum's solver, queued or not
-    gpu_grams.ROWS_LIMIT = 0 if "rank 0's" in note and rank == 0 else ROWS_LIMIT
+    hb.lowlevel.grams_preferred = (lambda *blocks: False) if "rank 0's" in note and rank == 0 else grams_preferred
     gpu_build.fits = (lambda *args: False) if "on the host" in note else fits
     dist = compute_spectrum("usdb", 3, 4, nev=nev, tol=tol, comm=comm, devices="all", dtype=dtype)
-    gpu_build.fits, gpu_grams.ROWS_LIMIT = fits, ROWS_LIMIT
+    gpu_build.fits, hb.lowlevel.grams_preferred = fits, grams_preferred
     want = "full (row blocks)" if "on the host" in note else "full (row blocks built on the GPUs)"
     assert dist["storage"] == want, (dist["storage"], note)
     assert ("plans" in dist["seconds"]["build_detail"]) == ("on the host" not in note), dist["seconds"]
