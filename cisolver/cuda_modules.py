@@ -7,7 +7,7 @@ and 3.7 s (float64); as units compiled at once, one core each, the wall is that 
 sm_90, a 2-core CPU, each unit alone (python3 -m benchmarks.cisolver cuda-sources --arch 90):
 
     unit           float32  float64
-    main            1.05 s   1.03 s   every family but row_kernels and gpu_fill (12 kernels)
+    main            1.05 s   1.03 s   every family but row_kernels and gpu_fill (then 12 kernels, now 9)
     gpu_fill        0.24     0.23     the GPU build of H (6 kernels)
     row_product_8   0.12     0.14     rows_times_small_8 (float64: and staged_product_8)
     row_update_8    0.27     0.29     update_residual_8 (float64: and staged_update_8)
@@ -16,17 +16,18 @@ sm_90, a 2-core CPU, each unit alone (python3 -m benchmarks.cisolver cuda-source
     row_product_32  0.56     0.39
     row_update_32   1.40     0.99
 
-(a unit's own cost, its typedefs and PRELUDE, is 0.02 s). row_kernels' instantiations are the bulk: all of them
-in one unit took 3.2 s (float32) and 2.6 s (float64); its largest kernel, update_residual_32 in float32, takes
-1.4 s alone. On those 2 cores the 8 units of a dtype at once took 2.6 s (float32) and 2.0 s (float64) wall
-(--together).
+(a unit's own cost, its typedefs and PRELUDE, is 0.02 s). "main" was timed with LOBPCG's Gram kernels in it;
+they have since moved to hybridblas, which compiles them itself (hybridblas.lowlevel.grams, prepare_kernels).
+row_kernels' instantiations are the bulk: all of them in one unit took 3.2 s (float32) and 2.6 s (float64);
+its largest kernel, update_residual_32 in float32, takes 1.4 s alone. On those 2 cores the 8 units of a dtype
+at once took 2.6 s (float32) and 2.0 s (float64) wall (--together).
 
 How it works
 - ``units(dtype)`` gives each unit's name, source and kernel names. Every unit is self-contained: T (and VT,
   its 16-byte vector) typedef'd to ``dtype``, the device functions PRELUDE, then its sections. "gpu_fill" (the
   GPU build of H, whose kernels a run needs first: 0.23 s alone) is a unit of its own; "main" holds
-  SMALL_FACTOR and every other family's section but row_kernels' in a fixed order (FAMILIES: the Gram kernels,
-  the orthonormalisation and Rayleigh-Ritz kernels, the residual, the assembly of the GPU operator's rows, the
+  SMALL_FACTOR and every other family's section but row_kernels' in a fixed order (FAMILIES: the
+  orthonormalisation and Rayleigh-Ritz kernels, the residual, the assembly of the GPU operator's rows, the
   angular-momentum sums); row_kernels' section is cut into one unit per (output width of QMAX_CHOICES, step):
   "row_product_Q" (out <- a m) and "row_update_Q" (LOBPCG's end of iteration), thread-per-row and, for float64,
   staged. A family module gives its section as ``cuda_section(dtype)`` -> (code, constants, kernel names)
@@ -79,7 +80,6 @@ OPTIONS = ("--std=c++14",)
 # the families in "main"'s order, row_kernels and OWN_UNIT apart (units of their own): (module of cisolver, its
 # constants that enter the source)
 FAMILIES = (("row_kernels", ("MIN_BLOCKS", "STAGE_ROWS", "QMAX_CHOICES")),
-            ("gpu_grams", ("TILE", "THREADS", "TOTAL_THREADS", "FETCH", "BLOCKS_PER_SM", "STAGES")),
             ("gpu_ortho", ("BMAX", "QMAX", "CANCELS", "NOT_DEFINITE", "SECOND_PASS")),
             ("gpu_rayleigh_ritz", ("KMAX", "EIG_RESIDUAL")),
             ("blocks", ()),

@@ -230,7 +230,7 @@ def run(request, progress=None):
         import cupy
         from . import cuda_modules
         cuda_modules.prepare(cupy, rq.dtype, rq.devices)
-        hb.lowlevel.prepare_kernels(rq.dtype, rq.devices)   # hybridblas's, for the start's Gram products
+        hb.lowlevel.prepare_kernels(rq.dtype, rq.devices)   # hybridblas's: lowlevel.grams', the skinny products'
     problem = hamiltonian.ShellModelProblem(rq.interaction, rq.n_protons, rq.n_neutrons, rq.twice_m)
     if rq.comm is not None:
         return _distributed_spectrum(rq, problem)

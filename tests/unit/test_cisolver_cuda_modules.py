@@ -33,9 +33,10 @@ def test_units_are_deterministic_self_contained_and_list_every_kernel_once(dtype
         assert kernels and all(_defines(code, name) for name in kernels), unit
         others = [name for name in names if name not in kernels]     # no other unit's kernel defined here
         assert not any(_defines(code, name) for name in others), unit
-    for kernel in ("ortho_factor", "rr_prepare", "rr_finish", "gram_partials", "gram_total", "residual_sumsq",
-                   "full_rows", "row_flags", "full_row_counts", "raised_squares", "column_squares"):
+    for kernel in ("ortho_factor", "rr_prepare", "rr_finish", "residual_sumsq", "full_rows", "row_flags",
+                   "full_row_counts", "raised_squares", "column_squares"):
         assert kernel in units[0][2]                               # "main"
+    assert not any("gram_" in code for _, code, _ in units)       # the Gram kernels are hybridblas's
     by_unit = {unit: kernels for unit, _, kernels in units}
     for q in row_kernels.QMAX_CHOICES:                            # one unit per (width, step)
         staged = np.dtype(dtype) == np.float64                    # float32 takes no staged kernel
@@ -164,11 +165,11 @@ def test_function_compiles_the_unit_it_needs_once_per_device_and_dtype(fresh_mod
     assert cuda_modules.function(cp, np.float32, "rows_times_small_8") == (0, "rows_times_small_8")
     assert cp.compiled == [(0, _code(np.float32, "row_product_8"))]          # that unit alone
     assert cuda_modules.function(cp, np.float32, "ortho_factor") == (0, "ortho_factor")
-    cuda_modules.function(cp, np.float32, "gram_total")                        # main again: no compilation
+    cuda_modules.function(cp, np.float32, "rr_finish")                        # main again: no compilation
     cuda_modules.function(cp, np.float32, "rows_times_small_8")
     cuda_modules.function(cp, np.float64, "ortho_factor")
     with cp.cuda.Device(1):
-        assert cuda_modules.function(cp, np.float32, "gram_total") == (1, "gram_total")
+        assert cuda_modules.function(cp, np.float32, "rr_finish") == (1, "rr_finish")
     assert cp.compiled[1:] == [(0, _code(np.float32, "main")), (0, _code(np.float64, "main")),
                                (1, _code(np.float32, "main"))]
     monkeypatch.setattr(row_kernels, "MIN_BLOCKS", 3)        # another constant: another unit
@@ -194,7 +195,7 @@ def test_prepare_compiles_every_unit_side_by_side_and_function_waits_for_its_uni
     assert cp.alone == []                          # the units' compilations ran at the same time
     assert sorted(cp.compiled) == sorted((dev, code) for dev in (0, 1) for _, code, _ in units)   # each once
     with cp.cuda.Device(1):
-        cuda_modules.function(cp, np.float32, "gram_total")
+        cuda_modules.function(cp, np.float32, "rr_finish")
     assert len(cp.compiled) == 2 * len(units)
     assert cuda_modules.prepare(cp, np.float32, [0, 1]) is None       # nothing left to do
 
