@@ -73,7 +73,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from hybridblas import workers
+from hybridblas import lowlevel, workers
 
 _CTYPES = {np.dtype(np.float32): ("float", "float4"), np.dtype(np.float64): ("double", "double2")}
 OPTIONS = ("--std=c++14",)
@@ -89,17 +89,9 @@ FAMILIES = (("row_kernels", ("MIN_BLOCKS", "STAGE_ROWS", "QMAX_CHOICES")),
 
 OWN_UNIT = ("gpu_fill",)   # the GPU build's kernels: needed first, and not behind "main"'s compilation
 
-PRELUDE = r"""
-#define VEC ((int) (16 / sizeof(T)))      // elements of T in a 16-byte vector
-
-// the shared-memory address of p, for cp.async
-__device__ __forceinline__ unsigned shared_address(const void* p)
-{
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-"""
+# VEC, shared_address, copy_rows_async and the async group macros: the routines hybridblas's kernels stage
+# tall blocks with
+PRELUDE = lowlevel.cuda_tile_helpers()
 
 SMALL_FACTOR = r"""
 // Thread t works on the elements (i, j) of a q x q matrix with j = t % 32 and i = t / 32, t / 32 + nt / 32, ...

@@ -194,23 +194,11 @@ __device__ __forceinline__ void update_residual(
 // ---- staged kernels: tiles of STAGE_ROWS rows through shared memory, two threads per row ----
 
 // rows [r0, r0 + rows) of src (p columns, a multiple of VEC, rows 16-byte aligned) into dst (row stride kp),
-// as 16-byte asynchronous copies spread over the block's threads: consecutive threads, consecutive vectors.
-// Before Ampere (no cp.async) a plain copy, and the group waits below are no-ops: correct, not overlapped.
+// as one group of asynchronous copies (hybridblas's copy_rows_async); the waits below are no-ops before Ampere
 __device__ __forceinline__ void stage_tile(const T* src, long long ld, long long r0, int rows, int p, int kp, T* dst)
 {
-    const int per_row = p / VEC;
-    for (int e = threadIdx.x; e < rows * per_row; e += blockDim.x) {
-        const int r = e / per_row, c = (e % per_row) * VEC;
-#if __CUDA_ARCH__ >= 800
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(shared_address(dst + r * kp + c)),
-                     "l"(src + (r0 + r) * ld + c));
-#else
-        *reinterpret_cast<VT*>(dst + r * kp + c) = *reinterpret_cast<const VT*>(src + (r0 + r) * ld + c);
-#endif
-    }
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;");
-#endif
+    copy_rows_async(src, ld, r0, rows, p, kp, dst);
+    ASYNC_COMMIT();
 }
 
 // acc <- row (p entries in shared memory, 16-byte aligned, p a multiple of VEC) times columns [0, QH) of ms

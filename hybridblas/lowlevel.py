@@ -12,6 +12,7 @@ layouts only (TypeError / ValueError naming the argument and its value, before a
     to_host(dst, src, lower=None)                 numpy dst <- cupy src, or one triangle of it, by DMA
     grams(s, hs=None, *, staged=True)             [s^T hs, s^T s] summed in double     cupy; hybridblas's kernels
     grams_preferred(s, hs=None)                   whether grams is the faster way      no GPU work
+    cuda_tile_helpers()                           CUDA text: async row copies into shared memory, for kernels
     prepare_kernels(dtype, devices, ...)          compile hybridblas's own CUDA kernels ahead, in the background
 
 Every matrix is 2-D with a unit stride along its rows or its columns and a leading dimension (a column
@@ -32,7 +33,7 @@ from .devices import cuda_compile, cuda_grams
 from .problem import SUPPORTED_DTYPES, Operand, _check_scalar, is_column_major, leading_dim
 
 __all__ = ["host_gemm", "host_trmm_right", "device_gemm", "conj_transpose", "to_host", "grams",
-           "grams_preferred", "prepare_kernels"]
+           "grams_preferred", "cuda_tile_helpers", "prepare_kernels"]
 
 
 def _check(arrays, device):
@@ -234,6 +235,17 @@ def grams_preferred(s, hs=None):
     through hb.gemmt and hb.syrk takes less GPU time; below, the host's time sets the pace and this call takes
     far less of it). No GPU work, and never an exception: False for anything ``grams`` would refuse."""
     return cuda_grams.preferred(s, hs)
+
+
+def cuda_tile_helpers():
+    """CUDA device code for kernels that stage rows of tall blocks through shared memory, the routine
+    hybridblas's Gram kernels use: needs ``T`` and ``VT`` (T's 16-byte vector type) typedef'd before it; defines
+    ``VEC`` (elements of T in 16 bytes), ``shared_address(p)``, ``copy_rows_async(src, ld, r0, rows, cols, kp,
+    dst)`` (rows r0.. of a row-major block into shared memory as 16-byte cp.async copies spread over the block's
+    threads; cols a multiple of VEC, rows 16-byte aligned) and ``ASYNC_COMMIT()`` / ``ASYNC_WAIT(n)`` (plain
+    copies and no-ops before Ampere)."""
+    from .devices.cuda_tiles import TILE_HELPERS
+    return TILE_HELPERS
 
 
 def prepare_kernels(dtype, devices, *, emulation_bits=None, k=None):

@@ -24,6 +24,7 @@ import threading
 import numpy as np
 
 from . import cuda_compile
+from .cuda_tiles import TILE_HELPERS
 from ..devspec import gpu_multiprocessors
 
 KMAX = 32
@@ -51,15 +52,11 @@ SOURCE_CONSTANTS = ("TILE", "THREADS", "TOTAL_THREADS", "FETCH", "BLOCKS_PER_SM"
 KERNELS = ("gram_partials", "gram_total", "gram_partials_staged")
 OPTIONS = ("--std=c++14",)
 
-# T and VT (its 16-byte vector) per dtype, and what the kernels take from their unit: VEC and shared_address
+# T and VT (its 16-byte vector) per dtype; the kernels take VEC, shared_address, copy_rows_async and the async
+# group macros from hybridblas's tile helpers (devices/cuda_tiles.py)
 _CTYPES = {np.dtype(np.float32): ("float", "float4"), np.dtype(np.float64): ("double", "double2")}
 DTYPES = tuple(_CTYPES)
-_HEAD = r"""
-#define VEC ((int) (16 / sizeof(T)))      // elements of T in a 16-byte vector
-// the shared-memory address of p, for cp.async
-__device__ __forceinline__ unsigned shared_address(const void* p)
-{ unsigned a; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p)); return a; }
-"""
+_HEAD = TILE_HELPERS
 
 _SOURCE = r"""
 // Tasks: a 4 x 4 tile of S^T H S (every tile, when has_hs) or of S^T S (tiles on or below the diagonal).
@@ -72,6 +69,22 @@ __device__ __forceinline__ void task_tile(int task, int nt4, int tasks0, int* gr
     *gram = 1; *ti = i; *tj = u;
 }
 
+// The block's work: nt4 = ceil(k / 4) tiles a side (kp = 4 nt4, the padded row), tasks0 tiles of S^T H S (when
+// has_hs) then the tiles of S^T S on and below the diagonal; thread t takes task t % tasks in row phase t / tasks
+// of phases (a thread with phase >= phases has no task)
+__device__ __forceinline__ void split_tasks(int k, int has_hs, int& nt4, int& kp, int& tasks0, int& tasks, int& phases,
+                                            int& task, int& phase)
+{
+    nt4 = (k + 3) / 4;
+    kp = 4 * nt4;
+    tasks0 = has_hs ? nt4 * nt4 : 0;
+    tasks = tasks0 + nt4 * (nt4 + 1) / 2;
+    const int t = threadIdx.x, nt = blockDim.x;
+    phases = nt / tasks;
+    task = t % tasks;
+    phase = t / tasks;
+}
+
 // x <- the 4 elements at p (16-byte aligned in shared memory), in double
 __device__ __forceinline__ void load4(const T* p, double (&x)[4])
 {
@@ -80,6 +93,22 @@ __device__ __forceinline__ void load4(const T* p, double (&x)[4])
     for (int c = 0; c < 4 / VEC; ++c) u.v[c] = reinterpret_cast<const VT*>(p)[c];
     #pragma unroll
     for (int c = 0; c < 4; ++c) x[c] = (double) u.e[c];
+}
+
+// acc += the 4 x 4 products of rows phase, phase + phases, ... (below rows) of the staged tiles at left and right
+// (row stride kp), in double
+__device__ __forceinline__ void accumulate_rows(const T* left, const T* right, int kp, int rows, int phase,
+                                                int phases, double (&acc)[4][4])
+{
+    for (int r = phase; r < rows; r += phases) {
+        double x[4], y[4];
+        load4(left + r * kp, x);
+        load4(right + r * kp, y);
+        #pragma unroll
+        for (int i = 0; i < 4; ++i)
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * y[j];
+    }
 }
 
 // A thread's share of a tile of rows, between its loads from global memory and its stores to shared memory:
@@ -158,10 +187,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM) gram_partia
         const T* hs, long long ldh, long long n, int k, int vec, double* partials)
 {
     extern __shared__ __align__(16) unsigned char shared[];
-    const int t = threadIdx.x, nt = blockDim.x, nt4 = (k + 3) / 4, kp = 4 * nt4;
-    const int has_hs = hs != nullptr;
-    const int tasks0 = has_hs ? nt4 * nt4 : 0, tasks = tasks0 + nt4 * (nt4 + 1) / 2;
-    const int phases = nt / tasks, task = t % tasks, phase = t / tasks;
+    const int t = threadIdx.x, nt = blockDim.x, has_hs = hs != nullptr;
+    int nt4, kp, tasks0, tasks, phases, task, phase;
+    split_tasks(k, has_hs, nt4, kp, tasks0, tasks, phases, task, phase);
     const bool active = phase < phases;
     T* ss = reinterpret_cast<T*>(shared);
     T* hh = ss + TILE * kp;
@@ -194,15 +222,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM) gram_partia
             if (has_hs) fetch(hs, ldh, r0 + stride, next_rows, k, kp, vec & 2, hreg);
         }
         if (active) {
-            for (int r = phase; r < rows; r += phases) {
-                double x[4], y[4];
-                load4(left + r * kp, x);
-                load4(right + r * kp, y);
-                #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    #pragma unroll
-                    for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * y[j];
-            }
+            accumulate_rows(left, right, kp, rows, phase, phases, acc);
         }
     }
     __syncthreads();
@@ -212,39 +232,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, BLOCKS_PER_SM) gram_partia
 // gram_partials with the tiles copied by cp.async (16-byte copies, STAGES buffers: STAGES - 1 tiles in flight
 // while one is multiplied, no registers held for them). Rows of S and H S must be whole 16-byte vectors
 // (k a multiple of VEC, rows aligned); columns k..kp-1 of every buffer are zeroed once and never copied into.
-
-// Before Ampere (no cp.async) a plain copy, and the group commits and waits below are no-ops: correct, not
-// overlapped
-__device__ __forceinline__ void copy_tile(const T* src, long long ld, long long r0, int rows, int k, int kp, T* dst)
-{
-    const int per_row = k / VEC;
-    for (int e = threadIdx.x; e < rows * per_row; e += blockDim.x) {
-        const int r = e / per_row, c = (e % per_row) * VEC;
-#if __CUDA_ARCH__ >= 800
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(shared_address(dst + r * kp + c)),
-                     "l"(src + (r0 + r) * ld + c));
-#else
-        *reinterpret_cast<VT*>(dst + r * kp + c) = *reinterpret_cast<const VT*>(src + (r0 + r) * ld + c);
-#endif
-    }
-}
-
-#if __CUDA_ARCH__ >= 800
-#define ASYNC_COMMIT() asm volatile("cp.async.commit_group;")
-#define ASYNC_WAIT(n) asm volatile("cp.async.wait_group %0;" :: "n"(n))
-#else
-#define ASYNC_COMMIT()
-#define ASYNC_WAIT(n)
-#endif
-
 extern "C" __global__ void __launch_bounds__(THREADS) gram_partials_staged(const T* s, long long lds, const T* hs,
         long long ldh, long long n, int k, double* partials)
 {
     extern __shared__ __align__(16) unsigned char shared[];
-    const int t = threadIdx.x, nt = blockDim.x, nt4 = (k + 3) / 4, kp = 4 * nt4;
-    const int has_hs = hs != nullptr;
-    const int tasks0 = has_hs ? nt4 * nt4 : 0, tasks = tasks0 + nt4 * (nt4 + 1) / 2;
-    const int phases = nt / tasks, task = t % tasks, phase = t / tasks;
+    const int t = threadIdx.x, nt = blockDim.x, has_hs = hs != nullptr;
+    int nt4, kp, tasks0, tasks, phases, task, phase;
+    split_tasks(k, has_hs, nt4, kp, tasks0, tasks, phases, task, phase);
     const bool active = phase < phases;
     const int stage_elems = (has_hs ? 2 : 1) * TILE * kp;
     T* buffers = reinterpret_cast<T*>(shared);
@@ -266,8 +260,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) gram_partials_staged(const
         if (r0 < n) {
             const int rows = n - r0 < TILE ? (int) (n - r0) : TILE;
             T* dst = buffers + u * stage_elems;
-            copy_tile(s, lds, r0, rows, k, kp, dst);
-            if (has_hs) copy_tile(hs, ldh, r0, rows, k, kp, dst + TILE * kp);
+            copy_rows_async(s, lds, r0, rows, k, kp, dst);
+            if (has_hs) copy_rows_async(hs, ldh, r0, rows, k, kp, dst + TILE * kp);
         }
         ASYNC_COMMIT();                // a group a tile, empty ones included
     }
@@ -278,8 +272,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) gram_partials_staged(const
             if (ahead < n) {
                 const int rows = n - ahead < TILE ? (int) (n - ahead) : TILE;
                 T* dst = buffers + ((u + STAGES - 1) % STAGES) * stage_elems;
-                copy_tile(s, lds, ahead, rows, k, kp, dst);
-                if (has_hs) copy_tile(hs, ldh, ahead, rows, k, kp, dst + TILE * kp);
+                copy_rows_async(s, lds, ahead, rows, k, kp, dst);
+                if (has_hs) copy_rows_async(hs, ldh, ahead, rows, k, kp, dst + TILE * kp);
             }
             ASYNC_COMMIT();
         }
@@ -290,15 +284,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) gram_partials_staged(const
             const T* ss = buffers + (u % STAGES) * stage_elems;
             const T* left = ss + 4 * ti;
             const T* right = (gram == 0 ? ss + TILE * kp : ss) + 4 * tj;
-            for (int r = phase; r < rows; r += phases) {
-                double x[4], y[4];
-                load4(left + r * kp, x);
-                load4(right + r * kp, y);
-                #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    #pragma unroll
-                    for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * y[j];
-            }
+            accumulate_rows(left, right, kp, rows, phase, phases, acc);
         }
         __syncthreads();                                       // buffer u % STAGES is free for tile u + STAGES
     }
@@ -339,7 +325,7 @@ def _constants():
 
 
 def source(dtype):
-    """The kernels' CUDA source for ``dtype`` (float32 or float64): T and VT typedef'd, VEC and shared_address,
+    """The kernels' CUDA source for ``dtype`` (float32 or float64): T and VT typedef'd, the tile helpers,
     the constants as macros, then the kernels (extern "C": gram_partials, gram_partials_staged, gram_total)."""
     ctype, vtype = _CTYPES[np.dtype(dtype)]
     macros = "".join(f"#define {name} {value}\n" for name, value in zip(SOURCE_CONSTANTS, _constants()))
