@@ -394,37 +394,42 @@ def require_on_gpu(nbytes, device, what):
                    advice="use more GPUs, or float32 values (--dtype float32)")
 
 
-def _full_parts(h, devices, dtype):
-    """A full host matrix: its rows split by equal nonzeros, each part uploaded to its device."""
+def _row_parts(h, devices, dtype, make, need, what):
+    """H's rows split by equal nonzeros over ``devices``: each block of rows r0:r1 (row_block) checked to fit
+    (``need(rows, nonzeros, itemsize)`` bytes, ``what`` names it) and made into a _Part on its device by
+    ``make(device, r0, r1, block)``."""
     import cupy
-    n, itemsize = h.shape[0], np.dtype(dtype).itemsize
+    itemsize = np.dtype(dtype).itemsize
     bounds = balanced_bounds(h.indptr, len(devices))
     parts = []
     for dev, r0, r1 in zip(devices, bounds[:-1], bounds[1:]):
         block = row_block(h, r0, r1)
-        require_on_gpu(csr_bytes(r1 - r0, len(block[1]), itemsize), dev, f"rows {r0}:{r1} of H")
+        require_on_gpu(need(r1 - r0, len(block[1]), itemsize), dev, f"rows {r0}:{r1} of {what}")
         with cupy.cuda.Device(dev):
-            parts.append(_Part(dev, r0, r1, DeviceCsr(_upload(block, dtype), dev, dtype, shape=(r1 - r0, n))))
+            parts.append(make(dev, r0, r1, block))
     return parts
+
+
+def _full_parts(h, devices, dtype):
+    """A full host matrix: its rows split by equal nonzeros, each part uploaded to its device."""
+    n = h.shape[0]
+    return _row_parts(h, devices, dtype, lambda dev, r0, r1, block: _Part(
+        dev, r0, r1, DeviceCsr(_upload(block, dtype), dev, dtype, shape=(r1 - r0, n))), csr_bytes, "H")
 
 
 def _upper_parts(h, devices, dtype):
     """The upper triangle U kept: each device uploads its rows of U (equal nonzeros) and transposes them."""
-    import cupy
-    n, itemsize = h.shape[0], np.dtype(dtype).itemsize
-    bounds = balanced_bounds(h.indptr, len(devices))
-    parts = []
-    for dev, r0, r1 in zip(devices, bounds[:-1], bounds[1:]):
-        block = row_block(h, r0, r1)
-        require_on_gpu(3 * csr_bytes(n, len(block[1]), itemsize), dev, f"rows {r0}:{r1} of U and their transpose")
-        with cupy.cuda.Device(dev):
-            u = _upload(block, dtype)
-            _check_upper(u, r1 - r0, dtype, r0)
-            colptr, rowind, values = _transpose(u, (r1 - r0, n), dtype)
-            # U_p^T: the rows r0.. of the transpose (those before are empty: no column of U_p is left of r0)
-            rows_t = DeviceCsr((colptr[r0:], rowind, values), dev, dtype, shape=(n - r0, r1 - r0))
-            parts.append(_Part(dev, r0, r1, DeviceCsr(u, dev, dtype, shape=(r1 - r0, n)), rows_t))
-    return parts
+    n = h.shape[0]
+
+    def make(dev, r0, r1, block):
+        u = _upload(block, dtype)
+        _check_upper(u, r1 - r0, dtype, r0)
+        colptr, rowind, values = _transpose(u, (r1 - r0, n), dtype)
+        # U_p^T: the rows r0.. of the transpose (those before are empty: no column of U_p is left of r0)
+        rows_t = DeviceCsr((colptr[r0:], rowind, values), dev, dtype, shape=(n - r0, r1 - r0))
+        return _Part(dev, r0, r1, DeviceCsr(u, dev, dtype, shape=(r1 - r0, n)), rows_t)
+    return _row_parts(h, devices, dtype, make, lambda rows, nnz, item: 3 * csr_bytes(n, nnz, item),
+                      "U and their transpose")
 
 
 def _assembled_parts(h, devices, dtype):
