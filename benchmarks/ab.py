@@ -52,7 +52,7 @@ if where == "device":                      # cupy operands on the first GPU of t
     import cupy
     with cupy.cuda.Device(int(devices.split(",")[0].split(":")[1])):
         a, b, c = cupy.asarray(a), cupy.asarray(b), cupy.asarray(c)
-ctx = hb.Context(devices=devices)
+ctx = hb.Context(devices=devices.split(","))      # a list: every version takes one
 calls = {"zherk": lambda: hb.herk(1.0, a, 0.0, c, context=ctx),
          "zher2k": lambda: hb.her2k(1.0, a, b, 0.0, c, context=ctx),
          "zgemmt": lambda: hb.gemmt(1.0, a, b, 0.0, c, context=ctx)}
