@@ -294,7 +294,8 @@ class Workspace:
         """Allocate the buffers a build of ``cell`` with ``batch_atoms`` atoms per batch takes (build_hs's
         names and sizes) and, on the host, write every page once on all cores: the page faults of first
         use are paid here rather than inside the first build. With ``operands`` "device" (host H and S,
-        operands on a GPU) only H and S: the build makes its GPU buffers itself."""
+        operands on a GPU) only H and S, page-locked too (hybridblas.memory.page_lock: the GPU writes them by
+        DMA, and the first build does not pay for locking them); the build makes its GPU buffers itself."""
         n_g = cell.n_g
         sizes = {} if operands == "device" and xp is np else dict.fromkeys(_buffer_names(method, overlap),
                                                                           n_g * batch_atoms * cell.n_l)
@@ -309,6 +310,9 @@ class Workspace:
             jobs = [(b, i) for b in bufs for i in range(0, b.size, chunk)]
             hb.workers.map(lambda job: job[0][job[1]:job[1] + chunk].fill(0), jobs,
                            min(max(1, len(jobs)), threads or available_cores()))
+            if operands == "device":
+                for name in ("H", "S"):
+                    hb.memory.page_lock(self._buffers[name])
 
     def held_bytes(self, xp=np):
         """Bytes held in ``xp``'s memory (host for numpy)."""

@@ -10,7 +10,7 @@ import numbers
 import os
 
 __all__ = ["InsufficientMemory", "host_available", "host_total", "gpu_free", "gpu_total", "require",
-           "format_bytes"]
+           "format_bytes", "page_lock"]
 
 
 class InsufficientMemory(MemoryError):
@@ -85,6 +85,26 @@ def gpu_total(index):
     import cupy
     with cupy.cuda.Device(index):
         return cupy.cuda.runtime.memGetInfo()[1]
+
+
+def page_lock(arr):
+    """Page-lock the memory of the numpy array ``arr`` (its owner's whole buffer) now, as hybridblas locks host
+    operands it meets twice: GPUs then read and write it by DMA. The lock stays while the memory lives, under
+    hybridblas's cap on locked memory ($HYBRIDBLAS_PIN_MAX_GB), and is shared with the calls that meet it.
+    Returns True when the memory is locked, False when it cannot be (no CUDA runtime, a view of memory numpy does
+    not own, an array under 256 MiB, the cap reached). TypeError for anything but a numpy array."""
+    import numpy as np
+    from . import host_pinning
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"arr must be a numpy array, got {type(arr).__name__} {arr!r:.60}")
+    pin = host_pinning.acquire(arr, after_uses=0)
+    if pin is None:
+        return False
+    try:
+        pin.done.wait()
+        return host_pinning.is_ready(pin)
+    finally:
+        host_pinning.release(pin)
 
 
 def require(nbytes, *, where="host", what="this job", advice="", fraction=0.9):

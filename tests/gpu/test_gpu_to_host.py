@@ -92,7 +92,7 @@ def test_refuses_mismatches_before_copying(rng):
         lowlevel.to_host(dst, cupy.zeros((4, 3), order="F"))
     with pytest.raises(TypeError, match="src has dtype float32, unlike dst"):
         lowlevel.to_host(dst, cupy.zeros((4, 4), np.float32, order="F"))
-    with pytest.raises(ValueError, match="both column-major or both row-major"):
+    with pytest.raises(ValueError, match="dst and src must both be column-major or both row-major"):
         lowlevel.to_host(dst, cupy.zeros((4, 4), order="C"))
     with pytest.raises(ValueError, match=r"a triangle \(lower=True\) needs a square matrix"):
         lowlevel.to_host(np.zeros((4, 3), order="F"), cupy.zeros((4, 3), order="F"), lower=True)
@@ -103,3 +103,19 @@ def test_refuses_mismatches_before_copying(rng):
     with pytest.raises(ValueError, match="dst must be writeable"):
         lowlevel.to_host(ro, cupy.zeros((4, 4), order="F"))
     assert np.isnan(dst).all()
+
+
+def test_page_lock_locks_a_large_array_for_later_copies(rng):
+    """hybridblas.memory.page_lock: an array of 256 MiB or more is locked now (the copy after it finds it locked)."""
+    import cupy
+    from hybridblas import memory
+    n = 4200                                                    # 282 MB of complex128
+    dst = np.zeros((n, n), complex, order="F")
+    try:
+        assert memory.page_lock(dst) and host_pinning.pinned_bytes() >= dst.nbytes
+        assert memory.page_lock(dst)                             # once: a second call finds it locked
+        src = cupy.asarray(_rand(rng, (n, n), np.complex128, "F"), order="F")
+        lowlevel.to_host(dst, src, lower=False)
+        np.testing.assert_array_equal(np.triu(dst), np.triu(src.get()))
+    finally:
+        host_pinning.clear()

@@ -469,3 +469,13 @@ def test_emulation_kernels_prepared_once_per_device_for_the_count_k_needs(monkey
     assert cuda_ozaki.prepare(cp, np.complex128, [0, 1], 54, 60000) is None       # both have them now
     cuda_ozaki.prepare(cp, np.float64, [0], 40, 20000).join(30)
     assert (0, ozaki.moduli_for(20000, 40, False)) in cuda_ozaki._modules
+
+
+def test_page_lock_refuses_non_arrays_and_leaves_small_ones_unlocked():
+    """hybridblas.memory.page_lock: TypeError naming a non-array; False (nothing locked) under 256 MiB."""
+    from hybridblas import host_pinning, memory
+    with pytest.raises(TypeError, match=r"arr must be a numpy array, got list \[1, 2\]"):
+        memory.page_lock([1, 2])
+    before = host_pinning.pinned_bytes()
+    assert memory.page_lock(np.zeros(1000)) is False
+    assert host_pinning.pinned_bytes() == before
