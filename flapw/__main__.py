@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from hybridblas_launcher import flapw
 
-sys.exit(main())
+sys.exit(flapw())

@@ -13,6 +13,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from hybridblas_launcher import interrupted
+
 from ._version import __version__
 
 __all__ = ["tool_parser", "add_common_options", "configure_logging", "progress", "check_output_path", "run_main",
@@ -154,8 +156,7 @@ def run_main(prog, body, argv=None, parser=None):
     try:
         code = body(args)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        return interrupted(prog)
     except CLIError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.code

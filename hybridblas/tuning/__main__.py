@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from hybridblas_launcher import hybridblas_tune
 
-sys.exit(main())
+sys.exit(hybridblas_tune())
