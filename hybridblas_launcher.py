@@ -5,11 +5,14 @@ status 130, never a traceback.
 The installed scripts (flapw, cisolver, hybridblas-tune) call ``flapw()``, ``cisolver()`` and
 ``hybridblas_tune()`` here, and the packages' ``__main__`` modules call the same functions. This module is
 outside the packages and imports only the standard library, so nothing heavy loads before its guard is up.
+``python3 -m flapw`` imports the package before its ``__main__``; the packages wrap their own imports in
+``loading(__name__)``, which acts only for the tool's own ``python -m`` run and does nothing for a library user.
 """
 import importlib
+import os
 import sys
 
-__all__ = ["interrupted", "launch", "flapw", "cisolver", "hybridblas_tune"]
+__all__ = ["interrupted", "launch", "loading", "flapw", "cisolver", "hybridblas_tune"]
 
 # the package `python -m` runs -> (the tool's name, its module with main())
 TOOLS = {"flapw": ("flapw", "flapw.cli"), "cisolver": ("cisolver", "cisolver.cli"),
@@ -45,3 +48,38 @@ def cisolver():
 def hybridblas_tune():
     """The ``hybridblas-tune`` command."""
     return launch("hybridblas.tuning")
+
+
+def module_run_by_python():
+    """NAME while ``python -m NAME`` imports it and its packages (sys.argv[0] is then '-m'), else None."""
+    argv, orig = getattr(sys, "argv", None) or [], getattr(sys, "orig_argv", None) or []
+    if argv[:1] != ["-m"] or len(orig) <= len(argv):
+        return None
+    word = orig[-len(argv)]                     # the word before the program's arguments: NAME, -mNAME or -BmNAME
+    return word.partition("m")[2] if word.startswith("-") else word
+
+
+class loading:
+    """Around a package's imports: while ``python -m`` runs one of the tools in or under ``package``, a Ctrl-C
+    ends the process with `interrupted`'s line and status 130; otherwise the exception passes unchanged.
+
+    The exit is immediate (os._exit after flushing stdout and stderr), as nothing has started yet: a SystemExit
+    out of the import would not always give 130, since Python's ``-m`` runner turns it into a death by SIGINT
+    when the interrupt passed through a string that a library ran with exec (numpy and scipy do, on import)."""
+
+    def __init__(self, package):
+        name = module_run_by_python()
+        name = name.removesuffix(".__main__") if name else None
+        inside = name in TOOLS and (name == package or name.startswith(package + "."))
+        self.prog = TOOLS[name][0] if inside else None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if self.prog is not None and kind is not None and issubclass(kind, KeyboardInterrupt):
+            code = interrupted(self.prog)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return False

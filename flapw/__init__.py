@@ -12,16 +12,20 @@
 
 Hartree atomic units (bohr, Ha, Kmax in 1/bohr). See docs/flapw.md for the conventions and the file layout.
 """
-from hybridblas import __version__   # one version for the whole distribution
+import hybridblas_launcher as _launcher
 
-from .coefficients import hs_from_coefficients
-from .eigen import solve
-from .hsdla import METHODS, Workspace, build_bytes, build_hs, build_hs_with_fallback, hermitian_fill
-from .output import HSWriter, read_hs, write_hs
-from .report import BuildReport
-from .structures import PRESETS, Species, Structure
-from .system import DEFAULT_K, System
-from .wigner import gaunt, wigner3j
+with _launcher.loading(__name__):   # `python -m flapw` only: Ctrl-C ends the tool (one line, 130)
+    from hybridblas import __version__   # one version for the whole distribution
+
+    from .coefficients import hs_from_coefficients
+    from .eigen import solve
+    from .hsdla import METHODS, Workspace, build_bytes, build_hs, build_hs_with_fallback, hermitian_fill
+    from .output import HSWriter, read_hs, write_hs
+    from .report import BuildReport
+    from .structures import PRESETS, Species, Structure
+    from .system import DEFAULT_K, System
+    from .wigner import gaunt, wigner3j
+del _launcher
 
 __all__ = ["System", "Structure", "Species", "build_hs", "build_hs_with_fallback", "build_bytes",
            "hs_from_coefficients", "BuildReport", "PRESETS", "METHODS", "DEFAULT_K", "hermitian_fill",

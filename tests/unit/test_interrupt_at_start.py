@@ -1,8 +1,9 @@
 """A Ctrl-C while a command-line tool is still loading (numpy, scipy, hybridblas, its own modules: about half a
 second) ends it the way one during its work does: 'prog: interrupted' as the only line on stderr and exit status
-130, never a traceback. Checked for the installed scripts ([project.scripts], run as pip's wrapper runs them) and
-for ``python3 -m flapw|cisolver|hybridblas.tuning`` once Python has loaded the package. The SIGINT is real and
-sent by the process to itself at a chosen import, so each run is interrupted at the same point."""
+130, never a traceback. Every entry form is checked: the installed scripts ([project.scripts], run as pip's
+wrapper runs them) and ``python3 -m flapw|cisolver|hybridblas.tuning``. The SIGINT is real and sent by the
+process to itself at a chosen import, so each run is interrupted at the same point. Importing the packages as a
+library is unchanged: no signal handler, no exception hook, a KeyboardInterrupt still reaches the caller."""
 import os
 import re
 import signal
@@ -30,6 +31,10 @@ CTRL_C_AT_IMPORT = textwrap.dedent("""\
                 time.sleep(30)
     sys.meta_path.insert(0, CtrlC())
     """)
+# The same as a module of its own, for runs that start with `python -m` (nothing of the test runs before it). The
+# SIGINT lands in a string run by exec, as it can in numpy's and scipy's imports: Python's -m runner then ends a
+# process that leaves by SystemExit with a death by SIGINT instead of the status it was given.
+CTRL_C_MODULE = 'exec("import os, signal, time\\nos.kill(os.getpid(), signal.SIGINT)\\ntime.sleep(30)")\n'
 
 
 def _scripts():
@@ -73,6 +78,17 @@ def test_script_interrupted_while_loading(script, at):
 
 
 @pytest.mark.parametrize("package", list(TOOLS))
+@pytest.mark.parametrize("spelling", ["-m {}", "-m{}", "-B -m {}"])
+def test_python_m_interrupted_while_loading_the_package(package, spelling, tmp_path):
+    """`python -m tool`, interrupted while Python imports the package before its __main__ (the first import
+    of numpy, which here is a stand-in that sends the SIGINT)."""
+    (tmp_path / "numpy.py").write_text(CTRL_C_MODULE)
+    prog, _, args = TOOLS[package]
+    out = _run([*spelling.format(package).split(), *args], pythonpath=[tmp_path], cwd=tmp_path)
+    _assert_interrupted(out, prog)
+
+
+@pytest.mark.parametrize("package", list(TOOLS))
 def test_python_m_interrupted_while_loading_the_cli(package):
     """`python -m tool` (as runpy runs it), interrupted in its __main__ while that imports the cli module."""
     prog, cli, args = TOOLS[package]
@@ -86,3 +102,46 @@ def test_python_m_still_runs_the_tool(package):
     prog, _, args = TOOLS[package]
     out = _run(["-m", package, *args])
     assert out.returncode == 0 and out.stdout.startswith(f"usage: {prog}"), out.stderr
+
+
+@pytest.mark.parametrize("orig,argv,name", [
+    (["python3", "-m", "flapw", "build"], ["-m", "build"], "flapw"),
+    (["python3", "-mcisolver"], ["-m"], "cisolver"),
+    (["python3", "-X", "importtime", "-Bm", "hybridblas.tuning", "-m", "x"], ["-m", "-m", "x"], "hybridblas.tuning"),
+    (["python3", "-c", "import flapw", "-m"], ["-c", "-m"], None),
+    (["python3", "script.py", "-m"], ["script.py", "-m"], None),
+    (["python3", "-m", "flapw"], ["/x/flapw/__main__.py"], None),        # after Python has found the module
+])
+def test_the_module_python_m_runs(orig, argv, name, monkeypatch):
+    import hybridblas_launcher
+    monkeypatch.setattr(sys, "orig_argv", orig)
+    monkeypatch.setattr(sys, "argv", argv)
+    assert hybridblas_launcher.module_run_by_python() == name
+
+
+# ------------------------------------------------------------------ the packages as a library
+
+def test_importing_the_packages_sets_no_handler():
+    code = ("import signal, sys\nimport flapw, cisolver, hybridblas.tuning\n"
+            "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+            "assert sys.excepthook is sys.__excepthook__\n"
+            "assert not [n for n in dir(flapw) + dir(cisolver) + dir(hybridblas) if 'launch' in n]\n")
+    out = _run(["-c", code])
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("package", list(TOOLS))
+def test_a_library_import_still_raises_keyboard_interrupt(package):
+    out = _run(["-c", CTRL_C_AT_IMPORT.format(module="numpy") + f"import {package}\n"])
+    assert out.returncode == -signal.SIGINT and out.stderr.rstrip().endswith("KeyboardInterrupt"), out.stderr
+
+
+def test_another_python_m_program_importing_a_package_keeps_its_keyboard_interrupt(tmp_path):
+    """Only the tools' own `python -m` runs are guarded: a program of the user's, run with -m, whose package
+    imports flapw sees the KeyboardInterrupt as before."""
+    (tmp_path / "numpy.py").write_text(CTRL_C_MODULE)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "__init__.py").write_text("import flapw\n")
+    (tmp_path / "mine" / "__main__.py").write_text("print('ran')\n")
+    out = _run(["-m", "mine"], pythonpath=[tmp_path], cwd=tmp_path)
+    assert out.returncode == -signal.SIGINT and out.stderr.rstrip().endswith("KeyboardInterrupt"), out.stderr
