@@ -26,6 +26,7 @@ from . import workers
 from .faults import Cancelled, DeviceFailure, DeviceFailureWarning
 
 _STOP = None
+SHUTDOWN_POLL = 0.05     # s: how often a closing call looks for workers that ended without a word
 
 
 class _Slot:
@@ -44,6 +45,7 @@ class _Slot:
         self.inbox = None
         self.finished = None                      # threading.Event of its runner
         self.closed = False                       # its worker has closed its run
+        self.stopped = False                      # _STOP sent to its worker
 
     @property
     def outstanding(self):
@@ -246,7 +248,7 @@ class Engine:
         s = self.slots[i]
         if s.inbox is None:
             s.inbox = queue.Queue()
-            s.closed = False
+            s.closed = s.stopped = False
             s.finished = workers.start(_work, self, i, s.device, s.inbox, name="device")
         self._mark_given(i, task)
         s.inbox.put(task)
@@ -263,13 +265,26 @@ class Engine:
                 self.partials.append(payload)
 
     def _shutdown(self):
-        """Stop every started worker, wait for each to close its run; keep partial sums of live ones."""
+        """Stop every started worker, wait for each to close its run; keep partial sums of live ones.
+
+        Called again after an interrupt cut a call short (even one taken between reading a message and
+        handling it): each worker is stopped once, and a worker whose thread has ended counts as closed once
+        the queue holds nothing more from it, so that no wait outlives the workers."""
         started = [i for i, s in enumerate(self.slots) if s.inbox is not None]
         for i in started:
-            self.slots[i].inbox.put(_STOP)
+            if not self.slots[i].stopped:
+                self.slots[i].inbox.put(_STOP)
+                self.slots[i].stopped = True
         first = None
         while not all(self.slots[i].closed for i in started):
-            kind, i, payload = self.results.get()
+            try:
+                kind, i, payload = self.results.get(timeout=SHUTDOWN_POLL)
+            except queue.Empty:
+                for i in started:             # its last message went to a call that was interrupted
+                    s = self.slots[i]
+                    if not s.closed and s.finished.done() and self.results.empty():
+                        s.closed = True
+                continue
             try:
                 self._handle(kind, i, payload)
             except BaseException as exc:      # a failure reported while stopping: raised after the join

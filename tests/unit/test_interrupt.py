@@ -65,3 +65,47 @@ def test_host_tiles_follow_the_rate():
     flops = prob.tile_flops(edge, edge, 2000)
     assert 0.3 * cpu_device.TILE_SECONDS * 1e12 < flops <= cpu_device.TILE_SECONDS * 1e12
     assert cpu_device.tile_edge(prob, 2000, 1.0) == cpu_device.MIN_TILE
+
+
+@pytest.mark.parametrize("lost", ["closed", "done"])
+def test_interrupt_while_the_workers_close_does_not_hang(lost, rng, monkeypatch):
+    """A Ctrl-C that lands in the coordinator while it collects the workers' last messages (one of them taken
+    from the queue and then lost with the interrupt): the call raises KeyboardInterrupt at once instead of
+    waiting for a message that never comes again, and the next call runs normally."""
+    from hybridblas import engine as engine_mod
+    n, k = 300, 40
+    a = rng.standard_normal((n, k))
+    ctx = hb.Context(devices=["cpu", "cpu"], strategy="static", min_call_seconds=0, rates={"cpu": 1.0, "cpu#1": 1.0})
+    real_init = engine_mod.Engine.__init__
+
+    class LosingQueue(engine_mod.queue.Queue):
+        """Raises KeyboardInterrupt in place of returning the first message of kind ``lost``."""
+        armed = True
+
+        def get(self, *args, **kw):
+            item = super().get(*args, **kw)
+            if LosingQueue.armed and item[0] == lost:
+                LosingQueue.armed = False
+                raise KeyboardInterrupt
+            return item
+
+    def init(self, *args, **kw):
+        real_init(self, *args, **kw)
+        self.results = LosingQueue()
+    monkeypatch.setattr(engine_mod.Engine, "__init__", init)
+    result = {}
+
+    def call():
+        try:
+            hb.syrk(1.0, a, context=ctx)
+        except BaseException as exc:          # KeyboardInterrupt raised in this thread, handed to the test
+            result["exc"] = exc
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "the call hung after the interrupt"
+    assert isinstance(result.get("exc"), KeyboardInterrupt)
+    monkeypatch.setattr(engine_mod.Engine, "__init__", real_init)
+    out = hb.syrk(1.0, a, context=ctx)
+    low = np.tril(np.ones((n, n), bool))
+    np.testing.assert_allclose(out[low], (a @ a.T)[low], rtol=1e-12, atol=1e-12)
