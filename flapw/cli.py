@@ -496,8 +496,20 @@ def _body(args):
 
 
 def main(argv=None):
-    """``flapw build ...``; returns the exit code (0 done, 1 failed, 2 bad input or refused, 130 Ctrl-C)."""
-    return console.run_main(PROG, _body, argv, _parser())
+    """``flapw build ...``; returns the exit code (0 done, 1 failed, 2 bad input or refused, 130 Ctrl-C). The
+    caller's current GPU is current again on return (a build makes its GPUs current while it runs)."""
+    before = _current_gpu()
+    try:
+        return console.run_main(PROG, _body, argv, _parser())
+    finally:
+        if "cupy" in sys.modules and _current_gpu() != before:
+            sys.modules["cupy"].cuda.Device(before).use()
+
+
+def _current_gpu():
+    """The calling thread's current CUDA device: 0 (CUDA's default) until CuPy has been imported."""
+    cupy = sys.modules.get("cupy")
+    return cupy.cuda.runtime.getDevice() if cupy is not None else 0
 
 
 if __name__ == "__main__":

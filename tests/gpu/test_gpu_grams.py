@@ -168,9 +168,10 @@ def test_grams_refuse_a_block_of_another_gpu():
     import cupy
     with cupy.cuda.Device(1):
         s = cupy.zeros((10, 8))
-    with pytest.raises(ValueError, match="s lives on GPU 1, not on the current device 0"):
-        lowlevel.grams(s)
-    assert not lowlevel.grams_preferred(s)
+    with cupy.cuda.Device(0):                  # whatever an earlier test left current
+        with pytest.raises(ValueError, match="s lives on GPU 1, not on the current device 0"):
+            lowlevel.grams(s)
+        assert not lowlevel.grams_preferred(s)
     with cupy.cuda.Device(1):
         assert lowlevel.grams(s).device.id == 1
 

@@ -192,3 +192,17 @@ def test_cli_refuses_before_any_work(tmp_path, capsys, monkeypatch, extra, words
     assert rc == 2 and out == "" and "Traceback" not in err
     for w in words:
         assert w in err, (w, err)
+
+
+@pytest.mark.multi_gpu
+def test_cli_in_process_leaves_the_callers_gpu_current(capsys):
+    """flapw's main() run in-process (k-points side by side on GPUs 0 and 1) gives the caller its current GPU
+    back, whichever it was."""
+    import cupy
+    for mine in (0, 1):
+        cupy.cuda.Device(mine).use()
+        rc = cli.main(["build", "--system", "NaCl", "--kmax", "2.0", "--kpoints", "2", "--devices", "all",
+                       "--multi-gpu", "kpoints", "--quiet"])
+        assert rc == 0, capsys.readouterr().err
+        assert cupy.cuda.runtime.getDevice() == mine
+    cupy.cuda.Device(0).use()

@@ -1,6 +1,7 @@
 """Memory: the estimate against traced peaks, a build that runs out of memory repeated with half the atoms
 per batch and then on host arrays (same H and S, one note per retry), --arrays auto shrinking the batch to
 fit a GPU, and (GPU) the same through a CuPy memory-pool limit."""
+import gc
 import logging
 import tracemalloc
 from types import SimpleNamespace
@@ -249,6 +250,7 @@ def test_device_build_out_of_gpu_memory_matches_host(monkeypatch):
         return out
     monkeypatch.setattr(hsdla, "build_hs", recording)
     pool = cupy.get_default_memory_pool()
+    gc.collect()                               # arrays of earlier tests held in reference cycles leave the pool
     with cupy.cuda.Device(0):                  # the pool's limit is the current device's: GPU 0, whatever is current
         pool.free_all_blocks()
         before = pool.get_limit()
