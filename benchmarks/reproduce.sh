@@ -25,6 +25,7 @@ declare -A HEADING MACHINE WHERE
 stage() { NAMES+=("$1"); HEADING[$1]=$2; MACHINE[$1]=$3; WHERE[$1]=$4; }
 stage e2e-flapw      "End to end: FLAPW builds as a user runs them"            "2 GPUs"           "e2e/flapw.json"
 stage e2e-cisolver   "End to end: cisolver spectrum of 48Cr"                   "2 GPUs"           "e2e/ci48.json"
+stage ab-architecture "At a glance: the architecture rework against the code before it" "2 GPUs"    "ab-architecture.json"
 stage blas-cpu       "BLAS core / CPU"                                         "CPU box"          "bench_cpu.json"
 stage blas-2gpu      "BLAS core / One and two H200s, host operands"            "2 GPUs"           "blas-24576/"
 stage blas-sizes     "BLAS core / One and two H200s: against n (and its plot)" "2 GPUs"           "blas-sizes/"
@@ -68,10 +69,13 @@ run_stage() {
   case $1 in
   e2e-flapw)    OUT=$O/e2e bash benchmarks/campaign_e2e.sh flapw ;;
   e2e-cisolver) OUT=$O/e2e bash benchmarks/campaign_e2e.sh ci48 ;;
+  ab-architecture) rm -rf $O/before && mkdir -p $O/before &&      # the packages as the architecture review read them
+                git archive 4ce8354 hybridblas flapw cisolver | tar -x -C $O/before &&
+                python3 -m benchmarks.ab --trees $O/before . --rounds 2 --json $O/ab-architecture.json ;;
   blas-cpu)     $BLAS cpu --repeat 7 --json $O/bench_cpu.json ;;
   blas-2gpu)    $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 --repeats 3 --xt-block 8192 --out $O/blas-24576 ;;
   blas-sizes)   $BLAS gpu --sizes 2048 4096 8192 12288 16384 --modes host device --gpu-counts 1 2 --skip xt dynamic \
-                    --repeats 2 --out $O/blas-sizes ;;
+                    --repeats 3 --out $O/blas-sizes ;;
   emulation)    $BLAS emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --cublas-emulation \
                     --out $O/emulation ;;
   emulation-flapw) mkdir -p $O/emulation; for emulate in "" --emulate; do
