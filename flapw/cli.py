@@ -502,14 +502,24 @@ def main(argv=None):
     try:
         return console.run_main(PROG, _body, argv, _parser())
     finally:
-        if "cupy" in sys.modules and _current_gpu() != before:
-            sys.modules["cupy"].cuda.Device(before).use()
+        after = _current_gpu()
+        if before is not None and after is not None and after != before:
+            try:
+                sys.modules["cupy"].cuda.Device(before).use()
+            except Exception:          # the driver went away meanwhile: nothing to give back
+                pass
 
 
 def _current_gpu():
-    """The calling thread's current CUDA device: 0 (CUDA's default) until CuPy has been imported."""
+    """The calling thread's current CUDA device: 0 (CUDA's default) until CuPy has been imported; None where
+    CuPy has no usable GPU or driver."""
     cupy = sys.modules.get("cupy")
-    return cupy.cuda.runtime.getDevice() if cupy is not None else 0
+    if cupy is None:
+        return 0
+    try:
+        return cupy.cuda.runtime.getDevice()
+    except Exception:                  # CuPy without a driver or a GPU
+        return None
 
 
 if __name__ == "__main__":

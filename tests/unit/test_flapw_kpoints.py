@@ -206,3 +206,18 @@ def test_cli_in_process_leaves_the_callers_gpu_current(capsys):
         assert rc == 0, capsys.readouterr().err
         assert cupy.cuda.runtime.getDevice() == mine
     cupy.cuda.Device(0).use()
+
+
+def test_cli_in_process_with_cupy_but_no_driver_finishes(monkeypatch, capsys):
+    """A program that imported CuPy on a machine without a usable GPU or driver: main() on the CPU ends with 0,
+    not with the driver's error from asking which GPU is current."""
+    import sys
+    from types import SimpleNamespace
+
+    def no_driver():
+        raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+    fake = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDevice=no_driver)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    assert cli._current_gpu() is None
+    rc = cli.main(["build", "--system", "NaCl", "--kmax", "1.5", "--devices", "cpu", "--quiet"])
+    assert rc == 0, capsys.readouterr().err
