@@ -2,8 +2,9 @@
 
 A hybrid routine (``hb.gemm`` ...) plans tiles over the devices and checks overlaps: 130-275 µs of host
 time per call on one GPU. The functions here are one BLAS call each on the caller's arrays as they lie,
-with no planning, no threads, no copies and no memory queries; the checks are of types, dtypes, shapes and
-layouts only (TypeError / ValueError naming the argument and its value, before any call).
+with no planning, no threads, no copies and no memory queries (``to_host``, a copy, page-locks its target and
+uses the host copy threads); the checks are of types, dtypes, shapes and layouts only (TypeError / ValueError
+naming the argument and its value, before any call).
 
     host_gemm(out, a, b, beta=0.0, alpha=1.0)     out <- alpha a b + beta out          numpy; scipy's BLAS
     host_trmm_right(v, t, lower=False)            v <- v t in place, t triangular    numpy; scipy's BLAS
@@ -162,9 +163,11 @@ def to_host(dst, src, lower=None):
     """dst <- src, numpy ``dst`` and cupy ``src`` (on the current device) of one shape and dtype, both
     column-major or both row-major; ``lower`` True / False copies only the lower / upper triangle of a square
     matrix, diagonal included (nothing else of ``dst`` is written). Waits for the current stream's earlier work
-    on ``src`` and returns ``dst`` once the copy has landed. A ``dst`` of 256 MiB or more is page-locked on its
-    first copy (once: it stays so while it lives, as hybridblas keeps host operands) and then written by DMA,
-    at the link's rate (a pageable copy runs at a fraction of it)."""
+    on ``src`` and returns ``dst`` once the copy has landed. When the buffer ``dst`` lies in (numpy's owner of its
+    memory) is 256 MiB or more, that buffer is page-locked on the first copy (once: it stays so while it lives, as
+    hybridblas keeps host operands, whatever a Context's ``pin_host`` says) and written by DMA at the link's rate;
+    otherwise the copy goes through two page-locked buffers of at most 32 MiB (no GPU or host temporary of the
+    matrix's size)."""
     _check({"dst": dst}, device=False)
     _check({"src": src}, device=True)
     _writable(dst, "dst")
@@ -176,7 +179,8 @@ def to_host(dst, src, lower=None):
         raise TypeError(f"lower must be True, False or None, got {type(lower).__name__} {lower!r}")
     if lower is not None and dst.shape[0] != dst.shape[1]:
         raise ValueError(f"a triangle (lower={lower}) needs a square matrix, got shape {dst.shape}")
-    if dst.size and is_column_major(dst) != is_column_major(src):
+    if dst.size and not ((is_column_major(dst) and is_column_major(src))
+                         or (is_column_major(dst.T) and is_column_major(src.T))):
         raise ValueError(f"dst and src must both be column-major or both row-major, got strides {dst.strides} "
                          f"and {src.strides}")
     from .downloads import to_host as copy
