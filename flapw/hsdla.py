@@ -191,7 +191,8 @@ def _require_host_memory(cell, method, nb, interstitial, overlap, held, on_host=
                "shrinks everything (N_G grows as kmax³, H and S as N_G²)")
 
 
-def _check_arguments(cell, method, context, blas, arrays, flags, progress, workspace=None, overlap=None):
+def _check_arguments(cell, method, context, blas, arrays, flags, progress, workspace=None, overlap=None,
+                     hs_on_gpu="auto"):
     """Every argument of build_hs that is not a size, checked before any work (sizes: _batch_size)."""
     if not isinstance(cell, System):
         raise TypeError(f"cell must be a flapw.System, got {type(cell).__name__} {cell!r:.80}")
@@ -221,6 +222,8 @@ def _check_arguments(cell, method, context, blas, arrays, flags, progress, works
                         f"{workspace!r:.80}")
     if overlap is not None and overlap != "auto" and not isinstance(overlap, (bool, np.bool_)):
         raise TypeError(f"overlap must be True, False, 'auto' or None, got {type(overlap).__name__} {overlap!r}")
+    if not (hs_on_gpu is False or (isinstance(hs_on_gpu, str) and hs_on_gpu == "auto")):
+        raise ValueError(f"hs_on_gpu must be 'auto' or False, got {type(hs_on_gpu).__name__} {hs_on_gpu!r}")
 
 
 def hermitian_fill(c, xp=np, block=None):
@@ -314,6 +317,11 @@ class Workspace:
                 for name in ("H", "S"):
                     hb.memory.page_lock(self._buffers[name])
 
+    def drop(self, *names):
+        """Free the buffers ``names`` (those it holds)."""
+        for name in names:
+            self._buffers.pop(name, None)
+
     def held_bytes(self, xp=np):
         """Bytes held in ``xp``'s memory (host for numpy)."""
         return sum(b.nbytes for b in self._buffers.values() if (xp is np) == isinstance(b, np.ndarray))
@@ -354,7 +362,7 @@ def _runs_on_gpu(backend):
 
 def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_atoms=None,
              max_temp_bytes=None, lower_only=False, blas="hybridblas", arrays="host",
-             return_report=False, progress=None, workspace=None, overlap=None, operands=None):
+             return_report=False, progress=None, workspace=None, overlap=None, operands=None, hs_on_gpu="auto"):
     """H and S (N_G × N_G, complex, Hermitian) of ``cell`` at its k-point.
 
     method:         "refined" (Algorithm 3: zherk, zherk, zher2k, zherkx; one temporary buffer X)
@@ -368,10 +376,13 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     blas:           "hybridblas", "cublasxt" (hybridblas.peers.cublasxt_* on GPU 0; see backends.py), or a
                     backend object from flapw.backends.get_backend (e.g. cuBLASXt on chosen GPUs).
     arrays:         "host" (numpy) or "device" (cupy: A, B, X, H, S on the current GPU).
-    operands:       where A, B, X and the T products live with host arrays: "device" (the current GPU; H and
-                    S stay in host memory, only C's tiles cross PCIe), "host", or None / "auto": the device
-                    when blas is hybridblas on a context with a GPU (operands_place). The batch then takes
-                    at most OPERAND_SHARE of the GPU's free memory.
+    operands:       where A, B, X and the T products live with host arrays: "device" (the current GPU), "host",
+                    or None / "auto": the device when blas is hybridblas on a context with a GPU
+                    (operands_place).
+    hs_on_gpu:      host arrays with the operands on a GPU: "auto" builds H and S on that GPU too when the
+                    whole build fits in DEVICE_SHARE of its free memory and copies them into the host arrays at
+                    the end; False (and a build that does not fit) keeps them in host memory, only C's tiles
+                    crossing PCIe, with a batch of at most OPERAND_SHARE of the GPU's free memory.
     return_report:  also return a BuildReport (per-stage seconds, flops, peak temporary bytes).
     progress:       called as progress(batch, batches) after each batch of atoms.
     workspace:      a flapw.Workspace to take the buffers and H, S from, and to leave them in for the next
@@ -387,7 +398,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     hybridblas.InsufficientMemory before anything is allocated.
     """
     _check_arguments(cell, method, context, blas, arrays, dict(interstitial=interstitial, lower_only=lower_only,
-                     return_report=return_report), progress, workspace, overlap)
+                     return_report=return_report), progress, workspace, overlap, hs_on_gpu)
     hxp = _array_module(arrays)                 # H and S
     nb = _batch_size(cell, method, batch_atoms, max_temp_bytes)
     backend = _backend(blas, context)
@@ -405,7 +416,9 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
                 <= 0.9 * hb.memory.host_available()
         _require_host_memory(cell, method, nb, interstitial, bool(overlap), held, on_host=xp is np)
         if xp is not np:
-            on_gpu = _gpu_holds_build(cell, method, nb, interstitial, workspace)
+            on_gpu = _gpu_holds_build(cell, method, nb, interstitial, workspace) if hs_on_gpu == "auto" else None
+            if not on_gpu and workspace is not None:     # an earlier build's GPU copies of H and S: not needed
+                workspace.drop("H on the GPU", "S on the GPU")
             nb = on_gpu or _device_batch(cell, method, nb, workspace)
     n_g, n_l, n_a = cell.n_g, cell.n_l, cell.n_atoms
     rep = BuildReport(method=method, system=cell.name, n_atoms=n_a, n_g=n_g, n_l=n_l, batch_atoms=nb,
@@ -526,20 +539,22 @@ def _device_batch(cell, method, nb, workspace):
 def build_hs_with_fallback(cell, method="refined", context=None, interstitial=False, *, batch_atoms=None,
                            max_temp_bytes=None, lower_only=False, blas="hybridblas", arrays="host",
                            return_report=False, progress=None, workspace=None, overlap=None, operands=None,
-                           out_of_memory=(MemoryError,)):
+                           hs_on_gpu="auto", out_of_memory=(MemoryError,)):
     """build_hs that outlives running out of memory, with the same H and S.
 
     An attempt that raises one of ``out_of_memory`` (default MemoryError, which covers CuPy's
     OutOfMemoryError and hybridblas's "GPU memory exhausted") is repeated with half the atoms per batch
-    (less A/B/X memory, the same flops; the workspace's buffers are freed first); a device build (or a host
-    build with its operands on a GPU) that fails even with one atom per batch is built once more on host
-    arrays (host operands), with the largest halving of the first batch that the host's memory holds. Each
+    (less A/B/X memory, the same flops; the workspace's buffers are freed first), except that a host build
+    whose H and S were being built on the GPU is first repeated with the same batch and H and S in host memory
+    (hs_on_gpu=False from then on); a device build (or a host build with its operands on a GPU) that fails even
+    with one atom per batch is built once more on host arrays (host operands), with the largest halving of the
+    first batch that the host's memory holds. Each
     retry logs one line on the 'flapw' logger. The estimate's refusal (hybridblas.InsufficientMemory) and
     the error of the last possible attempt propagate. Other arguments as for build_hs; after a fall back to
     the host, H and S are numpy arrays.
     """
     _check_arguments(cell, method, context, blas, arrays, dict(interstitial=interstitial, lower_only=lower_only,
-                     return_report=return_report), progress, workspace, overlap)
+                     return_report=return_report), progress, workspace, overlap, hs_on_gpu)
     if not isinstance(out_of_memory, tuple) or not all(isinstance(e, type) and issubclass(e, BaseException)
                                                        for e in out_of_memory):
         raise TypeError(f"out_of_memory must be a tuple of exception types, got {out_of_memory!r}")
@@ -548,11 +563,13 @@ def build_hs_with_fallback(cell, method="refined", context=None, interstitial=Fa
     backend = _backend(blas, context)
     on_gpu = operands_place(arrays, operands, backend) == "device"
     while True:
+        staged = (place == "host" and on_gpu and hs_on_gpu == "auto"      # build_hs's own choice, made alike
+                  and _gpu_holds_build(cell, method, nb, interstitial, workspace) is not None)
         try:
             return build_hs(cell, method, None, interstitial, batch_atoms=nb,
                             lower_only=lower_only, blas=backend, arrays=place, return_report=return_report,
                             progress=progress, workspace=workspace, overlap=overlap,
-                            operands="device" if on_gpu else "host")
+                            operands="device" if on_gpu else "host", hs_on_gpu=hs_on_gpu)
         except hb.InsufficientMemory:
             raise
         except out_of_memory as exc:
@@ -563,7 +580,11 @@ def build_hs_with_fallback(cell, method="refined", context=None, interstitial=Fa
             workspace.release()
         _release_memory()          # the failed attempt's arrays, now that its traceback is gone
         where = "GPU" if on_gpu else "host"
-        if nb > 1:
+        if staged:
+            hs_on_gpu = False
+            log.info("GPU out of memory building H and S there with %d atoms per batch (%s); retrying with H and S "
+                     "in host memory", nb, why)
+        elif nb > 1:
             log.info("%s out of memory with %d atoms per batch (%s); retrying with %d", where, nb, why, nb // 2)
             nb //= 2
         else:

@@ -368,3 +368,37 @@ def test_gpu_host_arrays_built_there_or_streamed_equal_the_host_build(tio2, fits
         assert isinstance(h, np.ndarray) and rep.operands == "device" and rep.hs_built_on_gpu == fits
         pick = _lower if lower_only else (lambda m: m)
         assert _rel(pick(h), pick(h_ref)) <= 1e-12 and _rel(pick(s), pick(s_ref)) <= 1e-12
+
+
+def test_hs_on_gpu_retry_streams_and_frees_the_gpu_copies(tio2, monkeypatch):
+    """A build of host H and S on the GPU that runs out of memory is repeated with the same batch and H and S in
+    host memory (hs_on_gpu=False), equal to the host build; that build frees the workspace's GPU copies of H and
+    S. hs_on_gpu takes 'auto' or False only, refused before any work."""
+    cell, _ = tio2
+    h_ref, s_ref = flapw.build_hs(cell, interstitial=True, batch_atoms=4)
+    with pytest.raises(ValueError, match=r"hs_on_gpu must be 'auto' or False, got bool True"):
+        flapw.build_hs(cell, hs_on_gpu=True)
+    real = hsdla._array_module
+    monkeypatch.setattr(hsdla, "_array_module", lambda arrays: _NumpyAsDevice() if arrays == "device"
+                        else real(arrays))
+    monkeypatch.setattr(hsdla, "_hybridblas_on_gpu", lambda backend: True)
+    monkeypatch.setattr(hsdla, "_gpu_holds_build", lambda cell, method, nb, interstitial, workspace: nb)
+    monkeypatch.setattr(hsdla, "_device_batch", lambda cell, method, nb, workspace: nb)
+    monkeypatch.setattr(hb.lowlevel, "to_host", lambda dst, src, lower=None: np.copyto(dst, src))
+    attempts, build = [], hsdla.build_hs
+
+    def once_out_of_memory(*args, **kw):
+        attempts.append((kw["batch_atoms"], kw["hs_on_gpu"]))
+        if len(attempts) == 1:
+            raise MemoryError("GPU memory exhausted")
+        return build(*args, **kw)
+    monkeypatch.setattr(hsdla, "build_hs", once_out_of_memory)
+    ws = flapw.Workspace()
+    h, s = flapw.build_hs_with_fallback(cell, interstitial=True, batch_atoms=4, operands="device", workspace=ws)
+    assert attempts == [(4, "auto"), (4, False)]
+    assert _rel(h, h_ref) <= 1e-13 and _rel(s, s_ref) <= 1e-13
+    monkeypatch.setattr(hsdla, "build_hs", build)
+    build(cell, interstitial=True, batch_atoms=4, operands="device", workspace=ws)        # built on the "GPU"
+    assert "H on the GPU" in ws._buffers
+    build(cell, interstitial=True, batch_atoms=4, operands="device", workspace=ws, hs_on_gpu=False)
+    assert "H on the GPU" not in ws._buffers and "S on the GPU" not in ws._buffers
