@@ -4,8 +4,8 @@
 
 Each tree is a folder holding the packages hybridblas, flapw and cisolver (a checkout, or ``git archive REV
 hybridblas flapw cisolver | tar -x -C DIR``); every measurement runs in a new process with PYTHONPATH set to that
-tree, and the trees take turns within each round (the first tree, then the second, in every round), so that drift
-of the machine falls on both. Measurements (all through the public API or the command lines a user runs):
+tree, and the trees take turns within each round (the first tree first in even rounds, the second in odd ones), so
+that drift of the machine falls on both. Measurements (all through the public API or the command lines a user runs):
 
 - ``blas``: zherk, zher2k and zgemmt, complex128, n = k, host numpy operands on ``--blas-devices`` and cupy
   operands on the first GPU of each ``--device-operands`` set, the best of three calls after two warm-up calls
@@ -106,7 +106,7 @@ def build_parser():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trees", nargs=2, required=True, metavar=("BEFORE", "AFTER"))
     ap.add_argument("--rounds", type=positive_int, default=2)
-    ap.add_argument("--sizes", type=positive_int, nargs="*", default=[8192, 16384])
+    ap.add_argument("--sizes", type=positive_int, nargs="+", default=[8192, 16384])
     ap.add_argument("--blas-devices", default="cuda:0,cuda:1", help="devices of the host-operand calls")
     ap.add_argument("--device-operands", nargs="*", default=["cuda:0", "cuda:0,cuda:1"],
                     help="device sets for calls on cupy operands on their first GPU, at the largest size")
@@ -129,7 +129,7 @@ def body(args):
     records = []
     for rnd in range(args.rounds):
         for kind in args.only:
-            for tree in args.trees:
+            for tree in (args.trees if rnd % 2 == 0 else args.trees[::-1]):
                 got = {}
                 try:                           # a failed measurement is reported and left out, not fatal
                     if kind == "blas":
@@ -140,7 +140,7 @@ def body(args):
                     else:
                         got, rec = command(kind, tree)
                         records.append(dict(tree=tree, round=rnd, kind=kind, **rec))
-                except RuntimeError as exc:
+                except (RuntimeError, ValueError, KeyError, IndexError) as exc:
                     print(f"round {rnd} {kind} {tree}: {exc}", file=sys.stderr, flush=True)
                 for name, v in got.items():
                     values[tree].setdefault(name, []).append(v)

@@ -284,6 +284,9 @@ class Engine:
                     s = self.slots[i]
                     if not s.closed and s.finished.done() and self.results.empty():
                         s.closed = True
+                        if not self.cancel.is_set():      # never a partial sum dropped without a word
+                            first = first or RuntimeError(f"{s.device.name}: its worker ended without closing "
+                                                          f"its run")
                 continue
             try:
                 self._handle(kind, i, payload)
