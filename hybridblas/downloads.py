@@ -27,7 +27,8 @@ def to_host(dst, src, lower=None):
     if dst.size == 0:
         return
     import cupy
-    pin = host_pinning.acquire(dst, after_uses=0)
+    from .context import _pin_policy
+    pin = host_pinning.acquire(dst, after_uses=0) if _pin_policy(None) is not False else None
     stream = cupy.cuda.get_current_stream()
     try:
         if pin is not None:

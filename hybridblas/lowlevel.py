@@ -165,7 +165,7 @@ def to_host(dst, src, lower=None):
     matrix, diagonal included (nothing else of ``dst`` is written). Waits for the current stream's earlier work
     on ``src`` and returns ``dst`` once the copy has landed. When the buffer ``dst`` lies in (numpy's owner of its
     memory) is 256 MiB or more, that buffer is page-locked on the first copy (once: it stays so while it lives, as
-    hybridblas keeps host operands, whatever a Context's ``pin_host`` says) and written by DMA at the link's rate;
+    hybridblas keeps host operands; not with $HYBRIDBLAS_PIN_HOST=off) and written by DMA at the link's rate;
     otherwise the copy goes through two page-locked buffers of at most 32 MiB (no GPU or host temporary of the
     matrix's size)."""
     _check({"dst": dst}, device=False)

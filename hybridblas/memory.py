@@ -91,12 +91,16 @@ def page_lock(arr):
     """Page-lock the memory of the numpy array ``arr`` (its owner's whole buffer) now, as hybridblas locks host
     operands it meets twice: GPUs then read and write it by DMA. The lock stays while the memory lives, under
     hybridblas's cap on locked memory ($HYBRIDBLAS_PIN_MAX_GB), and is shared with the calls that meet it.
-    Returns True when the memory is locked, False when it cannot be (no CUDA runtime, a view of memory numpy does
-    not own, an array under 256 MiB, the cap reached). TypeError for anything but a numpy array."""
+    Returns True when the memory is locked, False when it is not (no CUDA runtime, a view of memory numpy does
+    not own, an array under 256 MiB, the cap reached, $HYBRIDBLAS_PIN_HOST=off). TypeError for anything but a numpy
+    array."""
     import numpy as np
     from . import host_pinning
+    from .context import _pin_policy
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"arr must be a numpy array, got {type(arr).__name__} {arr!r:.60}")
+    if _pin_policy(None) is False:
+        return False
     pin = host_pinning.acquire(arr, after_uses=0)
     if pin is None:
         return False

@@ -154,3 +154,19 @@ def test_large_targets_go_straight_into_place_small_ones_through_two_buffers(fak
     staging = [e[1] for e in fake_gpu if e[0] == "staging"]
     assert len(staging) == 2 and max(staging) <= downloads.STAGE_BYTES
     np.testing.assert_array_equal(dst, src)
+
+
+def test_pin_host_off_leaves_targets_unlocked(fake_gpu, monkeypatch, rng):
+    """$HYBRIDBLAS_PIN_HOST=off: to_host copies through the staging buffers and locks nothing, and
+    memory.page_lock declines."""
+    from hybridblas import memory
+    monkeypatch.setenv("HYBRIDBLAS_PIN_HOST", "off")
+    monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)
+    src = rng.standard_normal((40, 40))
+    dst = np.zeros((40, 40))
+    lowlevel.to_host(dst, _DeviceArray(src), lower=True)
+    np.testing.assert_array_equal(dst, np.tril(src))
+    assert host_pinning.pinned_bytes() == 0 and [e for e in fake_gpu if e[0] == "staging"]
+    assert memory.page_lock(dst) is False and host_pinning.pinned_bytes() == 0
+    monkeypatch.setenv("HYBRIDBLAS_PIN_HOST", "auto")
+    assert memory.page_lock(dst) is True and host_pinning.pinned_bytes() >= dst.nbytes
