@@ -11,6 +11,7 @@ once per species as an (N_G, N_L) array; an atom's block is that array times its
 Blocks are stored transposed, A_a^T (N_G × N_L), side by side in one C-ordered (N_G, n·N_L) buffer,
 i.e. a column-major (n·N_L) × N_G matrix: exactly the operand of zherk/zher2k/zherkx with trans='C'.
 
+On a GPU (CuPy output arrays) one kernel computes the k-only factors (``matching_gpu``). On the host,
 Y_lm and j_l come from numpy recurrences over the G vectors (``special``), chunk by chunk. A chunk's Python
 steps hold the GIL; its large products release it. On one H100 node's 16 cores (benchmarks: k_only_factors
 alone, best of 3, and two calls at once as side-by-side k-points make), CHUNK G vectors and threads:
@@ -78,10 +79,9 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
     Every value of Y_lm and j_l depends on its own G alone, so the result is the same, bit for bit, for any
     chunks and threads.
 
-    out: a (fa, fb) pair of (N_G, N_L) complex128 C-ordered arrays per radial to write into, numpy or CuPy (a
-    chunk's prefactor (4π/√Ω) i^l Y*_lm and its a_l, b_l are then made on the host and copied to the GPU, which
-    forms the (N_G, N_L) products in their rows: a quarter of the bytes to copy, and no whole host array to
-    fault in); default new numpy arrays. Returns the pairs, on a GPU complete when this returns."""
+    out: a (fa, fb) pair of (N_G, N_L) complex128 C-ordered arrays per radial to write into, numpy or CuPy on
+    one GPU (then one kernel on that GPU computes them: matching_gpu; ``threads`` is not used); default new
+    numpy arrays. Returns the pairs, on a GPU complete when this returns."""
     from hybridblas import workers
     from hybridblas.blas_threads import available_cores
     n_g, n_l = basis.n_g, (lmax + 1) ** 2
@@ -96,12 +96,10 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
             if x.shape != (n_g, n_l) or x.dtype != np.complex128 or not x.flags.c_contiguous:
                 raise ValueError(f"out's arrays must be C-ordered complex128 of shape {(n_g, n_l)}, got "
                                  f"{x.dtype} {x.shape}")
-    device = None if isinstance(out[0][0], np.ndarray) else out[0][0].device
+    if not isinstance(out[0][0], np.ndarray):
+        from .matching_gpu import k_only_factors_gpu
+        return k_only_factors_gpu(basis, radials, lmax, omega, out)
     edges = np.linspace(0, n_g, max(1, n_g // CHUNK) + 1).astype(int).tolist()   # chunks of CHUNK to 2 CHUNK
-    if device is not None:
-        import cupy
-        with device:
-            ls_on_device = cupy.asarray(ls)
 
     def matching(part):
         """radial_matching(part, r, lmax) for every radial r, j_l of all of them in one call."""
@@ -112,16 +110,9 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
     def chunk(r0, r1):
         part = basis.rows(r0, r1)
         pref = _prefactor(ylm_conj(part, lmax), lmax, omega)
-        if device is None:
-            for (fa, fb), (a, b) in zip(out, matching(part)):
-                np.multiply(pref, a[:, ls], out=fa[r0:r1])
-                np.multiply(pref, b[:, ls], out=fb[r0:r1])
-            return
-        with device:            # Y_lm's prefactor and a_l, b_l go up; the (N_G, N_L) products are formed there
-            pref_d = cupy.asarray(pref)
-            for (fa, fb), pair in zip(out, matching(part)):
-                for f, ab in zip((fa, fb), pair):
-                    cupy.multiply(pref_d, cupy.take(cupy.asarray(ab), ls_on_device, axis=1), out=f[r0:r1])
+        for (fa, fb), (a, b) in zip(out, matching(part)):
+            np.multiply(pref, a[:, ls], out=fa[r0:r1])
+            np.multiply(pref, b[:, ls], out=fb[r0:r1])
     jobs = list(zip(edges[:-1], edges[1:]))
     threads = min(threads or available_cores(), available_cores(), MAX_THREADS, len(jobs))
     if threads <= 1:
@@ -129,8 +120,6 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
             chunk(r0, r1)
     else:
         workers.map(lambda job: chunk(*job), jobs, threads)
-    if device is not None:
-        device.synchronize()    # the products were queued from the pool's threads: done before anyone reads
     return out
 
 

@@ -1,0 +1,68 @@
+"""The k-only matching factors computed by one kernel on a GPU (flapw.matching_gpu) against the host's numpy
+recurrences: every element written (outputs poisoned with NaN first), equal to 1e-14 of the largest element,
+for every preset's lmax, the Γ point (K = 0 among the G vectors), |K|R on both sides of the series/recurrence
+border, lmax 0 and 1, on GPU 0 and GPU 1; the H and S of a device build equal the host build's."""
+import numpy as np
+import pytest
+
+import flapw
+from flapw import matching
+
+cupy = pytest.importorskip("cupy")
+pytestmark = pytest.mark.gpu
+
+
+def _both(cell, device=0):
+    radials = [cell.radial[s] for s in sorted(cell.radial)]
+    host = matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, threads=2)
+    shape = (cell.n_g, cell.n_l)
+    with cupy.cuda.Device(device):
+        out = [(cupy.full(shape, np.nan, complex), cupy.full(shape, np.nan, complex)) for _ in radials]
+        got = matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega, out=out)
+    for (ga, gb), (oa, ob) in zip(got, out, strict=True):
+        assert ga is oa and gb is ob and ga.device.id == device
+    return host, [(a.get(), b.get()) for a, b in got]
+
+
+def _close(host, gpu):
+    for (ha, hb_), (ga, gb) in zip(host, gpu, strict=True):
+        for h, g in ((ha, ga), (hb_, gb)):
+            assert np.isfinite(g).all()
+            scale = np.abs(h).max()
+            assert scale > 0
+            assert np.abs(g - h).max() <= 1e-14 * scale, np.abs(g - h).max() / scale
+
+
+@pytest.mark.parametrize("name,kmax", [("NaCl", 2.5), ("AuAg", 2.5), ("TiO2", 2.0)])
+def test_kernel_equals_host_recurrences(name, kmax):
+    cell = flapw.System.preset(name, kmax=kmax, k=(0.1234, -0.2345, 0.3456))
+    host, gpu = _both(cell)
+    _close(host, gpu)
+
+
+@pytest.mark.parametrize("lmax", [0, 1, 3])
+def test_gamma_point_and_small_lmax(lmax):
+    cell = flapw.System.preset("NaCl", kmax=2.0, k=(0.0, 0.0, 0.0), supercell=(1, 1, 1), lmax=lmax)
+    assert np.count_nonzero(cell.basis.norm == 0) == 1                # K = 0: j_0 = 1 and Y_00 alone
+    x = cell.basis.norm * max(r.mesh.r[-1] for r in cell.radial.values())
+    assert (x < 1).any() and (x >= 1).any()                          # series and downward recurrence both used
+    host, gpu = _both(cell)
+    _close(host, gpu)
+
+
+@pytest.mark.multi_gpu
+def test_on_the_second_gpu():
+    cell = flapw.System.preset("NaCl", kmax=2.5, k=(0.3, 0.1, -0.2))
+    host, gpu = _both(cell, device=1)
+    _close(host, gpu)
+
+
+def test_device_build_equals_host_build():
+    cell = flapw.System.preset("NaCl", kmax=2.2, supercell=(1, 1, 1), k=(0.2, 0.1, 0.05))
+    h, s = flapw.build_hs(cell, interstitial=True, lower_only=True)
+    with cupy.cuda.Device(0):
+        hd, sd = flapw.build_hs(cell, interstitial=True, lower_only=True, arrays="device")
+        hd, sd = hd.get(), sd.get()
+    for got, want in ((hd, h), (sd, s)):
+        low = np.tril_indices(cell.n_g)
+        assert np.abs(got[low] - want[low]).max() <= 1e-12 * np.abs(want[low]).max()
