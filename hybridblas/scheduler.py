@@ -19,10 +19,13 @@ def execute(problem, ctx):
     if getattr(ctx, "emulation", None) == "int8":
         problem.run.emulation = ctx.emulation_bits
     if len(devices) == 1 and devices[0].kind == "cuda":
-        from .devices import cuda_inline
+        from .devices import cuda_direct, cuda_inline
         if cuda_inline.applies(problem, devices[0]):
             cuda_inline.run(problem, devices[0])
             return "inline"
+        if cuda_direct.applies(problem, devices[0], ctx):
+            cuda_direct.run(problem, devices[0])
+            return "direct"
     if problem.fxp.__name__ == "cupy":
         problem.run.caller_events = _caller_events(problem)
     strategy = ctx.resolve_strategy(devices)

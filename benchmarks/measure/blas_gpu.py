@@ -284,6 +284,7 @@ def run(opts):
                 # the second page-locks them (in the background), later ones read them by DMA. Reported:
                 # first call, second call, and the best of --repeats calls after that (the steady state)
                 host_pinning.clear()
+                last_stats.clear()          # a call that runs no tiles (cuda_direct) leaves it empty
                 first = timed(lambda: call_hybrid(routine, args, kw, out, context), sync_all, 1)[0]
                 second = timed(lambda: call_hybrid(routine, args, kw, out, context), sync_all, 1)[0]
                 t_pin = time.perf_counter()
@@ -295,6 +296,8 @@ def run(opts):
                 log(f"      first call {first:.3f} s ({flops / first / 1e12:.1f} TF/s), second (page-locking) "
                     f"{second:.3f} s, locking went on {t_pin:.3f} s after it")
                 row["per_gpu"] = {k2: dict(v) for k2, v in last_stats.items()}
+                if not last_stats:
+                    log("      one cuBLAS routine on the caller's stream (no tiles)")
                 for dev, st in sorted(last_stats.items()):
                     log(f"      {dev}: kernels {st.get('kernel_s', 0):.3f} s of {st.get('wall_s', 0):.3f} s, "
                         f"host staging in {st.get('host_upload_s', 0):.3f} s / out {st.get('host_download_s', 0):.3f} s, "

@@ -1,0 +1,105 @@
+"""Double-precision calls on the one GPU that holds every operand, C wider than cuda_inline's: cuBLAS's own
+routine on the caller's current stream, from the caller's thread.
+
+A call whose operands and C all live on the one GPU that computes it needs no staging, so the tiled run's
+machinery (worker threads, three streams, events, a panel cache, a dozen tiles each a cuBLAS call from
+Python) is pure cost there. Measured on one H100, complex128, best of 3 (n = 4414, k = 3136 is a FLAPW
+k-point's product): tiled against here, zherk 5.84 / 4.41 ms, zher2k 11.96 / 10.13 ms, zgemmt 6.30 / 6.30 ms; at
+n = k = 8192 1.11, 1.03 and 0.99 times faster here. Tiled, the caller's thread was busy for the whole call, and
+two callers on two GPUs at once slowed each other's zgemmt from 5.9 to 10.5-12.4 ms.
+
+Here herk, her2k, syrk and syr2k are one cuBLAS call, gemm one per term, and gemmt one herkx or syrkx where
+its two ops allow (op(B) = op'(B')^H or ^T with op' the op of A: what flapw's and LOBPCG's products are).
+cuBLAS's herkx makes the diagonal real (it assumes a Hermitian result), so after a herkx the diagonal is
+computed once more, exactly, as n dot products in one strided-batched gemm. Other gemmt calls, and herkx with
+a complex beta, keep the tiles. The call is queued on CuPy's current stream, ordered with the caller's own
+work like any CuPy operation, and returns without waiting for the GPU (as cuda_inline's calls do).
+
+cuBLAS's rank-k routines run a short, wide C against a long k without splitting k (cuda_inline: 10x
+slower than a gemm at 24 x 24 from k = 3e4), so calls with k above K_RATIO times n keep the tiles.
+"""
+import numpy as np
+
+from .. import cublas, plan
+from ..kernels import rect_block
+from ..problem import C, T, Operand, leading_dim
+from . import cuda_inline
+
+K_RATIO = 16        # here only while k <= K_RATIO * n
+_DOUBLE = (np.dtype(np.float64), np.dtype(np.complex128))
+
+
+def applies(problem, device, ctx=None):
+    """Double precision on one GPU that holds every operand and C, C wider than cuda_inline takes, a cuBLAS
+    routine for the whole call, and no memory cap, fixed block or emulation asked for (those want tiles)."""
+    if device.kind != "cuda" or problem.xp is np or problem.dtype not in _DOUBLE:
+        return False
+    if max(problem.m, problem.n) <= cuda_inline.MAX_EDGE or min(problem.m, problem.n, problem.k) == 0:
+        return False
+    if device.memory_limit or device.block or problem.run.memory_limit or problem.run.emulation:
+        return False
+    if ctx is not None and getattr(ctx, "block_size", None):
+        return False
+    if problem.kind != "gemm" and problem.k > K_RATIO * problem.n:
+        return False
+    if problem.kind == "gemmt" and _rank_kx(problem) is None:
+        return False
+    return all(x.device.id == device.index for x in [problem.c] + [f.base for f in problem.factors])
+
+
+def run(problem, device):
+    import cupy
+    with cupy.cuda.Device(device.index):
+        backend = cublas.Backend(cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream())
+        if problem.kind == "gemm":
+            rect_block(backend, problem.terms(), 0, problem.m, 0, problem.n, 0, problem.k, problem.c, problem.beta)
+        elif problem.kind == "gemmt":
+            _gemmt(backend, problem)
+        else:
+            task = plan.whole(problem)
+            blocks = [f.block(task.i0, task.i1, task.k0, task.k1) for f in problem.factors]
+            backend.rank_k(problem.kind, problem.c, problem.lower, problem.alpha, blocks, problem.beta)
+
+
+def _rank_kx(problem):
+    """(kind, coef, factors) of the cuBLAS herkx/syrkx call that is this gemmt, or None: C[tri] += coef op(X)
+    op(Y) is herkx when op(Y) = op_X(Y)^H (complex data, real beta) and syrkx when op(Y) = op_X(Y)^T."""
+    terms = problem.terms()
+    if len(terms) != 1:
+        return None
+    coef, x, y = terms[0]
+    flip = x.op ^ y.op
+    if problem.complex and flip == T:
+        kind = "syrkx"
+    elif problem.complex and flip == C and complex(problem.beta).imag == 0:
+        kind = "herkx"
+    elif not problem.complex and flip & T:
+        kind = "syrkx"
+    else:
+        return None
+    return kind, coef, [x, Operand(y.base, x.op, y.scratch)]
+
+
+def _gemmt(backend, problem):
+    kind, coef, factors = _rank_kx(problem)
+    c, n, beta = problem.c, problem.n, problem.beta
+    diagonal = _diagonal(c) if kind == "herkx" else None
+    old = diagonal.copy() if diagonal is not None and beta != 0 else None        # beta = 0 never reads C
+    backend.rank_k(kind, c, problem.lower, coef, factors, complex(beta).real if kind == "herkx" else beta)
+    if diagonal is None:
+        return
+    _, x, y = problem.terms()[0]
+    dots = backend.xp.empty((n, 1, 1), dtype=c.dtype)              # dots[i] = coef op(X)[i, :] op(Y)[:, i]
+    cublas.gemm_strided_batched(backend.handle, backend.stream.ptr, dots, coef,
+                                x.block(0, 1, 0, problem.k), leading_dim(x.base) if x.trans else 1,
+                                y.block(0, problem.k, 0, 1), 1 if y.trans else leading_dim(y.base), 0.0)
+    dots = dots.reshape(n)
+    if old is not None:
+        dots += beta * old
+    diagonal[...] = dots
+
+
+def _diagonal(c):
+    """The diagonal of the column-major square view ``c``, as a view."""
+    from cupy.lib.stride_tricks import as_strided
+    return as_strided(c, shape=(c.shape[0],), strides=(c.strides[0] + c.strides[1],))
