@@ -396,10 +396,15 @@ def _build(args):
     write_lock = threading.Lock()
     printer = _InOrder([ik for ik, _ in plan.mine], show)
 
-    def one(state, item):
+    def at_k(item):
+        """The crystal at k-point ``item`` with its G+k basis made (side.ahead: one k-point ahead)."""
+        kc = cell.with_k(item[1])
+        kc.basis
+        return kc
+
+    def one(state, item, kc):
         """Build, solve and write one k-point with a worker's backend, arrays and workspace."""
         ik, k = item
-        kc = cell.with_k(k)
         log.info("k-point %d/%d: k=%s N_G=%d", ik + 1, args.kpoints, k, kc.n_g)
         with _BatchProgress(f"k-point {ik + 1}/{args.kpoints}", not args.quiet and not plan.workers) as bar:
             h, s, rep = build_hs_with_fallback(kc, method=args.method, interstitial=args.interstitial,
@@ -448,11 +453,11 @@ def _build(args):
                 _use_gpu(gpu)                    # this thread's current GPU: its device arrays live there
                 return ready(backend, gpu)
             reports = side.side_by_side(plan.mine, plan.workers, one, start,
-                                        started=lambda: clock.setdefault("t0", time.perf_counter()))
+                                        started=lambda: clock.setdefault("t0", time.perf_counter()), prepare=at_k)
         else:
             state = ready(plan.backend, None)
             clock["t0"] = time.perf_counter()
-            reports = [one(state, item) for item in plan.mine]
+            reports = [one(state, item, kc) for item, kc in side.ahead(plan.mine, at_k)]
     except BaseException:
         if writer is not None:
             writer.discard()

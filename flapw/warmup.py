@@ -13,7 +13,9 @@ Found in the code (flapw, hybridblas, CuPy), on first use in a process:
   ``prepare`` builds the same crystal at a small Kmax through the same backend and arrays (every kernel
   and call of a build, and with ``nev`` a solve; on the CPU alone this is all it does, for hybridblas's
   and the thread pools' first calls) and runs one product large enough to be split over every device of
-  the context;
+  the context; with the operands on a GPU also a her2k and a herkx of that size (cuBLAS loads a kernel on its
+  first launch, and a size's kernels differ from the small build's: on two H100s the first NaCl Kmax 3.0
+  k-point took 29–37 ms against 25 ms for the later ones without them, 25–28 ms with them);
 * with a context that emulates FP64 on INT8 tensor cores (``flapw build --emulate``), the kernels of its
   emulated products, compiled for the build's inner dimension on every GPU of the context beside the warm-up;
 * not paid here: hybridblas page-locks a host operand when a second call meets it (its pin policy), so the
@@ -61,8 +63,13 @@ def prepare(cell, backend, arrays, method, batch_atoms, *, interstitial=False, n
         if arrays == "device" or _runs_on_gpu(backend):
             xp, hxp = _array_module(place), _array_module(arrays)        # the operands', H's and S's
             a = xp.ones((SPLIT_EDGE, SPLIT_EDGE), complex, order="F")
-            backend.herk(1.0, a, 0.0, hxp.zeros((SPLIT_EDGE, SPLIT_EDGE), complex, order="F"))
-            del a
+            c = hxp.zeros((SPLIT_EDGE, SPLIT_EDGE), complex, order="F")
+            backend.herk(1.0, a, 0.0, c)
+            if xp is not np:        # a build's other products at a build's sizes, on the operands' GPU
+                c = c if hxp is xp else xp.zeros_like(a)
+                backend.her2k(1.0, a, a, 0.0, c)
+                backend.herkx(1.0, a, a, 1.0, c)
+            del a, c
             if xp is not np:
                 xp.cuda.get_current_stream().synchronize()
     except MemoryError as exc:

@@ -1,8 +1,9 @@
 """k-points side by side, one per worker: which k-point goes where, results identical to the sequential run
-and in k-point order, errors, the CLI's choice between splitting calls and k-points; and (two GPUs) the CLI
-run against the host build."""
+and in k-point order, errors, each job's preparation one job ahead on another thread, the CLI's choice between
+splitting calls and k-points; and (two GPUs) the CLI run against the host build."""
 import json
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import flapw
 import hybridblas as hb
 from flapw import cli
-from flapw.kpoints import SPLIT_BELOW, assign, side_by_side
+from flapw.kpoints import SPLIT_BELOW, ahead, assign, side_by_side
 
 
 def test_round_robin_assignment():
@@ -74,6 +75,62 @@ def test_first_error_stops_the_workers_and_is_raised():
     with pytest.raises(OSError, match="no device a"):
         side_by_side(range(3), ["a", "b"], lambda w, j: j, start)
     assert side_by_side([], ["a"], lambda w, j: j) == []
+
+
+def test_ahead_prepares_the_next_item_while_the_caller_works():
+    """Item i+1's prepare runs on another thread and starts before the caller is done with item i; values in
+    order; prepare's error raised at its item; a caller that stops early leaves no preparation running."""
+    started = {i: threading.Event() for i in range(4)}
+    threads = {}
+
+    def prepare(i):
+        threads[i] = threading.get_ident()
+        started[i].set()
+        if i == 3:
+            raise ValueError("item 3 cannot be prepared")
+        return i * i
+    got = []
+    with pytest.raises(ValueError, match="item 3 cannot be prepared"):
+        for item, value in ahead(range(4), prepare):
+            if item + 1 < 4:
+                assert started[item + 1].wait(timeout=10)     # the next one is under way beside this one
+            got.append((item, value))
+    assert got == [(0, 0), (1, 1), (2, 4)]
+    assert threading.get_ident() not in threads.values()
+    assert list(ahead([], prepare)) == []
+
+    finished = []
+
+    def prepare_slowly(i):
+        if i == 1:
+            time.sleep(0.2)
+        finished.append(i)
+        return i
+    gen = ahead(range(5), prepare_slowly)
+    assert next(gen) == (0, 0)
+    gen.close()                                          # waits for item 1's preparation, starts no other
+    assert finished == [0, 1]
+
+
+def test_side_by_side_hands_each_job_its_preparation():
+    prepared_on = {}
+
+    def prepare(j):
+        prepared_on[j] = threading.get_ident()
+        return f"prepared {j}"
+
+    def run(worker, j, prepared):
+        assert prepared == f"prepared {j}" and prepared_on[j] != threading.get_ident()
+        return (worker, j)
+    assert side_by_side(range(5), ["a", "b"], run, prepare=prepare) == [
+        ("a", 0), ("b", 1), ("a", 2), ("b", 3), ("a", 4)]
+
+    def broken(j):
+        if j == 2:
+            raise OSError("no basis for job 2")
+        return j
+    with pytest.raises(OSError, match="no basis for job 2"):
+        side_by_side(range(5), ["a", "b"], lambda w, j, p: j, prepare=broken)
 
 
 def _fake_gpus(monkeypatch, gpus, fits=True):
