@@ -28,8 +28,9 @@ def assign(n_jobs, n_workers):
 
 def ahead(items, prepare):
     """(item, prepare(item)) for each item in order, each item's prepare running on a background thread while
-    the caller works on the item before it. An error of prepare(item) is raised when that item is reached; a
-    caller that stops early waits for the preparation under way."""
+    the caller waits for or works on the item before it (the first two start together). An error of
+    prepare(item) is raised when that item is reached; a caller that stops early waits for the preparation
+    under way."""
     items = list(items)
     if not items:
         return

@@ -96,6 +96,11 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
             if x.shape != (n_g, n_l) or x.dtype != np.complex128 or not x.flags.c_contiguous:
                 raise ValueError(f"out's arrays must be C-ordered complex128 of shape {(n_g, n_l)}, got "
                                  f"{x.dtype} {x.shape}")
+    kinds = {"numpy" if isinstance(x, np.ndarray) else f"GPU {getattr(getattr(x, 'device', None), 'id', '?')}"
+             for pair in out for x in pair}
+    if len(kinds) != 1:
+        raise ValueError(f"out's arrays must all be numpy arrays or all CuPy arrays on one GPU, got "
+                         f"{', '.join(sorted(kinds))}")
     if not isinstance(out[0][0], np.ndarray):
         from .matching_gpu import k_only_factors_gpu
         return k_only_factors_gpu(basis, radials, lmax, omega, out)

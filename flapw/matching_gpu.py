@@ -11,13 +11,17 @@ once.
 The kernel does the host's arithmetic in the host's order, compiled without fused multiply-adds (--fmad=false),
 with the host's constants (recurrence coefficients, 1/(2l+1)!!, sin and cos of |K|R) computed by numpy and
 passed in; the values agree with the host path to rounding (the tests hold them to 1e-14 relative).
+
+Each thread keeps its P_lm, cos mφ, sin mφ and j_l in local memory: NVRTC reports 464 bytes a thread at lmax 6,
+1168 at lmax 12. The driver may set that much aside for every thread a GPU can hold at once (an estimate for an
+H100: 125 and 316 MB, outside CuPy's pool).
 """
 import functools
 
 import numpy as np
 
 from .potential import lm_index
-from .special import MILLER_MARGIN, SERIES_BELOW, SERIES_TERMS, _double_factorials
+from .special import JN_LMAX, MILLER_MARGIN, SERIES_BELOW, SERIES_TERMS, _check_lmax, _double_factorials
 
 __all__ = ["k_only_factors_gpu"]
 
@@ -182,9 +186,19 @@ def _constants(lmax, omega):
 
 
 def k_only_factors_gpu(basis, radials, lmax, omega, out):
-    """Fill ``out`` ([(fa, fb)] per radial: C-ordered complex128 (N_G, N_L) CuPy arrays on one GPU, checked by
-    the caller) with matching.k_only_factors' values, on that GPU, on its current stream; complete when
-    this returns."""
+    """Fill ``out`` ([(fa, fb)] per radial: C-ordered complex128 (N_G, N_L) CuPy arrays on one GPU, as
+    matching.k_only_factors checks them) with matching.k_only_factors' values, on that GPU, on its current
+    stream; complete when this returns. lmax, |K| and the radial data are checked as the host path checks them
+    (ValueError) before anything runs."""
+    _check_lmax(lmax)
+    if lmax > JN_LMAX:
+        raise ValueError(f"lmax must be at most {JN_LMAX} for spherical_jn_all, got {lmax!r}")
+    if not np.all(np.isfinite(basis.norm)) or np.any(basis.norm < 0):
+        raise ValueError(f"|k+G| must be finite and >= 0, got values in [{basis.norm.min()}, {basis.norm.max()}]")
+    for r in radials:
+        if any(np.shape(v) != (lmax + 1,) for v in (r.udot, r.dudot, r.du, r.u)):
+            raise ValueError(f"radial functions must have lmax + 1 = {lmax + 1} values of u(R), u'(R), u̇(R) "
+                             f"and u̇'(R), got {np.shape(r.u)}")
     import cupy
     n = basis.n_g
     device = out[0][0].device

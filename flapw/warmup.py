@@ -65,7 +65,7 @@ def prepare(cell, backend, arrays, method, batch_atoms, *, interstitial=False, n
             a = xp.ones((SPLIT_EDGE, SPLIT_EDGE), complex, order="F")
             c = hxp.zeros((SPLIT_EDGE, SPLIT_EDGE), complex, order="F")
             backend.herk(1.0, a, 0.0, c)
-            if xp is not np:        # a build's other products at a build's sizes, on the operands' GPU
+            if xp is not np:        # a build's other products, at the split size, on the operands' GPU
                 c = c if hxp is xp else xp.zeros_like(a)
                 backend.her2k(1.0, a, a, 0.0, c)
                 backend.herkx(1.0, a, a, 1.0, c)

@@ -190,3 +190,42 @@ def test_radial_matching_equals_scipy_bessel():
         assert a.shape == b.shape == (basis.n_g, cell.lmax + 1)
         np.testing.assert_allclose(a, (rad.udot * dj - rad.dudot * j) / rad.wronskian, rtol=1e-13, atol=1e-14)
         np.testing.assert_allclose(b, (rad.du * j - rad.u * dj) / rad.wronskian, rtol=1e-13, atol=1e-14)
+
+
+def test_k_only_factors_refuse_outputs_on_several_devices():
+    """Output arrays must be all numpy or all on one GPU (the kernel writes through every pointer from one GPU);
+    stand-ins with a device id are enough: the check comes before any GPU work."""
+    from types import SimpleNamespace
+
+    from flapw import matching
+    cell = flapw.System.preset("NaCl", kmax=2.0, supercell=(1, 1, 1))
+    radials = [cell.radial[s] for s in sorted(cell.radial)]
+    shape = (cell.n_g, cell.n_l)
+
+    def on_gpu(i):
+        return SimpleNamespace(shape=shape, dtype=np.dtype(complex), flags=SimpleNamespace(c_contiguous=True),
+                               device=SimpleNamespace(id=i))
+    host = np.zeros(shape, complex)
+    with pytest.raises(ValueError, match="must all be numpy arrays or all CuPy arrays on one GPU, got GPU 0, GPU 1"):
+        matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega,
+                                out=[(on_gpu(0), on_gpu(0)), (on_gpu(1), on_gpu(1))])
+    with pytest.raises(ValueError, match="got GPU 1, numpy"):
+        matching.k_only_factors(cell.basis, radials, cell.lmax, cell.omega,
+                                out=[(host, on_gpu(1)), (host.copy(), host.copy())])
+
+
+def test_gpu_k_only_factors_check_their_inputs_like_the_host():
+    """matching_gpu refuses what the host recurrences refuse, before it imports CuPy or launches anything."""
+    from types import SimpleNamespace
+
+    from flapw import matching_gpu
+    cell = flapw.System.preset("NaCl", kmax=2.0, supercell=(1, 1, 1))
+    radials = [cell.radial[s] for s in sorted(cell.radial)]
+    for lmax, message in ((101, "lmax must be at most 100"), (-1, "lmax must be a non-negative integer")):
+        with pytest.raises(ValueError, match=message):
+            matching_gpu.k_only_factors_gpu(cell.basis, radials, lmax, cell.omega, out=None)
+    bad = SimpleNamespace(norm=np.array([0.0, np.inf]), n_g=2)
+    with pytest.raises(ValueError, match=r"\|k\+G\| must be finite"):
+        matching_gpu.k_only_factors_gpu(bad, radials, cell.lmax, cell.omega, out=None)
+    with pytest.raises(ValueError, match=f"radial functions must have lmax \\+ 1 = {cell.lmax + 2} values"):
+        matching_gpu.k_only_factors_gpu(cell.basis, radials, cell.lmax + 1, cell.omega, out=None)
