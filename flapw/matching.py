@@ -58,9 +58,14 @@ def _ab(j, dj, kk, radial):
     return a.T, b.T
 
 
+def prefactor_constants(lmax, omega):
+    """(4π/√Ω) i^l for every L = (l, m): the constant part of A and B."""
+    return (4 * np.pi / np.sqrt(omega)) * (1j ** lm_index(lmax))
+
+
 def _prefactor(ylm_c, lmax, omega):
     """(4π/√Ω) i^l Y*_lm(K̂), in place of ``ylm_c`` (Y*_lm): the species-independent part of A and B."""
-    ylm_c *= (4 * np.pi / np.sqrt(omega)) * (1j ** lm_index(lmax))[None, :]
+    ylm_c *= prefactor_constants(lmax, omega)[None, :]
     return ylm_c
 
 

@@ -20,8 +20,9 @@ import functools
 
 import numpy as np
 
-from .potential import lm_index
-from .special import JN_LMAX, MILLER_MARGIN, SERIES_BELOW, SERIES_TERMS, _check_lmax, _double_factorials
+from .matching import prefactor_constants
+from .special import (JN_LMAX, MILLER_MARGIN, P00, SERIES_BELOW, SERIES_TERMS, _check_lmax, _double_factorials,
+                      legendre_factors)
 
 __all__ = ["k_only_factors_gpu"]
 
@@ -166,20 +167,14 @@ def _kernel(lmax):
 
 @functools.lru_cache(maxsize=None)
 def _constants(lmax, omega):
-    """The species-independent part of the kernel's table, made by numpy exactly as the host path makes it."""
+    """The species-independent part of the kernel's table, from the host path's own functions."""
     n_p = (lmax + 1) * (lmax + 2) // 2
-    pref = (4 * np.pi / np.sqrt(omega)) * (1j ** lm_index(lmax))
     la, lb = np.zeros(n_p), np.zeros(n_p)
     ld, le = np.zeros(lmax + 1), np.zeros(lmax + 1)
     for l in range(1, lmax + 1):
         row = l * (l + 1) // 2
-        if l >= 2:
-            m = np.arange(l - 1)
-            la[row:row + l - 1] = np.sqrt((4.0 * l * l - 1) / (l * l - m * m))
-            lb[row:row + l - 1] = np.sqrt(((l - 1.0) ** 2 - m * m) / (4.0 * (l - 1) ** 2 - 1))
-        ld[l] = np.sqrt(2.0 * l + 1)
-        le[l] = -np.sqrt((2.0 * l + 1) / (2.0 * l))
-    table = np.concatenate([pref.view(float), [1 / np.sqrt(4 * np.pi)], la, lb, ld, le,
+        la[row:row + l - 1], lb[row:row + l - 1], ld[l], le[l] = legendre_factors(l)
+    table = np.concatenate([prefactor_constants(lmax, omega).view(float), [P00], la, lb, ld, le,
                             1 / _double_factorials(lmax + 2)])
     table.flags.writeable = False
     return table

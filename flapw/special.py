@@ -12,6 +12,7 @@ SERIES_BELOW = 1.0      # j_l(x) by its power series for x below this, by the do
 SERIES_TERMS = 12       # enough for x < 1: the 10th term is below 1e-19 of the first
 JN_LMAX = 100           # up to this lmax the downward recurrence grows by < 1e230 from its start to l = 0 (x >= 1)
 MILLER_MARGIN = 14      # the downward recurrence starts at l = max(lmax+1, floor x) + MILLER_MARGIN + floor(x)//2
+P00 = 1 / np.sqrt(4 * np.pi)    # Y_00
 
 
 def _check_lmax(lmax):
@@ -50,23 +51,30 @@ def legendre_all(lmax, cos_t, sin_t):
     _check_lmax(lmax)
     p = np.empty(((lmax + 1) * (lmax + 2) // 2, len(cos_t)))
     scratch = np.empty((max(lmax - 1, 0), len(cos_t)))
-    p[0] = 1 / np.sqrt(4 * np.pi)
+    p[0] = P00
     for l in range(1, lmax + 1):
         row, up, up2 = l * (l + 1) // 2, (l - 1) * l // 2, (l - 2) * (l - 1) // 2
+        a, b, d, e = legendre_factors(l)
         if l >= 2:
-            m = np.arange(l - 1)
-            a = np.sqrt((4.0 * l * l - 1) / (l * l - m * m))[:, None]
-            b = np.sqrt(((l - 1.0) ** 2 - m * m) / (4.0 * (l - 1) ** 2 - 1))[:, None]
             dst, tmp = p[row:row + l - 1], scratch[:l - 1]
             np.multiply(p[up:up + l - 1], cos_t, out=dst)
-            np.multiply(p[up2:up2 + l - 1], b, out=tmp)
+            np.multiply(p[up2:up2 + l - 1], b[:, None], out=tmp)
             np.subtract(dst, tmp, out=dst)
-            np.multiply(dst, a, out=dst)
+            np.multiply(dst, a[:, None], out=dst)
         np.multiply(p[up + l - 1], cos_t, out=p[row + l - 1])
-        p[row + l - 1] *= np.sqrt(2.0 * l + 1)
+        p[row + l - 1] *= d
         np.multiply(p[up + l - 1], sin_t, out=p[row + l])
-        p[row + l] *= -np.sqrt((2.0 * l + 1) / (2.0 * l))
+        p[row + l] *= e
     return p
+
+
+def legendre_factors(l):
+    """The factors of legendre_all's row l (l >= 1): a_lm and b_lm for m = 0..l-2 (arrays), √(2l+1) and
+    -√((2l+1)/2l)."""
+    m = np.arange(max(l - 1, 0))
+    a = np.sqrt((4.0 * l * l - 1) / (l * l - m * m))
+    b = np.sqrt(((l - 1.0) ** 2 - m * m) / (4.0 * (l - 1) ** 2 - 1))
+    return a, b, np.sqrt(2.0 * l + 1), -np.sqrt((2.0 * l + 1) / (2.0 * l))
 
 
 def azimuthal_all(lmax, cos_p, sin_p):
