@@ -65,8 +65,8 @@ def run(problem, device):
 
 
 def _rank_kx(problem):
-    """(kind, coef, factors) of the cuBLAS herkx/syrkx call that is this gemmt, or None: C[tri] += coef op(X)
-    op(Y) is herkx when op(Y) = op_X(Y)^H (complex data, real beta) and syrkx when op(Y) = op_X(Y)^T."""
+    """(kind, coef, x, y) of the gemmt C[tri] += coef op(X) op(Y) when it is a cuBLAS herkx (op(Y) = op_X(Y)^H,
+    complex data, real beta) or syrkx (op(Y) = op_X(Y)^T), else None."""
     terms = problem.terms()
     if len(terms) != 1:
         return None
@@ -80,18 +80,18 @@ def _rank_kx(problem):
         kind = "syrkx"
     else:
         return None
-    return kind, coef, [x, Operand(y.base, x.op, y.scratch)]
+    return kind, coef, x, y
 
 
 def _gemmt(backend, problem):
-    kind, coef, factors = _rank_kx(problem)
+    kind, coef, x, y = _rank_kx(problem)
     c, n, beta = problem.c, problem.n, problem.beta
     diagonal = _diagonal(c) if kind == "herkx" else None
     old = diagonal.copy() if diagonal is not None and beta != 0 else None        # beta = 0 never reads C
+    factors = [x, Operand(y.base, x.op, y.scratch)]                # cuBLAS takes one op for both
     backend.rank_k(kind, c, problem.lower, coef, factors, complex(beta).real if kind == "herkx" else beta)
     if diagonal is None:
         return
-    _, x, y = problem.terms()[0]
     dots = backend.xp.empty((n, 1, 1), dtype=c.dtype)              # dots[i] = coef op(X)[i, :] op(Y)[:, i]
     cublas.gemm_strided_batched(backend.handle, backend.stream.ptr, dots, coef,
                                 x.block(0, 1, 0, problem.k), leading_dim(x.base) if x.trans else 1,
