@@ -33,9 +33,15 @@ class CublasError(RuntimeError):
     pass
 
 
+class CublasAllocError(CublasError, MemoryError):
+    """cuBLAS could not allocate GPU memory (CUBLAS_STATUS_ALLOC_FAILED): a MemoryError too, so what retries or
+    falls back on running out of memory (flapw's builds, their warm-up) treats it like any other."""
+
+
 def check(status, name):
     if status != 0:
-        raise CublasError(f"{name} failed with cublasStatus {status} ({STATUS.get(status, 'unknown')})")
+        kind = CublasAllocError if status == 3 else CublasError
+        raise kind(f"{name} failed with cublasStatus {status} ({STATUS.get(status, 'unknown')})")
 
 
 def library_path():

@@ -222,3 +222,16 @@ def test_inject_fault_needs_a_context():
     with pytest.raises(TypeError, match="context must be a hybridblas.Context, got str"):
         with hb.testing.inject_fault("cpu", 0):
             pass
+
+
+def test_cublas_out_of_memory_is_a_memory_error():
+    """CUBLAS_STATUS_ALLOC_FAILED raises an error that is both a CublasError and a MemoryError (what flapw's
+    out-of-memory retries catch); other failures stay CublasErrors only."""
+    from hybridblas import cublas
+    with pytest.raises(MemoryError, match=r"cublasZherk_v2 failed with cublasStatus 3 \(ALLOC_FAILED\)") as info:
+        cublas.check(3, "cublasZherk_v2")
+    assert isinstance(info.value, cublas.CublasError)
+    with pytest.raises(cublas.CublasError, match="EXECUTION_FAILED") as info:
+        cublas.check(13, "cublasZgemm_v2")
+    assert not isinstance(info.value, MemoryError)
+    cublas.check(0, "cublasZgemm_v2")
