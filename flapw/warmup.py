@@ -69,9 +69,8 @@ def prepare(cell, backend, arrays, method, batch_atoms, *, interstitial=False, n
                 c = c if hxp is xp else xp.zeros_like(a)
                 backend.her2k(1.0, a, a, 0.0, c)
                 backend.herkx(1.0, a, a, 1.0, c)
-            del a, c
-            if xp is not np:
                 xp.cuda.get_current_stream().synchronize()
+            del a, c
     except MemoryError as exc:
         log.info("warm-up skipped: out of memory (%s: %s)", type(exc).__name__, exc)
     if compiling is not None:

@@ -35,19 +35,15 @@ _DOUBLE = (np.dtype(np.float64), np.dtype(np.complex128))
 def applies(problem, device, ctx=None):
     """Double precision on one GPU that holds every operand and C, C wider than cuda_inline takes, a cuBLAS
     routine for the whole call, and no memory cap, fixed block or emulation asked for (those want tiles)."""
-    if device.kind != "cuda" or problem.xp is np or problem.dtype not in _DOUBLE:
+    if problem.dtype not in _DOUBLE or problem.run.emulation or (ctx is not None and getattr(ctx, "block_size", None)):
         return False
     if max(problem.m, problem.n) <= cuda_inline.MAX_EDGE or min(problem.m, problem.n, problem.k) == 0:
-        return False
-    if device.memory_limit or device.block or problem.run.memory_limit or problem.run.emulation:
-        return False
-    if ctx is not None and getattr(ctx, "block_size", None):
         return False
     if problem.kind != "gemm" and problem.k > K_RATIO * problem.n:
         return False
     if problem.kind == "gemmt" and _rank_kx(problem) is None:
         return False
-    return all(x.device.id == device.index for x in [problem.c] + [f.base for f in problem.factors])
+    return cuda_inline.held_whole(problem, device)
 
 
 def run(problem, device):

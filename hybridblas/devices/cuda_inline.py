@@ -33,15 +33,23 @@ _masks = {}
 _masks_lock = threading.Lock()
 
 
-def applies(problem, device):
-    """One GPU, every operand on it, C small, no memory cap or fixed block asked for (those want tiles)."""
-    if device.kind != "cuda" or problem.xp is np or max(problem.m, problem.n) > MAX_EDGE:
+def held_whole(problem, device):
+    """``device`` is a GPU holding C and every operand, and no memory cap or fixed block asks for tiles: a call
+    it can run on the caller's stream (here, or cuda_direct's)."""
+    if device.kind != "cuda" or problem.xp is np:
         return False
     if device.memory_limit or device.block or problem.run.memory_limit:
         return False
+    return all(x.device.id == device.index for x in [problem.c] + [f.base for f in problem.factors])
+
+
+def applies(problem, device):
+    """One GPU, every operand on it, C small, no memory cap or fixed block asked for (those want tiles)."""
+    if max(problem.m, problem.n) > MAX_EDGE:
+        return False
     if problem.run.emulation and cuda_ozaki.applies(problem.dtype, problem.m, problem.n, problem.k, problem.alpha):
         return False            # emulated products run in the tiles (never at these sizes by default)
-    return all(x.device.id == device.index for x in [problem.c] + [f.base for f in problem.factors])
+    return held_whole(problem, device)
 
 
 def run(problem, device):
