@@ -91,6 +91,7 @@ def hs_from_coefficients(a, b, taa, tab, tbb, u, *, tba=None, t_index=None, meth
         _refined_batch(bt, work[0], lambda: scale_ub(bt, work[0]))
     else:
         _original_batch(bt, *work, _cholesky_factors({c: sets["taa"][c] for c in used}, xp))
+    rep.settle()
     if not lower_only:
         hermitian_fill(h, xp)
         hermitian_fill(s, xp)

@@ -39,7 +39,7 @@ import hybridblas as hb
 from .backends import BACKENDS, PeerBackend, get_backend
 from .interstitial import scratch_bytes, table_span
 from .matching import atom_runs, fill_coefficients, k_only_factors, phases
-from .report import BuildReport, flops
+from .report import BuildReport, GpuTimeline, flops
 from .system import System
 
 __all__ = ["build_hs", "build_hs_with_fallback", "build_bytes", "fitting_batch", "METHODS", "Workspace"]
@@ -98,9 +98,10 @@ def _hybridblas_on_gpu(backend):
 
 
 def _sync(xp):
+    """How a build's stages are timed: on the host (numpy) by the wall clock, on a GPU by a GpuTimeline."""
     if xp is np:
         return None
-    return lambda: xp.cuda.get_current_stream().synchronize()
+    return GpuTimeline(xp)
 
 
 def buffers_per_atom(method, overlap=False):
@@ -505,6 +506,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
         with rep.stage("hermitian fill", sync=sync):
             hermitian_fill(h, hxp)
             hermitian_fill(s, hxp)
+    rep.settle()                         # the GPU's work done: H and S complete, the stages' seconds known
     if on_gpu:
         with rep.stage("H, S to the host"):
             for dst, src in zip(host_hs, (h, s)):

@@ -3,7 +3,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-__all__ = ["BuildReport", "flops"]
+__all__ = ["BuildReport", "GpuTimeline", "flops"]
 
 
 def flops(kind, n, k, m=None):
@@ -18,6 +18,26 @@ def flops(kind, n, k, m=None):
     if kind in ("zgemm", "zhemm", "ztrmm"):
         return 8.0 * (n if m is None else m) * n * k if kind != "ztrmm" else 4.0 * m * n * k
     raise ValueError(f"unknown flop kind {kind!r}")
+
+
+class GpuTimeline:
+    """Times the stages of a GPU build by CUDA events on the current stream, one where each stage starts and
+    one where it ends, read once when the build ends (BuildReport.settle) instead of waiting for the GPU after
+    every stage: the host queues the next stage while the GPU runs this one. A stage's seconds are the GPU's
+    time from the end of the work queued before it to the end of its own (its work, and any wait for the host
+    to queue it). Waiting after each of a NaCl Kmax 3.0 k-point's 9 stages cost 3 of its 25.5 ms (one H100)."""
+
+    def __init__(self, cupy):
+        self._cupy = cupy
+
+    def mark(self):
+        event = self._cupy.cuda.Event()
+        event.record()
+        return event
+
+    def seconds(self, start, end):
+        end.synchronize()
+        return self._cupy.cuda.get_elapsed_time(start, end) / 1e3
 
 
 @dataclass
@@ -46,19 +66,34 @@ class BuildReport:
     setup: dict = field(default_factory=dict)   # k-independent seconds (radial functions, T matrices)
     operands: str = "host"            # where A, B, X and the T products lived: "host" or "device"
     hs_built_on_gpu: bool = False     # host H and S built on the GPU of the operands, then copied to the host
+    _marks: list = field(default_factory=list, repr=False, compare=False)    # (stage, timeline, start, end)
 
     @contextmanager
     def stage(self, name, flop_count=0.0, blas=False, sync=None, overlapped=False):
+        """Time one stage: host wall seconds, after sync() when given (the work it queued has finished),
+        or, with a GpuTimeline, the GPU's seconds between events, added by settle()."""
         st = self.stages.setdefault(name, Stage(name, blas=blas, overlapped=overlapped))
+        timeline = sync if isinstance(sync, GpuTimeline) else None
+        start = timeline.mark() if timeline is not None else None
         t0 = time.perf_counter()
         try:
             yield st
         finally:
-            if sync is not None:
-                sync()
-            st.seconds += time.perf_counter() - t0
+            if timeline is not None:
+                self._marks.append((st, timeline, start, timeline.mark()))
+            else:
+                if sync is not None:
+                    sync()
+                st.seconds += time.perf_counter() - t0
             st.flops += flop_count
             st.calls += 1
+
+    def settle(self):
+        """Wait for the GPU work of the stages timed by a GpuTimeline and add their seconds (the build's work is
+        then complete); nothing to do for host stages."""
+        marks, self._marks = self._marks, []
+        for st, timeline, start, end in marks:
+            st.seconds += timeline.seconds(start, end)
 
     def note_buffers(self, **nbytes):
         self.buffers.update(nbytes)

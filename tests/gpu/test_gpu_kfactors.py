@@ -2,6 +2,8 @@
 recurrences: every element written (outputs poisoned with NaN first), equal to 1e-14 of the largest element,
 for every preset's lmax, the Γ point (K = 0 among the G vectors), |K|R on both sides of the series/recurrence
 border, lmax 0 and 1, on GPU 0 and GPU 1; the H and S of a device build equal the host build's."""
+import time
+
 import numpy as np
 import pytest
 
@@ -61,8 +63,13 @@ def test_device_build_equals_host_build():
     cell = flapw.System.preset("NaCl", kmax=2.2, supercell=(1, 1, 1), k=(0.2, 0.1, 0.05))
     h, s = flapw.build_hs(cell, interstitial=True, lower_only=True)
     with cupy.cuda.Device(0):
-        hd, sd = flapw.build_hs(cell, interstitial=True, lower_only=True, arrays="device")
+        t0 = time.perf_counter()
+        hd, sd, rep = flapw.build_hs(cell, interstitial=True, lower_only=True, arrays="device", return_report=True)
+        wall = time.perf_counter() - t0
         hd, sd = hd.get(), sd.get()
+    assert not rep._marks                                        # every GPU stage's events read
+    assert all(st.seconds > 0 for st in rep.stages.values())
+    assert 0 < rep.total_seconds <= wall
     for got, want in ((hd, h), (sd, s)):
         low = np.tril_indices(cell.n_g)
         assert np.abs(got[low] - want[low]).max() <= 1e-12 * np.abs(want[low]).max()

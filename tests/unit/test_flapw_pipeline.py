@@ -1,6 +1,8 @@
 """How a build runs: the lower triangle only, the host work beside the BLAS calls (overlap), a workspace
 reused across k-points, the T products batched per run of one class (the GPU path, run here with numpy),
 and the whole device path on numpy standing in for cupy."""
+import time
+
 import numpy as np
 import pytest
 
@@ -19,12 +21,24 @@ def _lower(m):
 
 
 class _NumpyAsDevice:
-    """numpy under another name, with a stream to synchronise: build_hs's device path on the host."""
+    """numpy under another name, with a stream to synchronise and events that read the host clock: build_hs's
+    device path on the host."""
 
     class cuda:
         @staticmethod
         def get_current_stream():
             return type("Stream", (), {"synchronize": staticmethod(lambda: None)})()
+
+        class Event:
+            def record(self):
+                self.at = time.perf_counter()
+
+            def synchronize(self):
+                pass
+
+        @staticmethod
+        def get_elapsed_time(start, end):
+            return (end.at - start.at) * 1e3
 
     def __getattr__(self, name):
         return getattr(np, name)
