@@ -112,6 +112,28 @@ def test_ahead_prepares_the_next_item_while_the_caller_works():
     assert finished == [0, 1]
 
 
+def test_ahead_starts_the_second_preparation_once_the_first_is_done():
+    """The first item's preparation runs alone (it is what the caller waits for); each later one starts when
+    the one before it is done, before the caller has worked on that item."""
+    log, lock = [], threading.Lock()
+
+    def prepare(i):
+        with lock:
+            log.append(("start", i))
+        time.sleep(0.05)
+        with lock:
+            log.append(("end", i))
+        return i
+    for item, _ in ahead(range(3), prepare):
+        with lock:
+            log.append(("caller", item))
+        time.sleep(0.1)                          # the next preparation finishes meanwhile
+    at = log.index
+    assert log[:2] == [("start", 0), ("end", 0)]                      # the first one alone
+    assert at(("end", 0)) < at(("start", 1)) < at(("end", 1)) < at(("caller", 1))       # under way beside item 0
+    assert at(("end", 1)) < at(("start", 2)) < at(("caller", 2))
+
+
 def test_side_by_side_hands_each_job_its_preparation():
     prepared_on = {}
 
@@ -213,6 +235,35 @@ def test_gpu_kpoints_side_by_side_equal_the_host_build(tmp_path, capsys):
         h, s = flapw.build_hs(cell.with_k(k), interstitial=True, context=hb.Context("cpu"))
         assert np.abs(got["H"] - h).max() <= 1e-12 * np.abs(h).max()
         assert np.abs(got["S"] - s).max() <= 1e-12 * np.abs(s).max()
+
+
+def test_finish_runs_on_each_workers_thread_after_its_last_job():
+    """finish(state) once per worker with jobs, on that worker's thread, after its last job and before
+    side_by_side returns; an error there is raised as that worker's last job's."""
+    log, lock = [], threading.Lock()
+
+    def run(worker, j):
+        with lock:
+            log.append(("run", worker, j, threading.get_ident()))
+        return j
+
+    def finish(worker):
+        with lock:
+            log.append(("finish", worker, None, threading.get_ident()))
+    assert side_by_side(range(5), ["a", "b", "c"], run, finish=finish) == [0, 1, 2, 3, 4]
+    for w in ("a", "b", "c"):
+        mine = [e for e in log if e[1] == w]
+        assert [e[0] for e in mine] == ["run"] * (len(mine) - 1) + ["finish"]
+        assert len({e[3] for e in mine}) == 1                  # one thread: the worker's
+    log.clear()
+    assert side_by_side(range(1), ["a", "b"], run, finish=finish) == [0]
+    assert [e[:2] for e in log if e[0] == "finish"] == [("finish", "a")]      # b had no job
+
+    def broken(worker):
+        if worker == "b":
+            raise RuntimeError("GPU work of b's last job failed")
+    with pytest.raises(RuntimeError, match="b's last job"):
+        side_by_side(range(4), ["a", "b"], run, finish=broken)
 
 
 def test_started_runs_once_every_worker_is_ready():
