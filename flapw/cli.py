@@ -40,6 +40,11 @@ _C16 = 16
 MAX_KPOINTS = 100_000
 
 
+# Builds a worker leaves queued on its GPU while its host goes on to the next k-point (device H and S that the host
+# does not read): the GPU then runs one k-point while the host queues the next.
+QUEUED_KPOINTS = 1
+
+
 def _kpoints(n, first):
     """``n`` generic k-points: the default one, then a fixed low-discrepancy sequence (reproducible)."""
     out = [tuple(float(x) for x in first)]
@@ -403,23 +408,36 @@ def _build(args):
         return kc
 
     def one(state, item, kc):
-        """Build, solve and write one k-point with a worker's backend, arrays and workspace."""
+        """Build, solve and write one k-point with a worker's backend, arrays and workspace; returns its report
+        (a dict), or, for a build left queued on the worker's GPU, a function that returns it once the GPU is
+        done (the worker's k-points queued more than QUEUED_KPOINTS before this one are finished here)."""
         ik, k = item
         log.info("k-point %d/%d: k=%s N_G=%d", ik + 1, args.kpoints, k, kc.n_g)
+        # device H and S that nothing reads on the host: the next k-point's host work runs beside this one's GPU work
+        queued = state.arrays == "device" and not args.solve and writer is None
         with _BatchProgress(f"k-point {ik + 1}/{args.kpoints}", not args.quiet and not plan.workers) as bar:
             h, s, rep = build_hs_with_fallback(kc, method=args.method, interstitial=args.interstitial,
                                                batch_atoms=state.nb, blas=state.backend, arrays=state.arrays,
                                                lower_only=not args.full, return_report=True, progress=bar,
                                                workspace=state.workspace if state.arrays == "host" else None,
-                                               overlap=plan.overlap, operands=state.operands)
+                                               overlap=plan.overlap, operands=state.operands, wait=not queued)
         if state.operands == "device" and rep.operands == "host":
             log.info("the remaining k-points%s are built on host arrays too", " of this GPU" if plan.workers else "")
         state.arrays, state.nb = ("host" if isinstance(h, np.ndarray) else "device"), rep.batch_atoms
         state.operands = rep.operands
-        d = rep.as_dict()
-        d.update(k=list(k), k_index=ik, rank=rank, arrays=state.arrays, triangle="full" if args.full else "lower")
+        extra = dict(k=list(k), k_index=ik, rank=rank, arrays=state.arrays, triangle="full" if args.full else "lower")
         if state.gpu is not None:
-            d["gpu"] = state.gpu
+            extra["gpu"] = state.gpu
+        if queued:
+            del h, s
+            finish = _Finished(rep, extra, lambda d: printer.put(ik, f"k-point {ik + 1}: " + _summary(d)
+                                                                  if args.quiet else rep.table()))
+            state.pending.append(finish)
+            while len(state.pending) > QUEUED_KPOINTS:
+                state.pending.pop(0)()
+            return finish
+        d = rep.as_dict()
+        d.update(extra)
         vectors = None
         text = f"k-point {ik + 1}: " + _summary(d) if args.quiet else rep.table()
         if args.solve:
@@ -435,12 +453,17 @@ def _build(args):
         printer.put(ik, text)
         return d
 
+    def last(state):
+        """The worker's k-point still queued on its GPU, finished (the loop's clock includes its GPU work)."""
+        while state.pending:
+            state.pending.pop(0)()
+
     warm = {}
 
     def ready(backend, gpu):
         """A worker's state, with the first-use costs of its builds paid (warmup.prepare)."""
         state = SimpleNamespace(backend=backend, arrays=plan.arrays, nb=nb, workspace=Workspace(), gpu=gpu,
-                                operands=plan.operands)
+                                operands=plan.operands, pending=[])
         spent = prepare(plan.largest, backend, plan.arrays, args.method, nb, interstitial=args.interstitial,
                         nev=args.solve, workspace=state.workspace, overlap=plan.overlap, operands=plan.operands)
         warm.update({f"{k} (GPU {gpu})" if gpu is not None else k: v for k, v in spent.items()})
@@ -453,11 +476,13 @@ def _build(args):
                 _use_gpu(gpu)                    # this thread's current GPU: its device arrays live there
                 return ready(backend, gpu)
             reports = side.side_by_side(plan.mine, plan.workers, one, start,
-                                        started=lambda: clock.setdefault("t0", time.perf_counter()), prepare=at_k)
+                                        started=lambda: clock.setdefault("t0", time.perf_counter()), prepare=at_k,
+                                        finish=last)
         else:
             state = ready(plan.backend, None)
             clock["t0"] = time.perf_counter()
             reports = [one(state, item, kc) for item, kc in side.ahead(plan.mine, at_k)]
+            last(state)
     except BaseException:
         if writer is not None:
             writer.discard()
@@ -467,6 +492,7 @@ def _build(args):
         log.info("wrote H and S to %s", plan.path)
     # this rank's k-point loop (the throughput measure: setup, warm-up and process start are paid once per run)
     loop = time.perf_counter() - clock["t0"]
+    reports = [r() if callable(r) else r for r in reports]
     loops = comm.gather(loop, root=0) if comm is not None else [loop]
     reports = parallel.gather_reports(reports, comm)
     if rank != 0:
@@ -487,6 +513,24 @@ def _build(args):
                   sys.stdout, indent=1)
         print()
     return 0
+
+
+class _Finished:
+    """A queued k-point's report: called (once for its effect, then again for the dict) it waits for the GPU
+    work of the build, completes the report with ``extra`` and hands it to ``show``."""
+
+    def __init__(self, rep, extra, show):
+        self._rep, self._extra, self._show, self._dict = rep, extra, show, None
+        self._lock = threading.Lock()
+
+    def __call__(self):
+        with self._lock:
+            if self._dict is None:
+                d = self._rep.as_dict()
+                d.update(self._extra)
+                self._show(d)
+                self._dict = d
+            return self._dict
 
 
 def _summary(d):

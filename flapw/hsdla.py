@@ -363,7 +363,8 @@ def _runs_on_gpu(backend):
 
 def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_atoms=None,
              max_temp_bytes=None, lower_only=False, blas="hybridblas", arrays="host",
-             return_report=False, progress=None, workspace=None, overlap=None, operands=None, hs_on_gpu="auto"):
+             return_report=False, progress=None, workspace=None, overlap=None, operands=None, hs_on_gpu="auto",
+             wait=True):
     """H and S (N_G × N_G, complex, Hermitian) of ``cell`` at its k-point.
 
     method:         "refined" (Algorithm 3: zherk, zherk, zher2k, zherkx; one temporary buffer X)
@@ -388,6 +389,11 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     progress:       called as progress(batch, batches) after each batch of atoms.
     workspace:      a flapw.Workspace to take the buffers and H, S from, and to leave them in for the next
                     build (the returned H and S are its buffers).
+    wait:           False, with device arrays: return once the build's GPU work is queued on the current stream
+                    (H and S are then ordered on that stream like any CuPy result; the host queues the next
+                    k-point while this one runs); the report's seconds are read, waiting for the GPU, when first
+                    asked for (BuildReport.settle). True (and any build with host H and S): return when H and S
+                    are complete.
     overlap:        run the host's per-atom work beside the BLAS calls (refined, host arrays; a fourth
                     buffer). None or False: not. "auto": when the BLAS runs on a GPU and the estimate with four
                     buffers fits. Measured on two H100s (TiO2 Kmax 3.0, --devices all, host arrays): 21 s a
@@ -399,7 +405,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     hybridblas.InsufficientMemory before anything is allocated.
     """
     _check_arguments(cell, method, context, blas, arrays, dict(interstitial=interstitial, lower_only=lower_only,
-                     return_report=return_report), progress, workspace, overlap, hs_on_gpu)
+                     return_report=return_report, wait=wait), progress, workspace, overlap, hs_on_gpu)
     hxp = _array_module(arrays)                 # H and S
     nb = _batch_size(cell, method, batch_atoms, max_temp_bytes)
     backend = _backend(blas, context)
@@ -441,7 +447,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
                      dtype=int)
     group_ub = [(sp, np.frombuffer(key, float)) for sp, key in groups]
 
-    with rep.stage("matching (k-only)"):
+    with rep.stage("matching (k-only)", sync=sync):
         basis = cell.basis
         # under MPI a rank's context holds its share of the node's cores (cpu_threads)
         threads = getattr(getattr(backend, "context", None), "cpu_threads", None)
@@ -506,7 +512,8 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
         with rep.stage("hermitian fill", sync=sync):
             hermitian_fill(h, hxp)
             hermitian_fill(s, hxp)
-    rep.settle()                         # the GPU's work done: H and S complete, the stages' seconds known
+    if wait or hxp is np or on_gpu:
+        rep.settle()                     # the GPU's work done: H and S complete, the stages' seconds known
     if on_gpu:
         with rep.stage("H, S to the host"):
             for dst, src in zip(host_hs, (h, s)):
@@ -541,7 +548,7 @@ def _device_batch(cell, method, nb, workspace):
 def build_hs_with_fallback(cell, method="refined", context=None, interstitial=False, *, batch_atoms=None,
                            max_temp_bytes=None, lower_only=False, blas="hybridblas", arrays="host",
                            return_report=False, progress=None, workspace=None, overlap=None, operands=None,
-                           hs_on_gpu="auto", out_of_memory=(MemoryError,)):
+                           hs_on_gpu="auto", wait=True, out_of_memory=(MemoryError,)):
     """build_hs that outlives running out of memory, with the same H and S.
 
     An attempt that raises one of ``out_of_memory`` (default MemoryError, which covers CuPy's
@@ -556,7 +563,7 @@ def build_hs_with_fallback(cell, method="refined", context=None, interstitial=Fa
     the host, H and S are numpy arrays.
     """
     _check_arguments(cell, method, context, blas, arrays, dict(interstitial=interstitial, lower_only=lower_only,
-                     return_report=return_report), progress, workspace, overlap, hs_on_gpu)
+                     return_report=return_report, wait=wait), progress, workspace, overlap, hs_on_gpu)
     if not isinstance(out_of_memory, tuple) or not all(isinstance(e, type) and issubclass(e, BaseException)
                                                        for e in out_of_memory):
         raise TypeError(f"out_of_memory must be a tuple of exception types, got {out_of_memory!r}")
@@ -571,7 +578,7 @@ def build_hs_with_fallback(cell, method="refined", context=None, interstitial=Fa
             return build_hs(cell, method, None, interstitial, batch_atoms=nb,
                             lower_only=lower_only, blas=backend, arrays=place, return_report=return_report,
                             progress=progress, workspace=workspace, overlap=overlap,
-                            operands="device" if on_gpu else "host", hs_on_gpu=hs_on_gpu)
+                            operands="device" if on_gpu else "host", hs_on_gpu=hs_on_gpu, wait=wait)
         except hb.InsufficientMemory:
             raise
         except out_of_memory as exc:

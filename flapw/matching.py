@@ -86,7 +86,7 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
 
     out: a (fa, fb) pair of (N_G, N_L) complex128 C-ordered arrays per radial to write into, numpy or CuPy on
     one GPU (then one kernel on that GPU computes them: matching_gpu; ``threads`` is not used); default new
-    numpy arrays. Returns the pairs, on a GPU complete when this returns."""
+    numpy arrays. Returns the pairs; on a GPU they are queued on its current stream (complete once it is)."""
     from hybridblas import workers
     from hybridblas.blas_threads import available_cores
     n_g, n_l = basis.n_g, (lmax + 1) ** 2

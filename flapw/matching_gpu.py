@@ -183,7 +183,8 @@ def _constants(lmax, omega):
 def k_only_factors_gpu(basis, radials, lmax, omega, out):
     """Fill ``out`` ([(fa, fb)] per radial: C-ordered complex128 (N_G, N_L) CuPy arrays on one GPU, as
     matching.k_only_factors checks them) with matching.k_only_factors' values, on that GPU, on its current
-    stream; complete when this returns. lmax, |K| and the radial data are checked as the host path checks them
+    stream (queued there, like any CuPy operation: what reads them on another stream or the host waits for that
+    stream first). lmax, |K| and the radial data are checked as the host path checks them
     (ValueError) before anything runs."""
     _check_lmax(lmax)
     if lmax > JN_LMAX:
@@ -215,5 +216,4 @@ def k_only_factors_gpu(basis, radials, lmax, omega, out):
         data_d, table_d, pointers_d = cupy.asarray(data), cupy.asarray(table), cupy.asarray(pointers)
         kernel(((n + BLOCK - 1) // BLOCK,), (BLOCK,), (data_d, table_d, pointers_d, np.int32(n),
                                                         np.int32(len(radials))))
-        cupy.cuda.get_current_stream().synchronize()
     return out

@@ -90,9 +90,13 @@ class BuildReport:
 
     def settle(self):
         """Wait for the GPU work of the stages timed by a GpuTimeline and add their seconds (the build's work is
-        then complete); nothing to do for host stages."""
-        marks, self._marks = self._marks, []
-        for st, timeline, start, end in marks:
+        then complete); nothing to do for host stages. Reading the report's seconds (total_seconds,
+        blas_seconds, as_dict, table) settles it first."""
+        while True:
+            try:
+                st, timeline, start, end = self._marks.pop(0)      # each mark read once, whoever reads
+            except IndexError:
+                return
             st.seconds += timeline.seconds(start, end)
 
     def note_buffers(self, **nbytes):
@@ -102,6 +106,7 @@ class BuildReport:
     @property
     def total_seconds(self):
         """Wall seconds: every stage but those that ran beside a BLAS call (their wait is a stage)."""
+        self.settle()
         return sum(s.seconds for s in self.stages.values() if not s.overlapped)
 
     @property
@@ -110,6 +115,7 @@ class BuildReport:
 
     @property
     def blas_seconds(self):
+        self.settle()
         return sum(s.seconds for s in self.stages.values() if s.blas)
 
     @property
@@ -117,6 +123,8 @@ class BuildReport:
         return sum(s.flops for s in self.stages.values() if s.blas)
 
     def as_dict(self):
+        self.settle()
+
         def rate(f, t):
             return f / t / 1e12 if t > 0 else 0.0
         return {

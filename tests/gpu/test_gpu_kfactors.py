@@ -73,3 +73,42 @@ def test_device_build_equals_host_build():
     for got, want in ((hd, h), (sd, s)):
         low = np.tril_indices(cell.n_g)
         assert np.abs(got[low] - want[low]).max() <= 1e-12 * np.abs(want[low]).max()
+
+
+def test_queued_builds_equal_waited_ones_and_settle_when_read():
+    """build_hs(wait=False) on device arrays: three k-points queued one after another on GPU 0's stream (each
+    H and S dropped once queued, as the CLI does), every report settled when read, after the last was queued;
+    the H and S of the last equal the waited build's, the seconds positive and no mark left unread."""
+    base = flapw.System.preset("NaCl", kmax=2.2, supercell=(1, 1, 1))
+    cells = [base.with_k(k) for k in ((0.0, 0.0, 0.0), (0.25, 0.0, 0.1), (0.2, 0.1, 0.05))]
+    with cupy.cuda.Device(0):
+        reports = []
+        for cell in cells:
+            hd, sd, rep = flapw.build_hs(cell, interstitial=True, lower_only=True, arrays="device",
+                                         return_report=True, wait=False)
+            reports.append(rep)
+        assert reports[-1]._marks                                # left for the reader
+        hd, sd = hd.get(), sd.get()
+        d = [r.as_dict() for r in reports]
+        want_h, want_s = flapw.build_hs(cells[-1], interstitial=True, lower_only=True, arrays="device")
+    assert all(not r._marks and r.total_seconds > 0 and r.blas_seconds > 0 for r in reports)
+    assert all(x["total_seconds"] == r.total_seconds for x, r in zip(d, reports))
+    low = np.tril_indices(cells[-1].n_g)
+    for got, want in ((hd, want_h.get()), (sd, want_s.get())):
+        assert np.abs(got[low] - want[low]).max() <= 1e-13 * np.abs(want[low]).max()
+
+
+def test_cli_kpoints_queued_on_one_gpu(capsys):
+    """flapw build on GPU 0 with device arrays and nothing read on the host (no --solve, no --output): its
+    k-points are queued one after another; the reports come in k-point order with seconds from their events."""
+    from flapw import cli
+    rc = cli.main(["build", "--system", "NaCl", "--kmax", "2.0", "--kpoints", "3", "--interstitial", "--devices",
+                   "0", "--arrays", "device", "--json"])
+    assert rc == 0, capsys.readouterr().err
+    import json
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["k_index"] for r in doc["reports"]] == [0, 1, 2]
+    for r in doc["reports"]:
+        assert r["arrays"] == "device" and r["total_seconds"] > 0 and r["blas_seconds"] > 0
+        assert sum(s["seconds"] for s in r["stages"]) == pytest.approx(r["total_seconds"])
+    assert 0 < sum(r["total_seconds"] for r in doc["reports"]) <= doc["loop_seconds"][0] * 1.05

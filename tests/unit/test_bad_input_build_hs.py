@@ -37,6 +37,7 @@ BAD = [
     (dict(interstitial=1), TypeError, r"interstitial must be True or False, got int 1"),
     (dict(lower_only="no"), TypeError, r"lower_only must be True or False, got str 'no'"),
     (dict(return_report=None), TypeError, r"return_report must be True or False, got NoneType None"),
+    (dict(wait="no"), TypeError, r"wait must be True or False, got str 'no'"),
     (dict(batch_atoms=0), ValueError, r"batch_atoms must be a positive integer, got 0"),
     (dict(batch_atoms=-2), ValueError, r"batch_atoms must be a positive integer, got -2"),
     (dict(batch_atoms=2.5), ValueError, r"batch_atoms must be a positive integer, got 2.5"),

@@ -59,3 +59,18 @@ def test_host_stages_keep_the_wall_clock():
     assert waited == [1] and rep.stages["interstitial"].seconds >= 0.01
     rep.settle()
     assert rep.stages["interstitial"].seconds < 1.0
+
+
+def test_reading_the_seconds_settles_the_report_first():
+    """A build left queued on its GPU (build_hs(wait=False)): total_seconds, blas_seconds, as_dict and table
+    wait for the events themselves, so no reader sees a stage's seconds before its GPU work is done."""
+    for read in (lambda r: r.total_seconds, lambda r: r.blas_seconds, lambda r: r.as_dict()["total_seconds"],
+                 lambda r: r.table()):
+        fake = _Events()
+        rep = BuildReport()
+        with rep.stage("zher2k", flop_count=1.0, blas=True, sync=GpuTimeline(fake)):
+            fake.now += 2.0
+        assert not [e for e in fake.log if e[0] == "wait"]
+        read(rep)
+        assert ("wait", fake.now) in fake.log and not rep._marks
+        assert rep.stages["zher2k"].seconds == pytest.approx(3.5 / 1e3)
