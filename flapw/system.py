@@ -24,11 +24,12 @@ DEFAULT_K = (0.1234, 0.2345, 0.3456)     # generic k (supercell reciprocal units
 class _Shared:
     """k-independent data, filled on first use and shared by every k-point of a crystal."""
 
-    def __init__(self):
+    def __init__(self, kmax):
         self.classes = None
         self.radial = None
         self.tmats = None
         self.step_table = None
+        self.kmax = kmax            # the largest cutoff of the systems sharing it: the step table's box is made for it
         self.seconds = {}
 
 
@@ -75,7 +76,7 @@ class System:
         if unknown:
             raise ValueError(f"e_l names species {unknown} that the crystal does not hold ({sorted(held)})")
         self._basis = None
-        self._shared = _shared if _shared is not None else _Shared()
+        self._shared = _shared if _shared is not None else _Shared(self.kmax)
 
     @staticmethod
     def _parse_e_l(e_l, lmax):
@@ -238,7 +239,7 @@ class System:
         if sh.step_table is None:
             from .interstitial import step_function_table, table_span
             t0 = time.perf_counter()
-            span = table_span(self.structure.lattice, self.kmax)
+            span = table_span(self.structure.lattice, sh.kmax)     # a smaller-cutoff copy may ask first
             sh.step_table = (step_function_table(self.structure, span), span)
             sh.seconds["step function"] = time.perf_counter() - t0
         return sh.step_table
