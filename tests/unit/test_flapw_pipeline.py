@@ -268,6 +268,18 @@ def test_with_kmax_shares_the_k_independent_data(tio2):
         cell.with_kmax(3.0)
 
 
+def test_a_smaller_cutoff_asking_first_makes_the_step_table_for_the_larger_one():
+    """The step-function table is shared by with_kmax copies: made first by the smaller-cutoff copy (the warm-up's
+    build), it still spans the larger basis's Miller index differences, and the larger build equals a plain one."""
+    cell = flapw.System.preset("TiO2", kmax=3.6, supercell=(1, 1, 1))
+    small = cell.with_kmax(2.0)
+    flapw.build_hs(small, interstitial=True)                     # the small copy makes the table
+    h, s = flapw.build_hs(cell, interstitial=True)
+    h_ref, s_ref = flapw.build_hs(flapw.System.preset("TiO2", kmax=3.6, supercell=(1, 1, 1)), interstitial=True)
+    assert small.step_table is cell.step_table
+    assert _rel(h, h_ref) <= 1e-13 and _rel(s, s_ref) <= 1e-13
+
+
 def test_warm_up_pays_the_first_calls(tio2, monkeypatch, caplog):
     """prepare: the workspace for host arrays, a small build through the backend; beside GPUs (faked) one
     product of SPLIT_EDGE through the backend; out of memory only skips it, with a note."""
@@ -300,6 +312,36 @@ def test_warm_up_pays_the_first_calls(tio2, monkeypatch, caplog):
     with caplog.at_level("INFO", logger="flapw"):
         assert "warm-up" in warmup.prepare(cell, Spy(), "host", "refined", 6)
     assert any("warm-up skipped: out of memory" in r.getMessage() for r in caplog.records)
+
+
+def test_warm_up_builds_a_small_enough_largest_kpoint_whole_on_device_arrays(tio2, monkeypatch):
+    """Device arrays: after the small build, the largest k-point built once at its own size when its products come
+    to at most FULL_SIZE_FLOPS; above that, and with host arrays, the small build alone (numpy standing in for
+    cupy, the SPLIT_EDGE products left out)."""
+    from flapw import warmup
+    cell = flapw.System.preset("TiO2", kmax=3.6, supercell=(1, 1, 1))      # above the small build's TINY_N_G
+    built = []
+    real_build, real_module = warmup.build_hs, hsdla._array_module
+    monkeypatch.setattr(hsdla, "_array_module", lambda arrays: _NumpyAsDevice() if arrays == "device"
+                        else real_module(arrays))
+    monkeypatch.setattr(warmup, "_array_module", hsdla._array_module)
+    monkeypatch.setattr(warmup, "SPLIT_EDGE", 0)
+    monkeypatch.setattr(warmup, "build_hs", lambda c, *a, **kw: built.append((c.n_g, kw["arrays"]))
+                        or real_build(c, *a, **kw))
+    backend = flapw.backends.get_backend("hybridblas", hb.Context("cpu"))
+    assert warmup.build_flops(cell) == 20.0 * cell.n_g ** 2 * cell.n_atoms * cell.n_l
+    monkeypatch.setattr(warmup, "FULL_SIZE_FLOPS", warmup.build_flops(cell))
+    spent = warmup.prepare(cell, backend, "device", "refined", 6, interstitial=True)
+    assert len(built) == 2 and built[0][0] < cell.n_g and built[1] == (cell.n_g, "device")
+    assert 0 < spent["warm-up: full-size build"] <= spent["warm-up"]
+    built.clear()
+    monkeypatch.setattr(warmup, "FULL_SIZE_FLOPS", warmup.build_flops(cell) * 0.99)
+    assert "warm-up: full-size build" not in warmup.prepare(cell, backend, "device", "refined", 6)
+    assert len(built) == 1 and built[0][0] < cell.n_g
+    built.clear()
+    monkeypatch.setattr(warmup, "FULL_SIZE_FLOPS", float("inf"))
+    warmup.prepare(cell, backend, "host", "refined", 6)
+    assert len(built) == 1
 
 
 def test_warm_up_compiles_an_emulating_contexts_kernels_for_the_builds_k(tio2, monkeypatch):
