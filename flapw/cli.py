@@ -392,6 +392,8 @@ def _build(args):
              cell.name, cell.n_atoms, cell.n_l, cell.kmax, args.kpoints, "s" if args.kpoints > 1 else "",
              args.method, plan.spec, ranks, plan.arrays, nb, spread, emulated)
     parallel.share_k_independent(cell, comm)
+    if comm is not None and plan.largest is not cell:
+        plan.largest = cell.with_k(plan.largest.k)     # the largest k-point on the broadcast k-independent data
     cell.tmats                               # the k-independent data, once, before the k-point loop
     if args.interstitial:
         cell.step_table
@@ -428,14 +430,15 @@ def _build(args):
         extra = dict(k=list(k), k_index=ik, rank=rank, arrays=state.arrays, triangle="full" if args.full else "lower")
         if state.gpu is not None:
             extra["gpu"] = state.gpu
-        if queued:
+        if queued and not isinstance(h, np.ndarray):
             del h, s
             finish = _Finished(rep, extra, lambda d: printer.put(ik, f"k-point {ik + 1}: " + _summary(d)
-                                                                  if args.quiet else rep.table()))
+                                                                  if args.quiet else rep.table()), ik)
             state.pending.append(finish)
             while len(state.pending) > QUEUED_KPOINTS:
                 state.pending.pop(0)()
             return finish
+        last(state)                      # k-points still queued (before a fall back to host arrays) come first
         d = rep.as_dict()
         d.update(extra)
         vectors = None
@@ -454,9 +457,19 @@ def _build(args):
         return d
 
     def last(state):
-        """The worker's k-point still queued on its GPU, finished (the loop's clock includes its GPU work)."""
+        """The worker's k-points still queued on its GPU, finished in order (the loop's clock includes their GPU
+        work)."""
         while state.pending:
             state.pending.pop(0)()
+
+    def drain(state):
+        """After an error: wait for the worker's queued k-points, print those that completed, and raise nothing
+        (the error that stopped the worker is the one reported)."""
+        while state.pending:
+            try:
+                state.pending.pop(0)()
+            except Exception as exc:       # noqa: BLE001 - the first error is already on its way up
+                log.warning("%s", exc)
 
     warm = {}
 
@@ -477,12 +490,16 @@ def _build(args):
                 return ready(backend, gpu)
             reports = side.side_by_side(plan.mine, plan.workers, one, start,
                                         started=lambda: clock.setdefault("t0", time.perf_counter()), prepare=at_k,
-                                        finish=last)
+                                        finish=last, cleanup=drain)
         else:
             state = ready(plan.backend, None)
             clock["t0"] = time.perf_counter()
-            reports = [one(state, item, kc) for item, kc in side.ahead(plan.mine, at_k)]
-            last(state)
+            try:
+                reports = [one(state, item, kc) for item, kc in side.ahead(plan.mine, at_k)]
+                last(state)
+            except BaseException:
+                drain(state)
+                raise
     except BaseException:
         if writer is not None:
             writer.discard()
@@ -519,14 +536,18 @@ class _Finished:
     """A queued k-point's report: called (once for its effect, then again for the dict) it waits for the GPU
     work of the build, completes the report with ``extra`` and hands it to ``show``."""
 
-    def __init__(self, rep, extra, show):
-        self._rep, self._extra, self._show, self._dict = rep, extra, show, None
+    def __init__(self, rep, extra, show, k_index):
+        self._rep, self._extra, self._show, self._dict, self._k = rep, extra, show, None, k_index
         self._lock = threading.Lock()
 
     def __call__(self):
         with self._lock:
             if self._dict is None:
-                d = self._rep.as_dict()
+                try:
+                    d = self._rep.as_dict()            # waits for the GPU: a fault of its work surfaces here
+                except Exception as exc:
+                    exc.add_note(f"(raised by the GPU work of k-point {self._k + 1}, queued before the k-point after it)")
+                    raise
                 d.update(self._extra)
                 self._show(d)
                 self._dict = d

@@ -386,7 +386,8 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
                     the end; False (and a build that does not fit) keeps them in host memory, only C's tiles
                     crossing PCIe, with a batch of at most OPERAND_SHARE of the GPU's free memory.
     return_report:  also return a BuildReport (per-stage seconds, flops, peak temporary bytes).
-    progress:       called as progress(batch, batches) after each batch of atoms.
+    progress:       called as progress(batch, batches) after each batch of atoms (on a GPU: once the batch is
+                    queued).
     workspace:      a flapw.Workspace to take the buffers and H, S from, and to leave them in for the next
                     build (the returned H and S are its buffers).
     wait:           False, with device arrays: return once the build's GPU work is queued on the current stream
@@ -461,7 +462,7 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
         fub = [xp.multiply(fb[sp], xp.asarray(uu)[None, :], out=keep(f"k-only UB {g}"))
                for g, (sp, uu) in enumerate(group_ub)]
         del fac
-    dev_t = _device_t(taa, tab, tbb, u, sorted(set(cls_of.tolist())), xp)
+        dev_t = _device_t(taa, tab, tbb, u, sorted(set(cls_of.tolist())), xp)     # the T sets, where A and B live
 
     h = _matrix(workspace, "H", n_g, hxp)
     s = _matrix(workspace, "S", n_g, hxp)
@@ -482,11 +483,11 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
         for ib, atoms in enumerate(batches):
             w = len(atoms) * n_l
             view = {k: v[:n_g * w].reshape(n_g, w) for k, v in bufs.items()}
-            ph = phases(basis, cell.structure.positions[atoms], xp)
-
-            def fill(name, factors, of, ph=ph, atoms=atoms, view=view):
-                fill_coefficients(view[name], factors, ph, of[atoms], n_l, each)
             with rep.stage("matching A, B" if not overlap else "matching A", sync=sync):
+                ph = phases(basis, cell.structure.positions[atoms], xp)
+
+                def fill(name, factors, of, ph=ph, atoms=atoms, view=view):
+                    fill_coefficients(view[name], factors, ph, of[atoms], n_l, each)
                 fill("A", fa, sp_of)
                 if not overlap:
                     fill("B", fb, sp_of)

@@ -29,8 +29,8 @@ def assign(n_jobs, n_workers):
 def ahead(items, prepare):
     """(item, prepare(item)) for each item in order, each item's prepare running on a background thread while
     the caller works on the item before it. The next preparation starts once the one the caller waits for is
-    done, so that the first item's has the host to itself (two workers' first G+k bases at once took 5 ms of
-    host time against 1.5 ms alone, the GPUs idle meanwhile). An error of prepare(item) is raised when that item
+    done, so that the first item's does not share the host with the second's (two workers' first and second G+k
+    bases at once took 5 ms before either worker could queue its first k-point, against 1.5 ms alone). An error of prepare(item) is raised when that item
     is reached; a caller that stops early waits for the preparation under way."""
     items = list(items)
     if not items:
@@ -38,28 +38,27 @@ def ahead(items, prepare):
     job = background.start(prepare, items[0], name="flapw-ahead")
     try:
         for i, item in enumerate(items):
-            current = job
-            job = None
-            try:
-                value = current.result()
-            finally:
-                if i + 1 < len(items):
-                    job = background.start(prepare, items[i + 1], name="flapw-ahead")
+            current, job = job, None
+            value = current.result()           # its error: raised here, with no next preparation started
+            if i + 1 < len(items):
+                job = background.start(prepare, items[i + 1], name="flapw-ahead")
             yield item, value
     finally:
         if job is not None:
             job.wait()
 
 
-def side_by_side(jobs, workers, run, start=None, started=None, prepare=None, finish=None):
+def side_by_side(jobs, workers, run, start=None, started=None, prepare=None, finish=None, cleanup=None):
     """[run(state, job) for job in jobs], job j on workers[j mod W], each worker's jobs in order on a thread
     of its own. ``start(worker)`` runs first on that thread (e.g. make its GPU current, warm it up) and
     returns the state run gets (default: the worker itself); ``started()`` is called in the caller's thread
     once every worker has started, before any job runs (e.g. to start a clock). With ``prepare``, each job's
     prepare(job) runs one job ahead of its worker (``ahead``) and run is called as run(state, job, prepared).
     ``finish(state)`` runs on the worker's thread after its last job, before the call returns (e.g. to wait
-    for the work its jobs left queued on its GPU); its error counts as the worker's last job's. The first error stops every worker before its next job; the error of the lowest job that failed is
-    raised once all threads end."""
+    for the work its jobs left queued on its GPU); its error counts as the worker's last job's. When a worker stops
+    early (its own error or another worker's), ``cleanup(state)`` runs on its thread instead (e.g. to wait for that
+    work); it must not raise. The first error stops every worker before its next job; the error of the lowest job
+    that failed is raised once all threads end."""
     jobs = list(jobs)
     results, errors = {}, {}
     failed = threading.Event()
@@ -68,8 +67,10 @@ def side_by_side(jobs, workers, run, start=None, started=None, prepare=None, fin
     go = threading.Event()                     # set by the caller once started() has run
 
     def work(w, mine):
+        state, begun = None, False
         try:
             state = start(workers[w]) if start is not None else workers[w]
+            begun = True
         except BaseException as exc:           # handed to the caller's thread below
             errors[mine[0]] = exc
             failed.set()
@@ -79,6 +80,7 @@ def side_by_side(jobs, workers, run, start=None, started=None, prepare=None, fin
             failed.set()
         go.wait()
         order = ahead(mine, lambda j: prepare(jobs[j])) if prepare is not None else None
+        complete = False
         try:
             for j in mine:
                 if failed.is_set():
@@ -92,6 +94,7 @@ def side_by_side(jobs, workers, run, start=None, started=None, prepare=None, fin
                     errors[j] = exc
                     failed.set()
                     return
+            complete = True
             if finish is not None and mine:
                 try:
                     finish(state)
@@ -99,6 +102,8 @@ def side_by_side(jobs, workers, run, start=None, started=None, prepare=None, fin
                     errors[mine[-1]] = exc
                     failed.set()
         finally:
+            if not complete and begun and cleanup is not None:
+                cleanup(state)
             if order is not None:
                 order.close()
     threads = [background.start(work, w, mine, name="flapw-kpoints") for w, mine in enumerate(plan) if mine]

@@ -1,4 +1,5 @@
 """Per-stage accounting of a build: seconds, LAWN 41 flops, bytes; a printable table and JSON."""
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ class BuildReport:
     operands: str = "host"            # where A, B, X and the T products lived: "host" or "device"
     hs_built_on_gpu: bool = False     # host H and S built on the GPU of the operands, then copied to the host
     _marks: list = field(default_factory=list, repr=False, compare=False)    # (stage, timeline, start, end)
+    _settling: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @contextmanager
     def stage(self, name, flop_count=0.0, blas=False, sync=None, overlapped=False):
@@ -92,12 +94,12 @@ class BuildReport:
         """Wait for the GPU work of the stages timed by a GpuTimeline and add their seconds (the build's work is
         then complete); nothing to do for host stages. Reading the report's seconds (total_seconds,
         blas_seconds, as_dict, table) settles it first."""
-        while True:
-            try:
-                st, timeline, start, end = self._marks.pop(0)      # each mark read once, whoever reads
-            except IndexError:
-                return
-            st.seconds += timeline.seconds(start, end)
+        with self._settling:                   # a second reader waits for the first one's result
+            while self._marks:
+                st, timeline, start, end = self._marks[0]
+                seconds = timeline.seconds(start, end)              # raises (a GPU fault): the mark stays
+                st.seconds += seconds
+                self._marks.pop(0)
 
     def note_buffers(self, **nbytes):
         self.buffers.update(nbytes)

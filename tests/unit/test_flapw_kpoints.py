@@ -134,6 +134,54 @@ def test_ahead_starts_the_second_preparation_once_the_first_is_done():
     assert at(("end", 1)) < at(("start", 2)) < at(("caller", 2))
 
 
+def test_ahead_raises_a_failed_preparation_without_starting_the_next():
+    started = []
+
+    def prepare(i):
+        started.append(i)
+        if i == 0:
+            raise OSError("no basis for item 0")
+        time.sleep(1.0)
+        return i
+    t0 = time.perf_counter()
+    with pytest.raises(OSError, match="no basis for item 0"):
+        next(ahead(range(3), prepare))
+    assert started == [0] and time.perf_counter() - t0 < 0.5
+
+
+def test_cleanup_runs_on_every_worker_that_stops_early():
+    """A job's error: cleanup(state) on the failing worker's thread and on each other worker that stops before its
+    jobs are done (never finish there); workers that completed get finish, not cleanup."""
+    log, lock = [], threading.Lock()
+
+    ran_on = {}
+
+    def start(worker):
+        ran_on[worker] = threading.get_ident()
+        return worker
+
+    def run(worker, j):
+        if j == 2:
+            raise RuntimeError("job 2 failed")
+        time.sleep(0.05)
+        return j
+
+    def note(what):
+        def call(worker):
+            with lock:
+                log.append((what, worker, threading.get_ident()))
+        return call
+    with pytest.raises(RuntimeError, match="job 2 failed"):
+        side_by_side(range(6), ["a", "b", "c"], run, start, finish=note("finish"), cleanup=note("cleanup"))
+    assert ("cleanup", "c") in [e[:2] for e in log]                  # job 2's worker
+    assert all(ident == ran_on[w] for _, w, ident in log)            # on the worker's own thread
+    assert sorted(w for what, w, _ in log) == ["a", "b", "c"]         # each worker once, finish or cleanup
+    log.clear()
+    assert side_by_side(range(4), ["a", "b"], lambda w, j: j, finish=note("finish"), cleanup=note("cleanup")) == [
+        0, 1, 2, 3]
+    assert sorted(e[:2] for e in log) == [("finish", "a"), ("finish", "b")]
+
+
 def test_side_by_side_hands_each_job_its_preparation():
     prepared_on = {}
 
@@ -329,3 +377,77 @@ def test_cli_in_process_with_cupy_but_no_driver_finishes(monkeypatch, capsys):
     assert cli._current_gpu() is None
     rc = cli.main(["build", "--system", "NaCl", "--kmax", "1.5", "--devices", "cpu", "--quiet"])
     assert rc == 0, capsys.readouterr().err
+
+
+class _QueuedRun:
+    """flapw build's k-point loop on stand-in 'device' builds (no GPU): each build's one stage timed by fake CUDA
+    events; behaviour(ik) picks a k-point that falls back to host arrays or whose GPU work faults when waited for."""
+
+    class DeviceArray:                       # not numpy: the CLI takes it for H and S on a GPU
+        pass
+
+    def __init__(self, monkeypatch, n_kpoints, behaviour):
+        self.log, self.n = [], n_kpoints
+        cell = flapw.System.preset("NaCl", kmax=1.5, supercell=(1, 1, 1))
+        kpts = cli._kpoints(n_kpoints, cell.k)
+        backend = flapw.backends.get_backend("hybridblas", hb.Context("cpu"))
+        plan = SimpleNamespace(spec="cpu", cell=cell, kpoints=kpts, mine=list(enumerate(kpts)), backend=backend,
+                               arrays="device", batch_atoms=2, path=None, workers=None, overlap=False, largest=cell,
+                               operands="device")
+        run = self
+
+        def build(kc, **kw):
+            ik = next(i for i, k in enumerate(kpts) if tuple(k) == tuple(kc.k))
+            run.log.append(("build", ik, kw["wait"]))
+            rep = flapw.BuildReport(n_g=kc.n_g, n_atoms=kc.n_atoms, n_l=kc.n_l, batch_atoms=2)
+            if behaviour(ik) == "fallback" or kw["arrays"] == "host":
+                with rep.stage("zherk S=AᴴA", 1e9, blas=True):
+                    pass
+                return np.zeros((2, 2)), np.zeros((2, 2)), rep
+
+            class Event:
+                def record(self):
+                    self.at = time.perf_counter()
+
+                def synchronize(self):
+                    run.log.append(("wait", ik))
+                    if behaviour(ik) == "fault":
+                        raise RuntimeError(f"an illegal memory access in k-point {ik + 1}'s kernels")
+            events = SimpleNamespace(cuda=SimpleNamespace(Event=Event, get_elapsed_time=lambda a, b: 1.0))
+            with rep.stage("zherk S=AᴴA", 1e9, blas=True, sync=flapw.report.GpuTimeline(events)):
+                pass
+            if kw["wait"]:
+                rep.settle()
+            return run.DeviceArray(), run.DeviceArray(), rep
+        monkeypatch.setattr(cli, "_plan", lambda args, comm: plan)
+        monkeypatch.setattr(cli, "prepare", lambda *a, **kw: {})
+        monkeypatch.setattr(cli, "build_hs_with_fallback", build)
+        monkeypatch.setattr(cli, "print", lambda text, **kw: run.log.append(("print", text.split(":")[0])),
+                            raising=False)
+
+    def main(self):
+        return cli.main(["build", "--system", "NaCl", "--kmax", "1.5", "--kpoints", str(self.n), "-q"])
+
+
+def test_queued_kpoints_print_in_order_through_a_fall_back_to_host_arrays(monkeypatch):
+    """k-points 1 and 2 queued (the second falls back to host arrays: built and settled on the host), the rest
+    waited for: every line printed in order and none held back to the end (k-point 1's line before build 3)."""
+    run = _QueuedRun(monkeypatch, 5, lambda ik: "fallback" if ik == 1 else "")
+    assert run.main() == 0
+    builds = [e for e in run.log if e[0] == "build"]
+    assert [w for _, _, w in builds] == [False, False, True, True, True]
+    prints = [e[1] for e in run.log if e[0] == "print"]
+    assert prints == [f"k-point {i}" for i in range(1, 6)]
+    assert run.log.index(("print", "k-point 2")) < run.log.index(("build", 2, True))
+
+
+def test_a_gpu_fault_found_one_kpoint_later_is_reported_and_the_queue_waited_for(monkeypatch, capsys):
+    """k-point 3's GPU work faults when k-point 4 (queued after it) waits for it: the run fails with that error,
+    naming k-point 3; k-points 1 and 2 are printed, and k-point 4's queued work is waited for before the exit."""
+    run = _QueuedRun(monkeypatch, 6, lambda ik: "fault" if ik == 2 else "")
+    assert run.main() == 1
+    err = capsys.readouterr().err
+    assert "illegal memory access in k-point 3" in err
+    assert [e[1] for e in run.log if e[0] == "print"] == ["k-point 1", "k-point 2"]
+    assert ("build", 4, False) not in run.log                     # stopped before k-point 5
+    assert ("wait", 3) in run.log                                 # k-point 4's work waited for

@@ -74,3 +74,47 @@ def test_reading_the_seconds_settles_the_report_first():
         read(rep)
         assert ("wait", fake.now) in fake.log and not rep._marks
         assert rep.stages["zher2k"].seconds == pytest.approx(3.5 / 1e3)
+
+
+def test_a_second_reader_waits_for_the_first_and_a_fault_leaves_the_stage_pending():
+    """settle from two threads: the second reader gets the full seconds once the GPU is done, never a partial sum;
+    a wait that raises (a GPU fault) leaves its stage unread, and the next reader raises again."""
+    import threading
+    gpu_done = threading.Event()
+    fake = _Events()
+    wait = fake.cuda.Event.synchronize
+
+    def slow(self):
+        gpu_done.wait(10)
+        wait(self)
+    fake.cuda.Event.synchronize = slow
+    rep = BuildReport()
+    timeline = GpuTimeline(fake)
+    for name in ("zherk", "zher2k"):
+        with rep.stage(name, flop_count=1.0, blas=True, sync=timeline):
+            pass
+    got = []
+    readers = [threading.Thread(target=lambda: got.append(rep.total_seconds)) for _ in range(2)]
+    for r in readers:
+        r.start()
+    time.sleep(0.05)
+    assert got == []                                  # both wait for the GPU
+    gpu_done.set()
+    for r in readers:
+        r.join(10)
+    assert got == [pytest.approx(3.0 / 1e3)] * 2
+
+    broken = BuildReport()
+    calls = []
+
+    def fault(start, end):
+        calls.append(1)
+        raise RuntimeError("an illegal memory access was encountered")
+    with broken.stage("interstitial", sync=GpuTimeline(fake)):
+        pass
+    broken_timeline = broken._marks[0][1]
+    broken_timeline.seconds = fault
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            broken.as_dict()
+    assert len(calls) == 2 and len(broken._marks) == 1
