@@ -545,8 +545,8 @@ class _Finished:
             if self._dict is None:
                 try:
                     d = self._rep.as_dict()            # waits for the GPU: a fault of its work surfaces here
-                except Exception as exc:
-                    exc.add_note(f"(raised by the GPU work of k-point {self._k + 1}, queued before the k-point after it)")
+                except Exception:
+                    log.error("k-point %d: its GPU work failed (found when waited for, one k-point later)", self._k + 1)
                     raise
                 d.update(self._extra)
                 self._show(d)
