@@ -24,9 +24,11 @@ def flops(kind, n, k, m=None):
 class GpuTimeline:
     """Times the stages of a GPU build by CUDA events on the current stream, one where each stage starts and
     one where it ends, read once when the build ends (BuildReport.settle) instead of waiting for the GPU after
-    every stage: the host queues the next stage while the GPU runs this one. A stage's seconds are the GPU's
-    time from the end of the work queued before it to the end of its own (its work, and any wait for the host
-    to queue it). Waiting after each of a NaCl Kmax 3.0 k-point's 9 stages cost 3 of its 25.5 ms (one H100)."""
+    every stage: the host queues the next stage while the GPU runs this one. A stage's seconds run from the later
+    of the end of the work queued before it and the moment the host began the stage, to the end of its own work
+    (its work, and any wait for the host to queue the rest of it); a GPU left idle between stages, waiting for the
+    host, counts in no stage. Waiting after each of a NaCl Kmax 3.0 k-point's 9 stages cost 3 of its 25.5 ms
+    (one H100)."""
 
     def __init__(self, cupy):
         self._cupy = cupy
