@@ -30,8 +30,9 @@ def ahead(items, prepare):
     """(item, prepare(item)) for each item in order, each item's prepare running on a background thread while
     the caller works on the item before it. The next preparation starts once the one the caller waits for is
     done, so that the first item's does not share the host with the second's (two workers' first and second G+k
-    bases at once took 5 ms before either worker could queue its first k-point, against 1.5 ms alone). An error of prepare(item) is raised when that item
-    is reached; a caller that stops early waits for the preparation under way."""
+    bases at once took 5 ms before either worker could queue its first k-point, against 1.5 ms alone). An error
+    of prepare(item) is raised when that item is reached; a caller that stops early waits for the preparation
+    under way."""
     items = list(items)
     if not items:
         return

@@ -21,7 +21,7 @@ Found in the code (flapw, hybridblas, CuPy), on first use in a process:
   does not: CuPy's pinned staging buffers and memory-pool blocks at that size, kernels specialised for its index
   ranges. On two H100s, 8 k-points of NaCl Kmax 3.0: the first k-point's host time 9.8 ms against 6.3 ms for the
   later ones without it, and the k-point loop 1.77-1.88 x as fast on two GPUs as on one without it, 1.86-1.93 x
-  with it (the one-GPU loop unchanged); the run's wall clock does not grow (2.2-2.7 s either way);
+  with it (the one-GPU loop unchanged); the run's wall clock 2.1-3.1 s either way;
 * with a context that emulates FP64 on INT8 tensor cores (``flapw build --emulate``), the kernels of its
   emulated products, compiled for the build's inner dimension on every GPU of the context beside the warm-up;
 * not paid here: hybridblas page-locks a host operand when a second call meets it (its pin policy), so the
