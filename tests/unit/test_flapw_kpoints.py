@@ -447,7 +447,8 @@ def test_a_gpu_fault_found_one_kpoint_later_is_reported_and_the_queue_waited_for
     run = _QueuedRun(monkeypatch, 6, lambda ik: "fault" if ik == 2 else "")
     assert run.main() == 1
     err = capsys.readouterr().err
-    assert "illegal memory access in k-point 3" in err and "k-point 3: its GPU work failed" in err
+    assert "illegal memory access in k-point 3" in err
+    assert "k-point 3: its GPU work failed" in err
     assert [e[1] for e in run.log if e[0] == "print"] == ["k-point 1", "k-point 2"]
     assert ("build", 4, False) not in run.log                     # stopped before k-point 5
     assert ("wait", 3) in run.log                                 # k-point 4's work waited for
