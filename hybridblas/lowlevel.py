@@ -10,7 +10,7 @@ naming the argument and its value, before any call).
     host_trmm_right(v, t, lower=False)            v <- v t in place, t triangular    numpy; scipy's BLAS
     device_gemm(out, a, b, beta=0.0, alpha=1.0)   out <- alpha a b + beta out          cupy; cuBLAS
     conj_transpose(dst, src)                      dst <- src^H (src^T for real data)   cupy; cuBLAS geam
-    to_host(dst, src, lower=None)                 numpy dst <- cupy src, or one triangle of it, by DMA
+    to_host(dst, src, lower=None, wait=True)      numpy dst <- cupy src, or one triangle of it, by DMA
     grams(s, hs=None, *, staged=True)             [s^T hs, s^T s] summed in double     cupy; hybridblas's kernels
     grams_preferred(s, hs=None)                   whether grams is the faster way      no GPU work
     cuda_tile_helpers()                           CUDA text: async row copies into shared memory, for kernels
@@ -159,7 +159,7 @@ def conj_transpose(dst, src):
     return cublas.conj_transpose_into(dst, src)
 
 
-def to_host(dst, src, lower=None):
+def to_host(dst, src, lower=None, wait=True):
     """dst <- src, numpy ``dst`` and cupy ``src`` (on the current device) of one shape and dtype, both
     column-major or both row-major; ``lower`` True / False copies only the lower / upper triangle of a square
     matrix, diagonal included (nothing else of ``dst`` is written). Waits for the current stream's earlier work
@@ -167,7 +167,12 @@ def to_host(dst, src, lower=None):
     memory) is 256 MiB or more, that buffer is page-locked on the first copy (once: it stays so while it lives, as
     hybridblas keeps host operands; not with $HYBRIDBLAS_PIN_HOST=off) and written by DMA at the link's rate;
     otherwise the copy goes through two page-locked buffers of at most 32 MiB (no GPU or host temporary of the
-    matrix's size)."""
+    matrix's size).
+
+    ``wait=False``: queue the copy on the current stream and return a handle at once; its ``wait()`` finishes
+    the copy (a triangle's diagonal blocks are put in place by the host there) and returns when it has landed.
+    Until then ``dst`` must not be read nor ``src`` written; work queued later on other streams runs beside the
+    copy. A target that is not page-locked is copied whole inside ``wait()``."""
     _check({"dst": dst}, device=False)
     _check({"src": src}, device=True)
     _writable(dst, "dst")
@@ -183,8 +188,13 @@ def to_host(dst, src, lower=None):
                          or (is_column_major(dst.T) and is_column_major(src.T))):
         raise ValueError(f"dst and src must both be column-major or both row-major, got strides {dst.strides} "
                          f"and {src.strides}")
-    from .downloads import to_host as copy
-    copy(dst, src, lower)
+    if not isinstance(wait, bool):
+        raise TypeError(f"wait must be True or False, got {type(wait).__name__} {wait!r}")
+    from .downloads import start
+    pending = start(dst, src, lower)
+    if not wait:
+        return pending
+    pending.wait()
     return dst
 def _check_grams(s, hs, staged):
     """TypeError / ValueError unless ``s`` (and ``hs``) are blocks ``grams`` takes."""

@@ -119,3 +119,35 @@ def test_page_lock_locks_a_large_array_for_later_copies(rng):
         np.testing.assert_array_equal(np.triu(dst), np.triu(src.get()))
     finally:
         host_pinning.clear()
+
+
+@pytest.mark.parametrize("lower", [True, None])
+def test_a_queued_copy_on_a_second_stream_beside_products(lower, rng, monkeypatch):
+    """wait=False on a second stream (a page-locked target, several panels) while the current stream runs
+    products that do not touch src: after wait() dst holds src's triangle and its poison elsewhere, and the
+    products are right."""
+    import cupy
+    n = 1500
+    src = cupy.asarray(_rand(rng, (n, n), np.complex128, "F"), order="F")
+    a = cupy.asarray(_rand(rng, (n, n), np.complex128, "F"))
+    dst = np.full((n, n), np.nan + 0j, order="F")
+    monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)       # locked on the first copy: the DMA route
+    try:
+        ready = cupy.cuda.Event(disable_timing=True)
+        ready.record()
+        side = cupy.cuda.Stream(non_blocking=True)
+        side.wait_event(ready)
+        with side:
+            pending = lowlevel.to_host(dst, src, lower=lower, wait=False)
+        products = [a @ a for _ in range(3)]
+        pending.wait()
+        assert host_pinning.pinned_bytes() >= dst.nbytes
+        host = src.get()
+        keep = np.tril(np.ones((n, n), bool)) if lower else np.ones((n, n), bool)
+        np.testing.assert_array_equal(dst[keep], host[keep])
+        assert np.isnan(dst[~keep]).all()
+        want = a.get() @ a.get()
+        assert max(float(abs(p.get() - want).max()) for p in products) <= 1e-10 * float(abs(want).max())
+    finally:
+        host_pinning.clear()
+

@@ -170,3 +170,32 @@ def test_pin_host_off_leaves_targets_unlocked(fake_gpu, monkeypatch, rng):
     assert memory.page_lock(dst) is False and host_pinning.pinned_bytes() == 0
     monkeypatch.setenv("HYBRIDBLAS_PIN_HOST", "auto")
     assert memory.page_lock(dst) is True and host_pinning.pinned_bytes() >= dst.nbytes
+
+
+def test_a_queued_copy_lands_when_waited_for(fake_gpu, monkeypatch, rng):
+    """wait=False: the panels' DMA is queued at once and the diagonal blocks' triangles are put in place by
+    wait(); then dst equals src's triangle and its poison elsewhere; a second wait() does nothing. The pageable
+    route copies inside wait()."""
+    monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)
+    monkeypatch.setattr(downloads, "PANEL", 8)
+    n = 29
+    src = rng.standard_normal((n, n))
+    dst = np.full((n, n), -3.0, order="F")
+    pending = lowlevel.to_host(dst, _DeviceArray(np.asfortranarray(src)), lower=True, wait=False)
+    diagonal = np.zeros((n, n), bool)
+    for c0 in range(0, n, 8):
+        diagonal[c0:c0 + 8, c0:c0 + 8] = True
+    assert (dst[diagonal] == -3.0).all()                       # not yet: the host's part runs in wait()
+    assert ("sync",) not in fake_gpu
+    pending.wait()
+    np.testing.assert_array_equal(dst, np.where(np.tril(np.ones((n, n), bool)), src, -3.0))
+    assert ("sync",) in fake_gpu
+    pending.wait()
+    monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 1 << 40)
+    dst = np.full((n, n), -3.0, order="F")
+    pending = lowlevel.to_host(dst, _DeviceArray(np.asfortranarray(src)), wait=False)
+    assert (dst == -3.0).all()
+    pending.wait()
+    np.testing.assert_array_equal(dst, src)
+    with pytest.raises(TypeError, match=r"wait must be True or False, got str 'no'"):
+        lowlevel.to_host(dst, _DeviceArray(np.asfortranarray(src)), wait="no")
