@@ -19,7 +19,9 @@ that do not read what it writes, in a fourth buffer Y:
 Host H and S with the operands on a GPU: when the whole build fits on that GPU (DEVICE_SHARE of its free
 memory, as for the CLI's device arrays) H and S are built there and copied into the host arrays at the end
 (hybridblas.lowlevel.to_host: the lower triangles only with ``lower_only``); else they stay in host memory and
-hybridblas writes C's tiles there, with the batches the GPU holds beside its tiles (OPERAND_SHARE).
+hybridblas writes C's tiles there, with the batches the GPU holds beside its tiles (OPERAND_SHARE). With the
+refined method the interstitial part then comes first, and S, complete after the last batch's S += XᴴX, is
+copied to the host on a second stream while the GPU computes H's last two products.
 
 Memory: ``build_bytes`` estimates what a build holds at its peak; a host build larger than the host's
 available memory is refused before anything is allocated. ``build_hs_with_fallback`` repeats a build that
@@ -466,9 +468,12 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
 
     h = _matrix(workspace, "H", n_g, hxp)
     s = _matrix(workspace, "S", n_g, hxp)
+    early = None            # S's copy to the host, started beside H's last products (_EarlyS)
     if on_gpu:
         host_hs, hxp = (h, s), xp
         h, s = _matrix(workspace, "H on the GPU", n_g, xp), _matrix(workspace, "S on the GPU", n_g, xp)
+        if method == "refined" and n_g:
+            early = _EarlyS(host_hs[1], s, lower_only, xp, rep, sync)
     rep.hs_bytes = 2 * _C16 * n_g * n_g
     width = nb * n_l
     bufs = {k: (workspace.get(k, n_g * width, xp) if workspace is not None else xp.empty(n_g * width, complex))
@@ -480,47 +485,96 @@ def build_hs(cell, method="refined", context=None, interstitial=False, *, batch_
     each = _on_host_cores if xp is np else None
     pool = _HostLane() if overlap else None
     try:
-        for ib, atoms in enumerate(batches):
-            w = len(atoms) * n_l
-            view = {k: v[:n_g * w].reshape(n_g, w) for k, v in bufs.items()}
-            with rep.stage("matching A, B" if not overlap else "matching A", sync=sync):
-                ph = phases(basis, cell.structure.positions[atoms], xp)
+        try:
+            if early is not None and interstitial:        # first, so that S is complete after its last product
+                with rep.stage("interstitial", sync=sync):
+                    h.fill(0)
+                    s.fill(0)
+                    from .interstitial import add_interstitial
+                    add_interstitial(h, s, cell, hxp, threads=threads)
+            for ib, atoms in enumerate(batches):
+                w = len(atoms) * n_l
+                view = {k: v[:n_g * w].reshape(n_g, w) for k, v in bufs.items()}
+                with rep.stage("matching A, B" if not overlap else "matching A", sync=sync):
+                    ph = phases(basis, cell.structure.positions[atoms], xp)
 
-                def fill(name, factors, of, ph=ph, atoms=atoms, view=view):
-                    fill_coefficients(view[name], factors, ph, of[atoms], n_l, each)
-                fill("A", fa, sp_of)
-                if not overlap:
-                    fill("B", fb, sp_of)
-            batch = _Batch(rep, backend, view["A"], view["B"], h, s, cls_of[atoms], dev_t, ib > 0, n_l, sync, xp,
-                           pool)
-            if method == "refined":
-                fill_b = (lambda: fill("B", fb, sp_of)) if overlap else None
-                _refined_batch(batch, view["X"], lambda: fill("X", fub, ub_of), fill_b, view.get("Y"))
-            else:
-                _original_batch(batch, view["Z"], view["UB"], _cholesky_factors(
-                    {c: taa[c] for c in set(cls_of[atoms].tolist())}, xp))
-            if progress:
-                progress(ib + 1, len(batches))
+                    def fill(name, factors, of, ph=ph, atoms=atoms, view=view):
+                        fill_coefficients(view[name], factors, ph, of[atoms], n_l, each)
+                    fill("A", fa, sp_of)
+                    if not overlap:
+                        fill("B", fb, sp_of)
+                batch = _Batch(rep, backend, view["A"], view["B"], h, s, cls_of[atoms], dev_t,
+                               ib > 0 or (early is not None and interstitial), n_l, sync, xp, pool)
+                if early is not None and ib == len(batches) - 1:
+                    batch.after_s = early.start
+                if method == "refined":
+                    fill_b = (lambda: fill("B", fb, sp_of)) if overlap else None
+                    _refined_batch(batch, view["X"], lambda: fill("X", fub, ub_of), fill_b, view.get("Y"))
+                else:
+                    _original_batch(batch, view["Z"], view["UB"], _cholesky_factors(
+                        {c: taa[c] for c in set(cls_of[atoms].tolist())}, xp))
+                if progress:
+                    progress(ib + 1, len(batches))
+        finally:
+            if pool is not None:
+                pool.wait()
+        bufs = view = batch = None           # without a workspace the buffers go before the interstitial part
+        if interstitial and n_g and early is None:       # an empty basis has no plane-wave part to add
+            from .interstitial import add_interstitial
+            with rep.stage("interstitial", sync=sync):
+                add_interstitial(h, s, cell, hxp, threads=threads)
+        if not lower_only:
+            with rep.stage("hermitian fill", sync=sync):
+                hermitian_fill(h, hxp)
+                if early is None:
+                    hermitian_fill(s, hxp)
+        if wait or hxp is np or on_gpu:
+            rep.settle()                     # the GPU's work done: H and S complete, the stages' seconds known
+        if on_gpu:
+            with rep.stage("H, S to the host"):
+                if early is not None:
+                    early.wait()
+                for dst, src in zip(host_hs, (h, s) if early is None else (h,)):
+                    hb.lowlevel.to_host(dst, src, lower=True if lower_only else None)
+            h, s = host_hs
     finally:
-        if pool is not None:
-            pool.wait()
-    bufs = view = batch = None           # without a workspace the buffers go before the interstitial part
-    if interstitial and n_g:       # an empty basis has no plane-wave part to add
-        from .interstitial import add_interstitial
-        with rep.stage("interstitial", sync=sync):
-            add_interstitial(h, s, cell, hxp, threads=threads)
-    if not lower_only:
-        with rep.stage("hermitian fill", sync=sync):
-            hermitian_fill(h, hxp)
-            hermitian_fill(s, hxp)
-    if wait or hxp is np or on_gpu:
-        rep.settle()                     # the GPU's work done: H and S complete, the stages' seconds known
-    if on_gpu:
-        with rep.stage("H, S to the host"):
-            for dst, src in zip(host_hs, (h, s)):
-                hb.lowlevel.to_host(dst, src, lower=True if lower_only else None)
-        h, s = host_hs
+        if early is not None:
+            early.wait(quiet=True)           # after an error too: nothing in flight into the host's S
     return (h, s, rep) if return_report else (h, s)
+
+
+class _EarlyS:
+    """Host S <- the GPU's S on a second stream, started once S is complete (after the last batch's
+    S += XᴴX; with both triangles after S's hermitian fill), while the current stream goes on with H."""
+
+    def __init__(self, dst, src, lower_only, xp, rep, sync):
+        self.dst, self.src, self.lower_only, self.xp, self.rep, self.sync = dst, src, lower_only, xp, rep, sync
+        self.pending = self.stream = None
+
+    def start(self):
+        cuda = self.xp.cuda
+        if not self.lower_only:
+            with self.rep.stage("hermitian fill", sync=self.sync):
+                hermitian_fill(self.src, self.xp)
+        ready = cuda.Event(disable_timing=True)
+        ready.record(cuda.get_current_stream())
+        self.stream = cuda.Stream(non_blocking=True)
+        self.stream.wait_event(ready)
+        with self.stream:
+            self.pending = hb.lowlevel.to_host(self.dst, self.src, lower=True if self.lower_only else None,
+                                               wait=False)
+
+    def wait(self, quiet=False):
+        """Until S has landed; ``quiet``: a failure is not raised (an error already on its way)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        try:
+            pending.wait()
+        except Exception:
+            if not quiet:
+                raise
+            log.warning("copying S to the host after an error failed too", exc_info=True)
 
 
 def _gpu_holds_build(cell, method, nb, interstitial, workspace):
@@ -641,6 +695,7 @@ class _Batch:
         self.t_index, self.dev_t, self.beta = np.asarray(t_index), dev_t, 1.0 if accumulate else 0.0
         self.n_l, self.n_g, self.w, self.sync, self.xp, self.pool = n_l, a.shape[0], a.shape[1], sync, xp, pool
         self.runs = atom_runs(self.t_index)   # (j0, j1, T set) of every run of atoms with one T set
+        self.after_s = None                   # called once S's last product of the build is queued
 
     def blas(self, name, kind, fn, k=None):
         with self.rep.stage(name, flops(kind, self.n_g, self.w if k is None else k), blas=True, sync=self.sync):
@@ -726,6 +781,8 @@ def _refined_batch(bt, x, make_ub, fill_b=None, y=None):
         with bt.rep.stage("X=UB", 2.0 * bt.n_g * bt.w, sync=bt.sync):
             make_ub()
         bt.blas("zherk S+=XᴴX", "zherk", lambda: bt.be.herk(1.0, x.T, 1.0, bt.s))
+        if bt.after_s is not None:
+            bt.after_s()
         bt.small("T·A, T·B (zgemm)", 2 * (bt.w // bt.n_l), lambda: bt.products(x, tba))
         bt.blas("zher2k H=XᴴB+BᴴX", "zher2k", lambda: bt.be.her2k(1.0, x.T, b.T, bt.beta, bt.h))
         bt.small("T^AA·A (zgemm)", bt.w // bt.n_l, lambda: bt.products(x, [(a, "taa_t")]))
@@ -737,6 +794,8 @@ def _refined_batch(bt, x, make_ub, fill_b=None, y=None):
     job = bt.beside("T·A, T·B (zgemm)", 2 * (bt.w // bt.n_l), lambda: bt.products(y, tba))
     bt.blas("zherk S+=XᴴX", "zherk", lambda: bt.be.herk(1.0, x.T, 1.0, bt.s))
     bt.join(job)
+    if bt.after_s is not None:
+        bt.after_s()
     job = bt.beside("T^AA·A (zgemm)", bt.w // bt.n_l, lambda: bt.products(x, [(a, "taa_t")]))
     bt.blas("zher2k H=YᴴB+BᴴY", "zher2k", lambda: bt.be.her2k(1.0, y.T, b.T, bt.beta, bt.h))
     bt.join(job)

@@ -30,7 +30,10 @@ class _NumpyAsDevice:
             return type("Stream", (), {"synchronize": staticmethod(lambda: None)})()
 
         class Event:
-            def record(self):
+            def __init__(self, disable_timing=False):
+                pass
+
+            def record(self, stream=None):
                 self.at = time.perf_counter()
 
             def synchronize(self):
@@ -39,6 +42,22 @@ class _NumpyAsDevice:
         @staticmethod
         def get_elapsed_time(start, end):
             return (end.at - start.at) * 1e3
+
+        class Stream:
+            def __init__(self, non_blocking=False):
+                pass
+
+            def wait_event(self, event):
+                pass
+
+            def synchronize(self):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
 
     def __getattr__(self, name):
         return getattr(np, name)
@@ -315,9 +334,10 @@ def test_warm_up_pays_the_first_calls(tio2, monkeypatch, caplog):
 
 
 def test_warm_up_builds_a_small_enough_largest_kpoint_whole_on_device_arrays(tio2, monkeypatch):
-    """Device arrays: after the small build, the largest k-point built once at its own size when its products come
-    to at most FULL_SIZE_FLOPS; above that, and with host arrays, the small build alone (numpy standing in for
-    cupy, the SPLIT_EDGE products left out)."""
+    """Device arrays, and host arrays with the operands on a GPU: after the small build, the largest k-point built
+    once at its own size (host arrays: in the k-points' workspace) when its products come to at most
+    FULL_SIZE_FLOPS; above that, and with host operands, the small build alone (numpy standing in for cupy, the
+    SPLIT_EDGE products left out)."""
     from flapw import warmup
     cell = flapw.System.preset("TiO2", kmax=3.6, supercell=(1, 1, 1))      # above the small build's TINY_N_G
     built = []
@@ -342,6 +362,15 @@ def test_warm_up_builds_a_small_enough_largest_kpoint_whole_on_device_arrays(tio
     monkeypatch.setattr(warmup, "FULL_SIZE_FLOPS", float("inf"))
     warmup.prepare(cell, backend, "host", "refined", 6)
     assert len(built) == 1
+    built.clear()                      # host arrays with the operands on the "GPU": whole, in the k-points' workspace
+    monkeypatch.setattr(hsdla, "_hybridblas_on_gpu", lambda backend: True)
+    monkeypatch.setattr(hsdla, "_gpu_holds_build", lambda cell, method, nb, interstitial, workspace: nb)
+    monkeypatch.setattr(hb.lowlevel, "to_host", lambda dst, src, lower=None, wait=True: np.copyto(dst, src) if wait
+                        else type("Pending", (), {"wait": staticmethod(lambda: np.copyto(dst, src))})())
+    ws = flapw.Workspace()
+    spent = warmup.prepare(cell, backend, "host", "refined", 6, interstitial=True, workspace=ws, operands="device")
+    assert len(built) == 2 and built[1] == (cell.n_g, "host") and "warm-up: full-size build" in spent
+    assert ws.held_bytes() >= 2 * 16 * cell.n_g ** 2 and "H on the GPU" in ws._buffers
 
 
 def test_warm_up_compiles_an_emulating_contexts_kernels_for_the_builds_k(tio2, monkeypatch):
@@ -384,27 +413,62 @@ def test_host_arrays_built_on_the_gpu_equal_the_host_build(tio2, lower_only, mon
                         else real(arrays))
     monkeypatch.setattr(hsdla, "_hybridblas_on_gpu", lambda backend: True)
     monkeypatch.setattr(hsdla, "_gpu_holds_build", lambda cell, method, nb, interstitial, workspace: nb)
-    copies = []
-
-    def to_host(dst, src, lower=None):
-        copies.append(lower)
-        keep = np.ones(dst.shape, bool) if lower is None else np.tril(np.ones(dst.shape, bool))
-        np.copyto(dst, src, where=keep)
-        return dst
-    monkeypatch.setattr(hb.lowlevel, "to_host", to_host)
+    copies, seen = [], {}
     ws = flapw.Workspace()
     ws.reserve(cell, "refined", 4, operands="device")
-    host_h = ws.get("H", cell.n_g ** 2)
+    host_h, host_s = ws.get("H", cell.n_g ** 2), ws.get("S", cell.n_g ** 2)
+
+    def gpu(name):
+        return ws._buffers[f"{name} on the GPU"].reshape((cell.n_g, cell.n_g), order="F")
+
+    def to_host(dst, src, lower=None, wait=True):
+        name = "S" if np.shares_memory(dst, host_s) else "H"
+        copies.append((name, lower, wait))
+        seen[name] = src.copy(), gpu("H").copy()                 # the GPU's H when the copy starts
+        keep = np.ones(dst.shape, bool) if lower is None else np.tril(np.ones(dst.shape, bool))
+        np.copyto(dst, src, where=keep)
+        return dst if wait else type("Pending", (), {"wait": staticmethod(lambda: None)})()
+    monkeypatch.setattr(hb.lowlevel, "to_host", to_host)
     host_h[:] = 7.0                                              # what an earlier build left there
     h, s, rep = flapw.build_hs(cell, interstitial=True, lower_only=lower_only, batch_atoms=4, operands="device",
                                workspace=ws, return_report=True)
-    assert rep.hs_built_on_gpu and "H, S to the host" in rep.stages and copies == [True if lower_only else None] * 2
+    assert rep.hs_built_on_gpu and "H, S to the host" in rep.stages
+    tri = True if lower_only else None
+    assert copies == [("S", tri, False), ("H", tri, True)]      # S queued first, H once complete
+    assert not np.array_equal(seen["S"][1], gpu("H"))            # S's copy started while H was still being built
+    assert np.array_equal(seen["S"][0], gpu("S"))                # ... and S was complete
     assert np.shares_memory(h, host_h)
     if lower_only:
         assert _rel(_lower(h), _lower(h_ref)) <= 1e-13 and _rel(_lower(s), _lower(s_ref)) <= 1e-13
         assert (np.triu(h, 1)[np.triu(np.ones(h.shape, bool), 1)] == 7.0).all()
     else:
         assert _rel(h, h_ref) <= 1e-13 and _rel(s, s_ref) <= 1e-13
+
+
+def test_a_failure_after_s_left_for_the_host_waits_for_its_copy(tio2, monkeypatch):
+    """Host H and S built on the "GPU": a product of H that fails after S's copy was queued raises its own
+    error, and S's copy has been waited for (nothing left in flight into the host's S)."""
+    cell, _ = tio2
+    real = hsdla._array_module
+    monkeypatch.setattr(hsdla, "_array_module", lambda arrays: _NumpyAsDevice() if arrays == "device"
+                        else real(arrays))
+    monkeypatch.setattr(hsdla, "_hybridblas_on_gpu", lambda backend: True)
+    monkeypatch.setattr(hsdla, "_gpu_holds_build", lambda cell, method, nb, interstitial, workspace: nb)
+    events = []
+
+    def to_host(dst, src, lower=None, wait=True):
+        events.append("queued")
+        return type("Pending", (), {"wait": staticmethod(lambda: events.append("waited"))})()
+    monkeypatch.setattr(hb.lowlevel, "to_host", to_host)
+    backend = flapw.backends.get_backend("hybridblas", hb.Context("cpu"))
+
+    def broken(*args, **kw):
+        raise RuntimeError("zherkx failed")
+    monkeypatch.setattr(backend, "herkx", broken)
+    with pytest.raises(RuntimeError, match="zherkx failed"):
+        flapw.build_hs(cell, interstitial=True, batch_atoms=6, operands="device", blas=backend,
+                       workspace=flapw.Workspace())
+    assert events == ["queued", "waited"]
 
 
 @pytest.mark.gpu
@@ -440,7 +504,8 @@ def test_hs_on_gpu_retry_streams_and_frees_the_gpu_copies(tio2, monkeypatch):
     monkeypatch.setattr(hsdla, "_hybridblas_on_gpu", lambda backend: True)
     monkeypatch.setattr(hsdla, "_gpu_holds_build", lambda cell, method, nb, interstitial, workspace: nb)
     monkeypatch.setattr(hsdla, "_device_batch", lambda cell, method, nb, workspace: nb)
-    monkeypatch.setattr(hb.lowlevel, "to_host", lambda dst, src, lower=None: np.copyto(dst, src))
+    monkeypatch.setattr(hb.lowlevel, "to_host", lambda dst, src, lower=None, wait=True: np.copyto(dst, src) if wait
+                        else type("Pending", (), {"wait": staticmethod(lambda: np.copyto(dst, src))})())
     attempts, build = [], hsdla.build_hs
 
     def once_out_of_memory(*args, **kw):
