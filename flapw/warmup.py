@@ -16,12 +16,17 @@ Found in the code (flapw, hybridblas, CuPy), on first use in a process:
   the context; with the operands on a GPU also a her2k and a herkx of that size (cuBLAS loads a kernel on its
   first launch, and a size's kernels differ from the small build's: on two H100s the first NaCl Kmax 3.0
   k-point took 29–37 ms against 25 ms for the later ones without them, 25–28 ms with them);
-* device arrays and a k-point whose products come to at most FULL_SIZE_FLOPS (about 0.1 s on one H100): the
-  largest k-point built once whole, after the small build. Its first build at its own size pays what a small one
-  does not: CuPy's pinned staging buffers and memory-pool blocks at that size, kernels specialised for its index
-  ranges. On two H100s, 8 k-points of NaCl Kmax 3.0: the first k-point's host time 9.8 ms against 6.3 ms for the
-  later ones without it, and the k-point loop 1.77-1.88 x as fast on two GPUs as on one without it, 1.86-1.93 x
-  with it (the one-GPU loop unchanged); the run's wall clock 2.1-3.1 s either way;
+* device arrays, or host arrays with the operands on a GPU, and a k-point whose products come to at most
+  FULL_SIZE_FLOPS (about 0.1 s on one H100): the largest k-point built once whole, after the small build (host
+  arrays: in the k-points' workspace). Its first build at its own size pays what a small one does not: CuPy's
+  pinned staging buffers and memory-pool blocks at that size, kernels specialised for its index ranges, and with
+  host arrays the tiled path of a product split over the GPUs. On two H100s, 8 k-points of NaCl Kmax 3.0: the
+  first k-point's host time 9.8 ms against 6.3 ms for the later ones without it, and the k-point loop 1.77-1.88 x
+  as fast on two GPUs as on one without it, 1.86-1.93 x with it (the one-GPU loop unchanged); the run's wall clock
+  2.1-3.1 s either way. NaCl Kmax 3.5 with host arrays and an empty kernel cache: the first k-point compiled six
+  kernels of that split product (0.44 s) before it;
+* not paid here: kernels for arrays past 2 GiB (CuPy's 64-bit-index variants), compiled on a machine's first
+  build of that size (TiO2 Kmax 3.0: 0.4 s of its first k-point), then read from CuPy's kernel cache;
 * with a context that emulates FP64 on INT8 tensor cores (``flapw build --emulate``), the kernels of its
   emulated products, compiled for the build's inner dimension on every GPU of the context beside the warm-up;
 * not paid here: hybridblas page-locks a host operand when a second call meets it (its pin policy), so the
@@ -78,12 +83,13 @@ def prepare(cell, backend, arrays, method, batch_atoms, *, interstitial=False, n
                 backend.herkx(1.0, a, a, 1.0, c)
                 xp.cuda.get_current_stream().synchronize()
             del a, c
-        if arrays == "device" and cell.n_g and build_flops(cell) <= FULL_SIZE_FLOPS:
-            t1 = time.perf_counter()
+        if (arrays == "device" or place == "device") and cell.n_g and build_flops(cell) <= FULL_SIZE_FLOPS:
+            t1 = time.perf_counter()       # host arrays: in the k-points' own workspace (H and S page-locked there)
             h, s = build_hs(cell, method, interstitial=interstitial, lower_only=True, blas=backend, arrays=arrays,
-                            batch_atoms=batch_atoms, overlap=False, operands=place)
+                            batch_atoms=batch_atoms, overlap=False, operands=place,
+                            workspace=workspace if arrays == "host" else None)
             del h, s
-            _array_module(arrays).cuda.get_current_stream().synchronize()
+            _array_module(place).cuda.get_current_stream().synchronize()
             seconds["warm-up: full-size build"] = time.perf_counter() - t1
     except MemoryError as exc:
         log.info("warm-up skipped: out of memory (%s: %s)", type(exc).__name__, exc)
