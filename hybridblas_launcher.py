@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-__all__ = ["interrupted", "launch", "loading", "flapw", "cisolver", "hybridblas_tune"]
+__all__ = ["interrupted", "launch", "end_mpi_run", "loading", "flapw", "cisolver", "hybridblas_tune"]
 
 # the package `python -m` runs -> (the tool's name, its module with main())
 TOOLS = {"flapw": ("flapw", "flapw.cli"), "cisolver": ("cisolver", "cisolver.cli"),
@@ -30,9 +30,25 @@ def launch(package):
     `interrupted` for a Ctrl-C that comes before main() handles its own."""
     prog, module = TOOLS[package]
     try:
-        return importlib.import_module(module).main()
+        code = importlib.import_module(module).main()
     except KeyboardInterrupt:
-        return interrupted(prog)
+        code = interrupted(prog)
+    return end_mpi_run(code)
+
+
+def end_mpi_run(code):
+    """A tool that ran under MPI (mpi4py's MPI initialized and not finalized): flush stdout and stderr, finalize
+    MPI and end the process with ``code`` at once; otherwise return ``code``. Every output of the tool is
+    written and closed by then; what this skips is the interpreter's teardown of the GPU libraries, NCCL's
+    communicators and the memory pools, which the process's exit frees anyway (on two H100s the time from the
+    ranks' return to mpiexec's was 1.1 s, against 0.34 s for the same run without MPI)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi.Finalize()
+    os._exit(0 if code is None else int(code))
 
 
 def flapw():

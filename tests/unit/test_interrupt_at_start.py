@@ -145,3 +145,51 @@ def test_another_python_m_program_importing_a_package_keeps_its_keyboard_interru
     (tmp_path / "mine" / "__main__.py").write_text("print('ran')\n")
     out = _run(["-m", "mine"], pythonpath=[tmp_path], cwd=tmp_path)
     assert out.returncode == -signal.SIGINT and out.stderr.rstrip().endswith("KeyboardInterrupt"), out.stderr
+
+
+# ------------------------------------------------------------------ the end of a run under MPI
+
+class _FakeMPI:
+    def __init__(self, initialized, finalized=False):
+        self.calls, self._init, self._fin = [], initialized, finalized
+
+    def Is_initialized(self):
+        return self._init
+
+    def Is_finalized(self):
+        return self._fin
+
+    def Finalize(self):
+        self.calls.append("Finalize")
+        self._fin = True
+
+
+@pytest.mark.parametrize("state", ["absent", "not initialized", "finalized"])
+def test_a_run_without_live_mpi_returns_its_code(state, monkeypatch):
+    import hybridblas_launcher
+    if state == "absent":
+        monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    else:
+        monkeypatch.setitem(sys.modules, "mpi4py.MPI", _FakeMPI(state == "finalized", state == "finalized"))
+    monkeypatch.setattr(hybridblas_launcher.os, "_exit", lambda code: pytest.fail("os._exit called"))
+    assert hybridblas_launcher.end_mpi_run(3) == 3
+
+
+def test_a_run_under_mpi_finalizes_and_ends_with_its_code(monkeypatch, capsys):
+    """Under MPI the launcher flushes what the tool printed, finalizes MPI, then ends the process with the
+    tool's exit status (0 for None)."""
+    import hybridblas_launcher
+    mpi = _FakeMPI(True)
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", mpi)
+    ended = []
+
+    def exit_now(code):
+        ended.append((code, list(mpi.calls)))
+        raise SystemExit(code)
+    monkeypatch.setattr(hybridblas_launcher.os, "_exit", exit_now)
+    for code, want in [(2, 2), (None, 0)]:
+        mpi._fin = False
+        mpi.calls.clear()
+        with pytest.raises(SystemExit):
+            hybridblas_launcher.end_mpi_run(code)
+        assert ended[-1] == (want, ["Finalize"])
