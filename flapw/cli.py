@@ -196,8 +196,9 @@ def _host_batch(args, cell, nb, arrays, comm, workers=1, overlap=False):
     of ``workers`` k-points built at once) fits in this rank's share of the host's memory; else
     hybridblas.InsufficientMemory, before any work."""
     ranks = parallel.ranks_on_node(comm)
-    fraction = 0.9 / ranks
-    extra = workers * _host_copies(args, arrays, cell.n_g)
+    fraction = 0.9 / ranks / (workers if arrays == "host" else 1)      # host arrays: each worker holds a build
+    extra = _host_copies(args, arrays, cell.n_g) if arrays == "host" else workers * _host_copies(args, arrays,
+                                                                                               cell.n_g)
     if arrays == "host":
         fits = fitting_batch(cell, args.method, nb, fraction * hb.memory.host_available() - extra,
                              args.interstitial, overlap=overlap)
@@ -225,22 +226,35 @@ def _crystal_option(args):
     return f"--structure {args.structure}" if args.structure is not None else f"--system {args.system}"
 
 
-def _side_by_side(args, backend, largest, nb, n_kpoints):
+def _side_by_side(args, backend, largest, nb, n_kpoints, ranks=1):
     """[(GPU id, its own single-GPU backend), ...] and the atoms per batch when k-points go side by side,
-    one per GPU, on device arrays (--multi-gpu kpoints, or auto with N_G < SPLIT_BELOW and several
-    k-points); (None, nb) when every call is split over the GPUs instead."""
+    one per GPU (--multi-gpu kpoints, or auto with N_G < SPLIT_BELOW and several k-points): on device arrays,
+    or with --arrays host on host arrays of each GPU's own (built on that GPU where they fit, and copied to the
+    host); (None, nb) when every call is split over the GPUs instead. At these sizes a call split over two
+    GPUs is no faster than on one (NaCl Kmax 3.5 on two H100s: zherk 11-17 ms split, 11 ms on one GPU)."""
     gpus = _context_gpus(backend) if args.blas == "hybridblas" else []
     asked = args.multi_gpu == "kpoints"
-    if asked and (len(gpus) < 2 or args.arrays == "host"):
-        raise ValueError(f"--multi-gpu kpoints needs two or more GPUs in --devices, --blas hybridblas and device "
-                         f"arrays, got --devices {args.devices!r}, --blas {args.blas}, --arrays {args.arrays}")
-    if not asked and (args.multi_gpu == "split" or len(gpus) < 2 or n_kpoints < 2 or args.arrays == "host"
+    if asked and len(gpus) < 2:
+        raise ValueError(f"--multi-gpu kpoints needs two or more GPUs in --devices and --blas hybridblas, got "
+                         f"--devices {args.devices!r}, --blas {args.blas}")
+    if not asked and (args.multi_gpu == "split" or len(gpus) < 2 or n_kpoints < 2
                       or largest.n_g >= side.SPLIT_BELOW):
         return None, nb
+    if args.arrays == "host":       # each GPU's k-point in host arrays of its own, beside the others
+        held = len(gpus) * (2 * _C16 * largest.n_g ** 2 + _host_copies(args, "host", largest.n_g))
+        if held > 0.9 / ranks * hb.memory.host_available():
+            if asked:
+                raise ValueError(f"--multi-gpu kpoints with --arrays host: {len(gpus)} k-points' H and S "
+                                 f"({hb.memory.format_bytes(held)}) do not fit in host memory; use --multi-gpu split")
+            return None, nb
     workers, fits = [], []
     for g in gpus:
         one = get_backend("hybridblas", hb.Context(devices=[f"cuda:{g}"], strategy=args.strategy,
                                                    emulation=_emulation(args)))
+        if args.arrays == "host":
+            workers.append((g, one))
+            fits.append(nb)
+            continue
         arrays, fit = auto_arrays(one, largest, args.method, nb, args.interstitial)
         if arrays != "device":
             if asked:
@@ -297,8 +311,8 @@ def _plan(args, comm):
                          f"({hb.memory.format_bytes(per_atom)} at N_G = {largest.n_g})")
     nb = _batch_size(largest, args.method, args.batch_atoms, max_bytes)
     backend = make_backend(args.blas, spec, args.strategy, comm, _emulation(args))
-    workers, nb = _side_by_side(args, backend, largest, nb, len(mine))
-    arrays = "device" if workers else args.arrays
+    workers, nb = _side_by_side(args, backend, largest, nb, len(mine), parallel.ranks_on_node(comm))
+    arrays = "device" if workers and args.arrays != "host" else args.arrays
     if arrays == "auto":
         arrays, nb = auto_arrays(backend, largest, args.method, nb, args.interstitial)
     operands = operands_place(arrays, args.operands, backend)

@@ -216,7 +216,7 @@ def _fake_gpus(monkeypatch, gpus, fits=True):
 
 def _args(**kw):
     base = dict(blas="hybridblas", multi_gpu="auto", arrays="auto", devices="all", strategy="auto",
-                method="refined", interstitial=True)
+                method="refined", interstitial=True, solve=0, output=None)
     base.update(kw)
     return SimpleNamespace(**base)
 
@@ -228,9 +228,18 @@ def test_cli_chooses_kpoints_side_by_side(monkeypatch):
     workers, nb = cli._side_by_side(_args(), None, small, 8, n_kpoints=4)
     assert [g for g, _ in workers] == [0, 1] and nb == 4
     assert [b.context.devices for _, b in workers] == [["cuda:0"], ["cuda:1"]]
-    for args, cell, n_k in [(_args(), large, 4), (_args(), small, 1), (_args(multi_gpu="split"), small, 4),
-                            (_args(arrays="host"), small, 4)]:
+    for args, cell, n_k in [(_args(), large, 4), (_args(), small, 1), (_args(multi_gpu="split"), small, 4)]:
         assert cli._side_by_side(args, None, cell, 8, n_kpoints=n_k) == (None, 8)
+    # host arrays: side by side too, each GPU's k-point in host arrays of its own, while two H and S pairs fit
+    workers, nb = cli._side_by_side(_args(arrays="host"), None, small, 8, n_kpoints=4)
+    assert [g for g, _ in workers] == [0, 1] and nb == 8
+    pair = 2 * 16 * small.n_g ** 2
+    monkeypatch.setattr(hb.memory, "host_available", lambda: 2 * pair / 0.9 * 0.99)
+    assert cli._side_by_side(_args(arrays="host"), None, small, 8, n_kpoints=4) == (None, 8)
+    with pytest.raises(ValueError, match=r"--multi-gpu kpoints with --arrays host: 2 k-points' H and S"):
+        cli._side_by_side(_args(arrays="host", multi_gpu="kpoints"), None, small, 8, n_kpoints=4)
+    monkeypatch.setattr(hb.memory, "host_available", lambda: 2 * pair / 0.9 * 1.01)
+    assert cli._side_by_side(_args(arrays="host"), None, small, 8, n_kpoints=4)[0] is not None
     assert cli._side_by_side(_args(multi_gpu="kpoints"), None, large, 8, 1)[0] is not None
     _fake_gpus(monkeypatch, [0])
     assert cli._side_by_side(_args(), None, small, 8, 4) == (None, 8)
@@ -268,13 +277,17 @@ def test_cli_reports_stay_in_kpoint_order(monkeypatch, capsys):
 
 
 @pytest.mark.multi_gpu
-def test_gpu_kpoints_side_by_side_equal_the_host_build(tmp_path, capsys):
+@pytest.mark.parametrize("arrays", ["device", "host"])
+def test_gpu_kpoints_side_by_side_equal_the_host_build(tmp_path, capsys, arrays):
+    """k-points side by side on GPUs 0 and 1 (device arrays, or host arrays of each GPU's own, built on it and
+    copied to the host): each k-point's H and S those of the CPU build."""
     out = tmp_path / "hs.npz"
     rc = cli.main(["build", "--system", "NaCl", "--kmax", "2.0", "--kpoints", "4", "--interstitial", "--devices",
-                   "all", "--multi-gpu", "kpoints", "--solve", "4", "--output", str(out), "--json"])
+                   "all", "--multi-gpu", "kpoints", "--solve", "4", "--output", str(out), "--json", "--arrays",
+                   "auto" if arrays == "device" else "host"])
     assert rc == 0, capsys.readouterr().err
     doc = json.loads(capsys.readouterr().out)
-    assert doc["multi_gpu"] == "kpoints" and doc["arrays"] == "device"
+    assert doc["multi_gpu"] == "kpoints" and doc["arrays"] == arrays
     assert [r["k_index"] for r in doc["reports"]] == [0, 1, 2, 3]
     assert [r["gpu"] for r in doc["reports"]] == [0, 1, 0, 1]
     data = flapw.read_hs(out)
