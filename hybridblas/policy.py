@@ -45,9 +45,11 @@ def without_idle_cpus(devices, rates, min_share):
 HOST_SPLIT_SECONDS = 0.04
 # Device operands split with a peer GPU lose too while a call is short: on 2 x H200 at n = k = 4096 (one GPU
 # 6-13 ms) zherk took 7.3 ms on two against 6.8 on one, zgemmt 9.5 against 6.6 (the peer's copies over NVLink,
-# its streams and the write-back cost 4-6 ms); at 8192 (40-55 ms) two GPUs were 1.5-1.7x faster. So a call on
-# GPU operands that one GPU computes in under this many seconds stays on one GPU.
-DEVICE_SPLIT_SECONDS = 0.015
+# its streams and the write-back cost 4-6 ms); at 8192 (40-55 ms) two GPUs were 1.5-1.7x faster. On 2 x H100,
+# n = 7011, k = 3136 (flapw's NaCl Kmax 3.5): zherk 11-17 ms split against 11 ms on one GPU, zher2k 19-25
+# against 22, zherkx 14-54 against 11. So a call on GPU operands that one GPU computes in under this many
+# seconds (at the profile's rate, or the default 40 TF/s) stays on one GPU.
+DEVICE_SPLIT_SECONDS = 0.035
 TRANSFER_RATE = 25e9     # bytes/s to move operands to a device that does not hold them, where no profile measured it
 REMOTE_LATENCY = 1e-4    # s: streams, staging and the copy back on a device that does not hold the data
 

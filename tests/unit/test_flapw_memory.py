@@ -243,7 +243,8 @@ def test_device_build_out_of_gpu_memory_matches_host(monkeypatch):
     """A CuPy pool limit below the full batch's device arrays forces the out-of-memory path: the first attempt
     (every atom, device arrays) fails, a later one completes, and H and S equal the host build's. The attempts
     are recorded at build_hs itself (not through log capture, which an in-process CLI run elsewhere in the
-    same pytest run can redirect)."""
+    same pytest run can redirect). The limit is a new pool's, the build's allocator: the default pool may keep
+    free blocks inside chunks that earlier tests left partly in use, and serves them whatever its limit."""
     import cupy
     cell = flapw.System.preset("NaCl", kmax=2.2, supercell=(1, 1, 1))
     h_ref, s_ref = flapw.build_hs(cell, interstitial=True, context=hb.Context("cpu"))
@@ -261,18 +262,16 @@ def test_device_build_out_of_gpu_memory_matches_host(monkeypatch):
         attempts[-1] += ("built",)
         return out
     monkeypatch.setattr(hsdla, "build_hs", recording)
-    pool = cupy.get_default_memory_pool()
-    gc.collect()                               # arrays of earlier tests held in reference cycles leave the pool
+    pool = cupy.cuda.MemoryPool()
     with cupy.cuda.Device(0):                  # the pool's limit is the current device's: GPU 0, whatever is current
-        pool.free_all_blocks()
-        before = pool.get_limit()
         pool.set_limit(size=fixed + 16 * 3 * n_l * n_g * (cell.n_atoms // 2))     # half the atoms' A/B/X
         try:
-            h, s = flapw.build_hs_with_fallback(cell, interstitial=True, arrays="device",
-                                                context=hb.Context(devices=["cuda:0"]))
-            h, s = (cupy.asnumpy(x) if not isinstance(x, np.ndarray) else x for x in (h, s))
+            with cupy.cuda.using_allocator(pool.malloc):
+                h, s = flapw.build_hs_with_fallback(cell, interstitial=True, arrays="device",
+                                                    context=hb.Context(devices=["cuda:0"]))
+                h, s = (cupy.asnumpy(x) if not isinstance(x, np.ndarray) else x for x in (h, s))
         finally:
-            pool.set_limit(size=before)                            # 0: no limit
+            gc.collect()
             pool.free_all_blocks()
     assert attempts[0] == (cell.n_atoms, "device", "out of memory"), attempts
     assert attempts[-1][-1] == "built" and all(a[-1] == "out of memory" for a in attempts[:-1]), attempts
