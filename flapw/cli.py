@@ -114,7 +114,8 @@ def _parser():
                         "it made TiO2 Kmax 3.0 4.5x slower a k-point)")
     b.add_argument("--multi-gpu", default="auto", choices=("auto", "split", "kpoints"),
                    help="several GPUs: split every BLAS call over them, or build k-points side by side, one per "
-                        f"GPU (auto: side by side when N_G < {side.SPLIT_BELOW} and there are several k-points)")
+                        f"GPU (auto: side by side on device arrays when N_G < {side.SPLIT_BELOW} and there are "
+                        "several k-points; with --arrays host only when asked: more k-points a second, each slower)")
     b.add_argument("--emulate", action="store_true",
                    help="FP64 products on the GPUs' INT8 tensor cores where that wins (k of at least 6144 for "
                         "complex products, 12288 for H's and S's diagonal blocks: batches of 152 atoms or more at "
@@ -228,16 +229,19 @@ def _crystal_option(args):
 
 def _side_by_side(args, backend, largest, nb, n_kpoints, ranks=1):
     """[(GPU id, its own single-GPU backend), ...] and the atoms per batch when k-points go side by side,
-    one per GPU (--multi-gpu kpoints, or auto with N_G < SPLIT_BELOW and several k-points): on device arrays,
-    or with --arrays host on host arrays of each GPU's own (built on that GPU where they fit, and copied to the
-    host); (None, nb) when every call is split over the GPUs instead. At these sizes a call split over two
-    GPUs is no faster than on one (NaCl Kmax 3.5 on two H100s: zherk 11-17 ms split, 11 ms on one GPU)."""
+    one per GPU: on device arrays (--multi-gpu kpoints, or auto with N_G < SPLIT_BELOW and several k-points),
+    and with --arrays host and --multi-gpu kpoints on host arrays of each GPU's own (built on that GPU where
+    they fit, and copied to the host); (None, nb) when every call goes to the context's GPUs instead (calls
+    too short to gain from a split stay on one GPU: hybridblas.policy). Measured on two H100s, NaCl Kmax 3.5,
+    host arrays, 8 k-points: 18.6-18.7 k-points/s side by side against 12.3-12.4 one call after the other, but
+    a k-point took 0.079-0.115 s side by side against 0.077-0.080 s (device arrays: 0.063-0.070 s), so host
+    arrays go side by side only when asked."""
     gpus = _context_gpus(backend) if args.blas == "hybridblas" else []
     asked = args.multi_gpu == "kpoints"
     if asked and len(gpus) < 2:
         raise ValueError(f"--multi-gpu kpoints needs two or more GPUs in --devices and --blas hybridblas, got "
                          f"--devices {args.devices!r}, --blas {args.blas}")
-    if not asked and (args.multi_gpu == "split" or len(gpus) < 2 or n_kpoints < 2
+    if not asked and (args.multi_gpu == "split" or len(gpus) < 2 or n_kpoints < 2 or args.arrays == "host"
                       or largest.n_g >= side.SPLIT_BELOW):
         return None, nb
     if args.arrays == "host":       # each GPU's k-point in host arrays of its own, beside the others

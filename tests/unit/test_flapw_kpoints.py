@@ -228,18 +228,18 @@ def test_cli_chooses_kpoints_side_by_side(monkeypatch):
     workers, nb = cli._side_by_side(_args(), None, small, 8, n_kpoints=4)
     assert [g for g, _ in workers] == [0, 1] and nb == 4
     assert [b.context.devices for _, b in workers] == [["cuda:0"], ["cuda:1"]]
-    for args, cell, n_k in [(_args(), large, 4), (_args(), small, 1), (_args(multi_gpu="split"), small, 4)]:
+    for args, cell, n_k in [(_args(), large, 4), (_args(), small, 1), (_args(multi_gpu="split"), small, 4),
+                            (_args(arrays="host"), small, 4)]:
         assert cli._side_by_side(args, None, cell, 8, n_kpoints=n_k) == (None, 8)
-    # host arrays: side by side too, each GPU's k-point in host arrays of its own, while two H and S pairs fit
-    workers, nb = cli._side_by_side(_args(arrays="host"), None, small, 8, n_kpoints=4)
+    # host arrays side by side when asked: each GPU's k-point in host arrays of its own, while two H and S pairs fit
+    workers, nb = cli._side_by_side(_args(arrays="host", multi_gpu="kpoints"), None, small, 8, n_kpoints=4)
     assert [g for g, _ in workers] == [0, 1] and nb == 8
     pair = 2 * 16 * small.n_g ** 2
     monkeypatch.setattr(hb.memory, "host_available", lambda: 2 * pair / 0.9 * 0.99)
-    assert cli._side_by_side(_args(arrays="host"), None, small, 8, n_kpoints=4) == (None, 8)
     with pytest.raises(ValueError, match=r"--multi-gpu kpoints with --arrays host: 2 k-points' H and S"):
         cli._side_by_side(_args(arrays="host", multi_gpu="kpoints"), None, small, 8, n_kpoints=4)
     monkeypatch.setattr(hb.memory, "host_available", lambda: 2 * pair / 0.9 * 1.01)
-    assert cli._side_by_side(_args(arrays="host"), None, small, 8, n_kpoints=4)[0] is not None
+    assert cli._side_by_side(_args(arrays="host", multi_gpu="kpoints"), None, small, 8, n_kpoints=4)[0] is not None
     assert cli._side_by_side(_args(multi_gpu="kpoints"), None, large, 8, 1)[0] is not None
     _fake_gpus(monkeypatch, [0])
     assert cli._side_by_side(_args(), None, small, 8, 4) == (None, 8)
