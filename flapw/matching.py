@@ -134,9 +134,17 @@ def k_only_factors(basis, radials, lmax, omega, threads=None, out=None):
 
 
 def phases(basis, positions_frac, xp=np):
-    """e^{iK·τ_a} as an (N_G, n_atoms) array: K·τ = 2π (n + k)·f for fractional τ = f."""
-    arg = 2 * np.pi * ((basis.miller + basis.k) @ np.asarray(positions_frac).T)
-    return xp.exp(1j * xp.asarray(arg))
+    """e^{iK·τ_a} as an (N_G, n_atoms) array: K·τ = 2π (n + k)·f for fractional τ = f. With ``xp`` cupy the
+    (N_G, 3) n + k and the positions go to the GPU and the product is formed there: the (N_G, n_atoms) arguments
+    uploaded from pageable memory (38 MB for TiO2 Kmax 3.0) took 1.6 s on one of two GPUs building k-points side by
+    side (two H100s), against 3 ms this way."""
+    kvec = basis.miller + basis.k
+    pos = np.asarray(positions_frac, dtype=float).T
+    if xp is np:
+        arg = 2 * np.pi * (kvec @ pos)
+    else:
+        arg = (2 * np.pi) * (xp.asarray(kvec) @ xp.asarray(pos))
+    return xp.exp(1j * arg)
 
 
 def fill_coefficients(out, factors, phase, species_of, n_l, for_each=None):
