@@ -23,8 +23,8 @@ Found in the code (flapw, hybridblas, CuPy), on first use in a process:
   host arrays the tiled path of a product split over the GPUs. On two H100s, 8 k-points of NaCl Kmax 3.0: the
   first k-point's host time 9.8 ms against 6.3 ms for the later ones without it, and the k-point loop 1.77-1.88 x
   as fast on two GPUs as on one without it, 1.86-1.93 x with it (the one-GPU loop unchanged); the run's wall clock
-  2.1-3.1 s either way. NaCl Kmax 3.5 with host arrays and an empty kernel cache: the first k-point compiled six
-  kernels of that split product (0.44 s) before it;
+  2.1-3.1 s either way. NaCl Kmax 3.5 with host arrays and an empty kernel cache, its calls then split over two
+  GPUs: the first k-point compiled six kernels of the split product (0.44 s) before it;
 * not paid here: kernels for arrays past 2 GiB (CuPy's 64-bit-index variants), compiled on a machine's first
   build of that size (TiO2 Kmax 3.0: 0.4 s of its first k-point), then read from CuPy's kernel cache;
 * with a context that emulates FP64 on INT8 tensor cores (``flapw build --emulate``), the kernels of its
