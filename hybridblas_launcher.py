@@ -37,18 +37,25 @@ def launch(package):
 
 
 def end_mpi_run(code):
-    """A tool that ran under MPI (mpi4py's MPI initialized and not finalized): flush stdout and stderr, finalize
-    MPI and end the process with ``code`` at once; otherwise return ``code``. Every output of the tool is
-    written and closed by then; what this skips is the interpreter's teardown of the GPU libraries, NCCL's
-    communicators and the memory pools, which the process's exit frees anyway (on two H100s the time from the
-    ranks' return to mpiexec's was 1.1 s, against 0.34 s for the same run without MPI)."""
+    """A tool that ran under MPI (mpi4py's MPI initialized and not finalized): shut logging down, flush stdout and
+    stderr, finalize MPI and end the process with ``code`` (an int; None is 0) at once; otherwise return ``code``.
+    Every output of the tool is written and closed by then; what this skips is the interpreter's teardown of the GPU
+    libraries, NCCL's communicators and the memory pools, which the process's exit frees anyway, and other atexit
+    handlers. Two ranks of 48Cr on two H100s: 6.00-6.64 s against 6.42-7.05 s with the teardown."""
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
         return code
-    sys.stdout.flush()
-    sys.stderr.flush()
+    status = code if isinstance(code, int) else 0 if code is None else 1
+    try:
+        logging = sys.modules.get("logging")
+        if logging is not None:
+            logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):        # a closed pipe or stream: nothing more can be said there
+        pass
     mpi.Finalize()
-    os._exit(0 if code is None else int(code))
+    os._exit(status)
 
 
 def flapw():

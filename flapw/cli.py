@@ -191,15 +191,21 @@ def _host_copies(args, arrays, n_g):
     return (pair if args.solve and arrays == "host" else 0) + (pair if arrays == "device" and args.output else 0)
 
 
-def _host_batch(args, cell, nb, arrays, comm, workers=1, overlap=False):
+def _host_batch(args, cell, nb, arrays, comm, workers=1, overlap=False, operands="host"):
     """Atoms per batch (nb, or for host arrays the first halving of it that fits) for which what the host
     holds (the build's estimate with host arrays, and the copies of H and S for --solve/--output, for each
     of ``workers`` k-points built at once) fits in this rank's share of the host's memory; else
-    hybridblas.InsufficientMemory, before any work."""
+    hybridblas.InsufficientMemory, before any work. Host arrays side by side hold the other workers' H and S
+    (and copies) beside this estimate where the operands live on the GPUs, else their whole builds."""
     ranks = parallel.ranks_on_node(comm)
-    fraction = 0.9 / ranks / (workers if arrays == "host" else 1)      # host arrays: each worker holds a build
-    extra = _host_copies(args, arrays, cell.n_g) if arrays == "host" else workers * _host_copies(args, arrays,
-                                                                                               cell.n_g)
+    fraction = 0.9 / ranks
+    copies = _host_copies(args, arrays, cell.n_g)
+    extra = copies if arrays == "host" else workers * copies
+    if arrays == "host" and workers > 1:
+        if operands == "device":
+            extra += (workers - 1) * (2 * _C16 * cell.n_g ** 2 + copies)
+        else:
+            fraction /= workers
     if arrays == "host":
         fits = fitting_batch(cell, args.method, nb, fraction * hb.memory.host_available() - extra,
                              args.interstitial, overlap=overlap)
@@ -208,8 +214,10 @@ def _host_batch(args, cell, nb, arrays, comm, workers=1, overlap=False):
                 log.info("host memory: %d atoms per batch instead of %d", fits, nb)
             return fits
         need = build_bytes(cell, args.method, 1, args.interstitial, overlap=overlap) + extra
+        beside = [what for what, held in (("copies of H and S for --solve", copies),
+                                           ("the other GPUs' k-points", extra - copies)) if held]
         parts = memory_breakdown(cell, args.method, 1, overlap) + (
-            f", copies of H and S for --solve {hb.memory.format_bytes(extra)}" if extra else "")
+            f", {' and '.join(beside)} {hb.memory.format_bytes(extra)}" if extra else "")
     elif extra:
         need, parts = extra, "host copies of H and S for --output"
     else:
@@ -329,7 +337,7 @@ def _plan(args, comm):
     if args.overlap == "auto" and arrays == "host" and args.method == "refined" and _runs_on_gpu(backend):
         room = 0.9 / parallel.ranks_on_node(comm) * hb.memory.host_available() - _host_copies(args, arrays, largest.n_g)
         overlap = fitting_batch(largest, args.method, nb, room, args.interstitial, overlap=True) == nb
-    nb = _host_batch(args, largest, nb, arrays, comm, len(workers or [None]), overlap)
+    nb = _host_batch(args, largest, nb, arrays, comm, len(workers or [None]), overlap, operands)
     return SimpleNamespace(spec=spec, cell=cell, kpoints=kpoints, mine=mine, backend=backend, arrays=arrays,
                            batch_atoms=nb, path=path, workers=workers, overlap=overlap, largest=largest,
                            operands=operands)

@@ -18,6 +18,8 @@ from .problem import is_column_major, leading_dim
 
 PANEL = 128             # columns per panel of a triangle copy by DMA (the diagonal blocks' buffer: PANEL x N)
 STAGE_BYTES = 32 << 20  # bytes of each of the ring's two page-locked slots
+BLOCKS_GRAIN = 16 << 20  # the diagonal blocks' buffer is a multiple of this: CuPy's pinned pool keeps a freed
+                         # block for a later request of its exact size, so k-points of many sizes share a few
 
 
 def to_host(dst, src, lower=None):
@@ -35,6 +37,13 @@ class Pending:
     def __init__(self, run=None, stream=None, pin=None, finish=None):
         self._run, self._stream, self._pin, self._finish = run, stream, pin, finish
         self.done = False
+
+    def __del__(self):                  # dropped unwaited: finished here, so no DMA outlives its buffers
+        if not getattr(self, "done", True):
+            try:
+                self.wait()
+            except Exception:           # noqa: BLE001 - nowhere to report it from a finalizer
+                pass
 
     def wait(self):
         if self.done:
@@ -106,7 +115,7 @@ def _queue_triangle(dst, src, lower, stream):
     lds, ldd = leading_dim(src) * item, leading_dim(dst) * item
     width = min(PANEL, n)
     panels = [(c0, min(n, c0 + width)) for c0 in range(0, n, width)]
-    mem = cupy.cuda.alloc_pinned_memory(width * n * item)
+    mem = cupy.cuda.alloc_pinned_memory(-(-width * n * item // BLOCKS_GRAIN) * BLOCKS_GRAIN)
     blocks = np.frombuffer(mem, dtype=dst.dtype, count=width * n).reshape((width, n), order="F")
     for c0, c1 in panels:          # block c0:c1 at columns c0:c1 of the buffer, leading dimension `width`
         rt.memcpy2DAsync(blocks.ctypes.data + c0 * width * item, width * item, src.data.ptr + c0 * lds + c0 * item,

@@ -249,6 +249,24 @@ def test_cli_chooses_kpoints_side_by_side(monkeypatch):
     assert cli._side_by_side(_args(), None, small, 8, 4) == (None, 8)
 
 
+def test_host_arrays_side_by_side_count_the_other_gpus_h_and_s(monkeypatch):
+    """_host_batch with two workers on host arrays: with the operands on the GPUs each worker's build fits beside the
+    other's H and S (not a whole second build); too little for that halves the batch or refuses before any work;
+    with host operands each worker gets half the memory."""
+    from flapw.hsdla import build_bytes
+    cell = flapw.System.preset("NaCl", kmax=2.2, supercell=(1, 1, 1))
+    args = SimpleNamespace(method="refined", interstitial=True, solve=0, output=None, kmax=2.2, structure=None,
+                           system="NaCl")
+    one, pair = build_bytes(cell, "refined", 8, True), 2 * 16 * cell.n_g ** 2
+    monkeypatch.setattr(hb.memory, "host_available", lambda: (one + pair) / 0.9 * 1.001)
+    assert cli._host_batch(args, cell, 8, "host", None, workers=2, operands="device") == 8
+    assert cli._host_batch(args, cell, 8, "host", None, workers=1) == 8
+    assert cli._host_batch(args, cell, 8, "host", None, workers=2, operands="host") < 8
+    monkeypatch.setattr(hb.memory, "host_available", lambda: (build_bytes(cell, "refined", 1, True) + pair) / 0.9 * 0.99)
+    with pytest.raises(hb.InsufficientMemory, match="the other GPUs' k-points"):
+        cli._host_batch(args, cell, 8, "host", None, workers=2, operands="device")
+
+
 def test_cli_reports_stay_in_kpoint_order(monkeypatch, capsys):
     """The CLI's k-point loop with two fake workers (CPU contexts) behind --multi-gpu: reports in k-point
     order, each with the worker that built it, the file's H and S those of the plain run."""

@@ -473,19 +473,24 @@ def test_a_failure_after_s_left_for_the_host_waits_for_its_copy(tio2, monkeypatc
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("lower_only", [True, False])
-@pytest.mark.parametrize("fits", [True, False])
+@pytest.mark.parametrize("fits", [True, False, "locked"])
 def test_gpu_host_arrays_built_there_or_streamed_equal_the_host_build(tio2, fits, lower_only, monkeypatch):
     """Host H and S, operands on the GPU: built on the GPU and copied (the whole build fits) or kept in host
-    memory with their tiles streamed (DEVICE_SHARE 0: nothing fits), both equal to the CPU build."""
+    memory with their tiles streamed (DEVICE_SHARE 0: nothing fits), both equal to the CPU build. "locked": built
+    there in batches of two atoms and copied by DMA into page-locked H and S (S on its second stream)."""
+    from hybridblas import host_pinning
     cell, _ = tio2
     h_ref, s_ref = flapw.build_hs(cell, interstitial=True, lower_only=lower_only, context=hb.Context("cpu"))
     if not fits:
         monkeypatch.setattr(hsdla, "DEVICE_SHARE", 0.0)
+    if fits == "locked":
+        monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)
     ws = flapw.Workspace()
     for _ in range(2):                                           # the second build reuses the workspace
         h, s, rep = flapw.build_hs(cell, interstitial=True, lower_only=lower_only, return_report=True,
-                                   context=hb.Context(devices=["cuda:0"]), workspace=ws)
-        assert isinstance(h, np.ndarray) and rep.operands == "device" and rep.hs_built_on_gpu == fits
+                                   context=hb.Context(devices=["cuda:0"]), workspace=ws,
+                                   batch_atoms=2 if fits == "locked" else None)
+        assert isinstance(h, np.ndarray) and rep.operands == "device" and rep.hs_built_on_gpu == bool(fits)
         pick = _lower if lower_only else (lambda m: m)
         assert _rel(pick(h), pick(h_ref)) <= 1e-12 and _rel(pick(s), pick(s_ref)) <= 1e-12
 

@@ -187,7 +187,7 @@ def test_a_run_under_mpi_finalizes_and_ends_with_its_code(monkeypatch, capsys):
         ended.append((code, list(mpi.calls)))
         raise SystemExit(code)
     monkeypatch.setattr(hybridblas_launcher.os, "_exit", exit_now)
-    for code, want in [(2, 2), (None, 0)]:
+    for code, want in [(2, 2), (None, 0), ("not a status", 1)]:
         mpi._fin = False
         mpi.calls.clear()
         with pytest.raises(SystemExit):

@@ -187,6 +187,7 @@ def test_a_queued_copy_lands_when_waited_for(fake_gpu, monkeypatch, rng):
         diagonal[c0:c0 + 8, c0:c0 + 8] = True
     assert (dst[diagonal] == -3.0).all()                       # not yet: the host's part runs in wait()
     assert ("sync",) not in fake_gpu
+    assert [e[1] % downloads.BLOCKS_GRAIN for e in fake_gpu if e[0] == "staging"] == [0]    # one buffer, whole grains
     pending.wait()
     np.testing.assert_array_equal(dst, np.where(np.tril(np.ones((n, n), bool)), src, -3.0))
     assert ("sync",) in fake_gpu
@@ -199,3 +200,18 @@ def test_a_queued_copy_lands_when_waited_for(fake_gpu, monkeypatch, rng):
     np.testing.assert_array_equal(dst, src)
     with pytest.raises(TypeError, match=r"wait must be True or False, got str 'no'"):
         lowlevel.to_host(dst, _DeviceArray(np.asfortranarray(src)), wait="no")
+
+
+def test_a_queued_copy_dropped_unwaited_is_finished_by_its_finalizer(fake_gpu, monkeypatch, rng):
+    """A handle dropped without wait(): its finalizer finishes the copy (the stream waited for, the diagonal blocks
+    in place), so no DMA outlives the buffers it writes."""
+    import gc
+    monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)
+    monkeypatch.setattr(downloads, "PANEL", 8)
+    src = rng.standard_normal((20, 20))
+    dst = np.full((20, 20), -3.0, order="F")
+    pending = lowlevel.to_host(dst, _DeviceArray(np.asfortranarray(src)), lower=True, wait=False)
+    del pending
+    gc.collect()
+    assert ("sync",) in fake_gpu
+    np.testing.assert_array_equal(dst, np.where(np.tril(np.ones((20, 20), bool)), src, -3.0))
