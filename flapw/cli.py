@@ -191,6 +191,11 @@ def _host_copies(args, arrays, n_g):
     return (pair if args.solve and arrays == "host" else 0) + (pair if arrays == "device" and args.output else 0)
 
 
+def _host_kpoint_bytes(args, n_g):
+    """Host bytes one k-point of host arrays holds beside its GPU build: H and S, and eigh's copies for --solve."""
+    return 2 * _C16 * n_g * n_g + _host_copies(args, "host", n_g)
+
+
 def _host_batch(args, cell, nb, arrays, comm, workers=1, overlap=False, operands="host"):
     """Atoms per batch (nb, or for host arrays the first halving of it that fits) for which what the host
     holds (the build's estimate with host arrays, and the copies of H and S for --solve/--output, for each
@@ -203,7 +208,7 @@ def _host_batch(args, cell, nb, arrays, comm, workers=1, overlap=False, operands
     extra = copies if arrays == "host" else workers * copies
     if arrays == "host" and workers > 1:
         if operands == "device":
-            extra += (workers - 1) * (2 * _C16 * cell.n_g ** 2 + copies)
+            extra += (workers - 1) * _host_kpoint_bytes(args, cell.n_g)
         else:
             fraction /= workers
     if arrays == "host":
@@ -253,7 +258,7 @@ def _side_by_side(args, backend, largest, nb, n_kpoints, ranks=1):
                       or largest.n_g >= side.SPLIT_BELOW):
         return None, nb
     if args.arrays == "host":       # each GPU's k-point in host arrays of its own, beside the others
-        held = len(gpus) * (2 * _C16 * largest.n_g ** 2 + _host_copies(args, "host", largest.n_g))
+        held = len(gpus) * _host_kpoint_bytes(args, largest.n_g)
         if held > 0.9 / ranks * hb.memory.host_available():
             if asked:
                 raise ValueError(f"--multi-gpu kpoints with --arrays host: {len(gpus)} k-points' H and S "
