@@ -83,9 +83,9 @@ def start(dst, src, lower=None):
             return Pending(lambda: download(dst, src, PinnedRing(STAGE_BYTES, 2), stream, triangle=triangle),
                            stream, pin)
         if triangle is None:
-            _queue_full(dst, src, stream)
+            queue_full(dst, src, stream)
             return Pending(None, stream, pin)
-        return Pending(None, stream, pin, _queue_triangle(dst, src, lower, stream))
+        return Pending(None, stream, pin, queue_triangle(dst, src, lower, stream))
     except BaseException:
         try:
             stream.synchronize()
@@ -94,7 +94,7 @@ def start(dst, src, lower=None):
         raise
 
 
-def _queue_full(dst, src, stream):
+def queue_full(dst, src, stream):
     import cupy
     rt = cupy.cuda.runtime
     item = dst.dtype.itemsize
@@ -103,7 +103,7 @@ def _queue_full(dst, src, stream):
                      cols, rt.memcpyDeviceToHost, stream.ptr)
 
 
-def _queue_triangle(dst, src, lower, stream):
+def queue_triangle(dst, src, lower, stream):
     """dst page-locked: each panel's diagonal block into one page-locked buffer (an event after them), then the
     part below (above) each diagonal block straight into dst; returns the host step that copies the diagonal
     blocks' triangles into place once their event has passed."""

@@ -84,8 +84,8 @@ class CUDADevice(Device):
             return self.block
         cp = _cupy()
         with cp.cuda.Device(self.index):
-            budget = _budget(self, problem)
-        return _block_plan(problem, budget, None)[0]
+            room = budget(self, problem)
+        return _block_plan(problem, room, None)[0]
 
     def release(self):
         """The staging rings no call is using go, and with them CuPy's idle page-locked blocks."""
@@ -100,7 +100,7 @@ class CUDADevice(Device):
         return self._rings[which]
 
 
-def _budget(device, problem):
+def budget(device, problem):
     """Bytes this call may hold on the current GPU."""
     cp = _cupy()
     limit = device.memory_limit or problem.run.memory_limit
@@ -210,7 +210,7 @@ class _CUDARun(DeviceRun):
             self.c_dev = device_of(problem.c)
             self.f_dev = [device_of(f.base) for f in problem.factors]
             self._enable_peers()
-            self.budget = _budget(device, problem)
+            self.budget = budget(device, problem)
             fixed = device.block
             self.nb, self.kc = _block_plan(problem, self.budget, fixed)
             if self.host or any(d != device.index for d in self.f_dev):

@@ -41,7 +41,7 @@ def applies(problem, device, ctx=None):
         return False
     if problem.kind != "gemm" and problem.k > K_RATIO * problem.n:
         return False
-    if problem.kind == "gemmt" and _rank_kx(problem) is None:
+    if problem.kind == "gemmt" and rank_kx(problem) is None:
         return False
     return cuda_inline.held_whole(problem, device)
 
@@ -60,17 +60,19 @@ def run(problem, device):
             backend.rank_k(problem.kind, problem.c, problem.lower, problem.alpha, blocks, problem.beta)
 
 
-def _rank_kx(problem):
+def rank_kx(problem, factors=None, beta=None):
     """(kind, coef, x, y) of the gemmt C[tri] += coef op(X) op(Y) when it is a cuBLAS herkx (op(Y) = op_X(Y)^H,
-    complex data, real beta) or syrkx (op(Y) = op_X(Y)^T), else None."""
-    terms = problem.terms()
+    complex data, real beta: the problem's, or ``beta``) or syrkx (op(Y) = op_X(Y)^T), else None; x and y are
+    the terms' operands over ``factors`` (default the problem's)."""
+    terms = problem.terms(factors)
     if len(terms) != 1:
         return None
     coef, x, y = terms[0]
     flip = x.op ^ y.op
+    beta = problem.beta if beta is None else beta
     if problem.complex and flip == T:
         kind = "syrkx"
-    elif problem.complex and flip == C and complex(problem.beta).imag == 0:
+    elif problem.complex and flip == C and complex(beta).imag == 0:
         kind = "herkx"
     elif not problem.complex and flip & T:
         kind = "syrkx"
@@ -80,18 +82,24 @@ def _rank_kx(problem):
 
 
 def _gemmt(backend, problem):
-    kind, coef, x, y = _rank_kx(problem)
-    c, n, beta = problem.c, problem.n, problem.beta
+    kind, coef, x, y = rank_kx(problem)
+    gemmt_kx(backend, kind, coef, x, y, problem.c, problem.lower, problem.beta)
+
+
+def gemmt_kx(backend, kind, coef, x, y, c, lower, beta):
+    """c[tri] <- coef op(x) op(y) + beta c[tri] as one cuBLAS ``kind`` (herkx or syrkx, from rank_kx) on the
+    square column-major view c, op(x) n x k and op(y) k x n; after a herkx the diagonal is computed once more."""
+    n, k = c.shape[0], x.cols
     diagonal = _diagonal(c) if kind == "herkx" else None
     old = diagonal.copy() if diagonal is not None and beta != 0 else None        # beta = 0 never reads C
     factors = [x, Operand(y.base, x.op, y.scratch)]                # cuBLAS takes one op for both
-    backend.rank_k(kind, c, problem.lower, coef, factors, complex(beta).real if kind == "herkx" else beta)
+    backend.rank_k(kind, c, lower, coef, factors, complex(beta).real if kind == "herkx" else beta)
     if diagonal is None:
         return
     dots = backend.xp.empty((n, 1, 1), dtype=c.dtype)              # dots[i] = coef op(X)[i, :] op(Y)[:, i]
     cublas.gemm_strided_batched(backend.handle, backend.stream.ptr, dots, coef,
-                                x.block(0, 1, 0, problem.k), leading_dim(x.base) if x.trans else 1,
-                                y.block(0, problem.k, 0, 1), 1 if y.trans else leading_dim(y.base), 0.0)
+                                x.block(0, 1, 0, k), leading_dim(x.base) if x.trans else 1,
+                                y.block(0, k, 0, 1), 1 if y.trans else leading_dim(y.base), 0.0)
     dots = dots.reshape(n)
     if old is not None:
         dots += beta * old
