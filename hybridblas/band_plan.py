@@ -1,0 +1,304 @@
+"""The layout of one call on host operands over GPUs that each compute one band of C (devices.cuda_bands).
+
+    layout = BandLayout(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None)
+
+- Bands: GPU g computes rows [g0, g1) of a lower triangle with every column left of g1 (an upper triangle:
+  columns [g0, g1) with every row above g1; gemm's C: columns [g0, g1), every row), the flops of the bands
+  following the GPUs' rates, the edges on multiples of ALIGN. It holds the band's bounding box of C.
+- Every GPU holds the whole factors. Along k they are cut into units, the first a quarter of the others so
+  that compute starts early. A unit of a factor is a piece (a factor stored k-major: its whole unit, one
+  contiguous copy; k-minor: cut along the outer index where the bands' needs start or end). A piece crosses
+  PCIe once, uploaded by one of the GPUs that read it (the one that has uploaded the fewest bytes so far),
+  and the others copy it from there (NVLink). Without peer access (``shared=False``) each GPU uploads every
+  piece it reads.
+- Compute goes by steps along k, each step the whole band in a few cuBLAS calls, the steps' lengths doubling
+  from the first unit up to STEP_K. The last, ``final`` range of k is computed block column by block column,
+  each block written back to the host while the next computes. Where it starts is chosen by a model of the
+  call's time (``_final_start``): a longer range hides more of the write-back, but its blocks start only once
+  every piece has landed. ``speeds`` (flop/s, default ``rates``) are what the model takes for the GPUs' compute.
+
+Everything here is arithmetic on the problem's shape: it runs, and is tested, without a GPU.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import plan
+from .problem import Operand, k_axis
+
+ALIGN = 64                # k units, steps and block columns are cut at multiples of this
+UNIT_BYTES = 64 << 20     # bytes of one unit of all the factors together (the first: a quarter of it)
+STEP_K = 4096             # longest k step of the band-wide products
+BLOCKS = 8                # block columns of a band in the final range (the last one's copy is the tail)
+COPY_MARGIN = 1.25        # the final range is chosen as if the write-back took this many times its estimate
+WHOLE_UNITS = True        # a unit of a factor stored k-major (k along its columns) goes whole: one copy
+MIN_SEGMENT = 32 << 10    # bytes along k of a unit of a factor stored k-minor (its first unit: half of it):
+                          # each column's segment of a piece moves at the DMA's rate (2 KiB segments left the
+                          # GPU waiting 113 of 469 ms for zgemmt at n = k = 16384 on one H100)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows [o0, o1) of the outer index of unique factor ``factor`` over k range [k0, k1): uploaded by GPU
+    slot ``owner``, copied from there by the slots in ``readers``."""
+    index: int
+    factor: int
+    o0: int
+    o1: int
+    k0: int
+    k1: int
+    owner: int
+    readers: tuple
+    nbytes: int
+
+
+class BandLayout:
+    """Bands, factor pieces, k steps and final blocks of ``problem`` over GPUs with flop rates ``rates``."""
+
+    def __init__(self, problem, rates, writeback_rate, upload_rate=None, shared=True, unit_bytes=None,
+                 blocks=None, speeds=None):
+        self.problem = problem
+        self.slots = len(rates)
+        self.item = problem.dtype.itemsize
+        tri = problem.triangular
+        size = problem.n
+        self.edges = aligned_edges(size, list(rates), tri)
+        self.bands = list(zip(self.edges, self.edges[1:]))
+        self.boxes = [self._box(g0, g1) for g0, g1 in self.bands]
+        self.band_tasks = [plan.band(problem, g0, g1) for g0, g1 in self.bands]
+        self._unique_factors()
+        self.needs = [self._needs(tasks) for tasks in self.band_tasks]
+        self.units = self._units(UNIT_BYTES if unit_bytes is None else unit_bytes)
+        self.pieces = self._pieces(shared)
+        self.final_start = self._final_start(speeds or rates, writeback_rate, upload_rate or writeback_rate)
+        self.steps = self._steps()
+        self.final = (self.final_start, problem.k)
+        self.blocks = [self._blocks(g0, g1, BLOCKS if blocks is None else blocks) for g0, g1 in self.bands]
+
+    # ---------------------------------------------------------------- bands
+    def _box(self, g0, g1):
+        return box(self.problem, g0, g1)
+
+    def box_bytes(self, g):
+        r0, r1, c0, c1 = self.boxes[g]
+        return (r1 - r0) * (c1 - c0) * self.item
+
+    def band_area(self, g):
+        """Entries of C that GPU g writes."""
+        return sum(_area(self.problem, t) for t in self.band_tasks[g])
+
+    # ---------------------------------------------------------------- factors
+    def _unique_factors(self):
+        """Factors that are the same memory are uploaded once: ``factor_of[f]`` is factor f's unique index,
+        ``uniques[u]`` its first factor."""
+        p = self.problem
+        keys, self.factor_of, self.uniques = {}, [], []
+        for f, fac in enumerate(p.factors):
+            b = fac.base
+            key = (b.__array_interface__["data"][0], b.shape, b.strides, b.dtype.str)
+            if key not in keys:
+                keys[key] = len(self.uniques)
+                self.uniques.append(f)
+            self.factor_of.append(keys[key])
+        self.kaxis = [k_axis(p.kind, f, p.factors[f].op) for f in self.uniques]
+        self.outer = [p.factors[f].base.shape[1 - ax] for f, ax in zip(self.uniques, self.kaxis)]
+
+    def factor_bytes(self):
+        """Bytes of the unique factors' whole bases (what every GPU holds)."""
+        p = self.problem
+        return sum(p.factors[f].base.shape[0] * p.factors[f].base.shape[1] * self.item for f in self.uniques)
+
+    def _needs(self, tasks):
+        """[(lo, hi) or None] per unique factor: the outer range a band's tasks read (its hull)."""
+        p = self.problem
+        tagged = [Operand(f, fac.op) for f, fac in enumerate(p.factors)]
+        ranges = [[] for _ in self.uniques]
+        for t in tasks:
+            for _coef, x, y in p.terms(tagged):
+                ranges[self.factor_of[x.base]].append((t.i0, t.i1))
+                ranges[self.factor_of[y.base]].append((t.j0, t.j1))
+        return [(min(a for a, _ in r), max(b for _, b in r)) if r else None for r in ranges]
+
+    # ---------------------------------------------------------------- k
+    def _units(self, unit_bytes):
+        """k ranges of the uploads: the first a quarter of the others (compute starts sooner)."""
+        k = self.problem.k
+        per_k = sum(self.outer) * self.item
+        unit = max(ALIGN, unit_bytes // max(per_k, 1) // ALIGN * ALIGN)
+        first = max(ALIGN, unit // 4 // ALIGN * ALIGN)
+        if 0 in self.kaxis:           # a piece of a k-minor factor is a segment of every column it covers
+            least = -(-MIN_SEGMENT // self.item // ALIGN) * ALIGN
+            unit, first = max(unit, least), max(first, least // 2)
+        edges = [0] + list(range(min(first, k), k, unit)) + [k]
+        edges = sorted(set(edges))
+        return list(zip(edges, edges[1:]))
+
+    def _final_start(self, rates, writeback_rate, upload_rate):
+        """First k of the final range, the unit start whose modelled time is least. The final range's blocks
+        need every piece (they are written back once all of k is in), so the range's compute starts once
+        the last upload has landed and the steps before it are done; its compute then hides the band's
+        write-back, the rest of the write-back and one block's copy are left at the end:
+
+            time = max(uploads, steps) + final + max(COPY_MARGIN * write-back - final, 0) + write-back / BLOCKS
+
+        Of the starts within 2 % of the least time, the latest (the shortest final range) is taken.
+        """
+        p = self.problem
+        landed = max(sum(x.nbytes for x in self.pieces if x.owner == g) for g in range(self.slots)) / upload_rate
+        gpus = []
+        for g in range(self.slots):
+            area = self.band_area(g)
+            if area:
+                flops = sum(t.flops for t in self.band_tasks[g])
+                gpus.append((flops / max(rates[g], 1.0), area * self.item / writeback_rate))
+        times = []
+        for start, _ in self.units:
+            f = 1.0 - start / p.k
+            times.append((max((max(landed, (1 - f) * comp) + f * comp + max(COPY_MARGIN * copy - f * comp, 0.0)
+                               + copy / BLOCKS for comp, copy in gpus), default=0.0), start))
+        least = min(t for t, _ in times)
+        return max(start for t, start in times if t <= least * 1.02)   # of the near-best, the shortest range
+
+    def _steps(self):
+        """Band-wide k steps before the final range: unit edges, lengths doubling up to STEP_K."""
+        edges = [k0 for k0, _ in self.units if k0 < self.final_start] + [self.final_start]
+        if self.final_start == 0:
+            return []
+        out, start, length = [], 0, edges[1]
+        for e in edges[1:]:
+            if e - start >= length or e == self.final_start:
+                out.append((start, e))
+                length = min(STEP_K, 2 * (e - start))
+                start = e
+        return out
+
+    # ---------------------------------------------------------------- pieces
+    def _pieces(self, shared):
+        """Every piece of every unit, in k order; owners chosen so that each GPU uploads about as many bytes."""
+        uploaded = [0] * self.slots
+        out = []
+        for k0, k1 in self.units:
+            todo = []
+            for u in range(len(self.uniques)):
+                for o0, o1, needers in self._segments(u):
+                    if shared:
+                        todo.append((u, o0, o1, needers))
+                    else:
+                        todo += [(u, o0, o1, (g,)) for g in needers]
+            todo.sort(key=lambda t: len(t[3]) > 1)        # pieces only one GPU needs go to it first
+            for u, o0, o1, needers in todo:
+                nbytes = (o1 - o0) * (k1 - k0) * self.item
+                owner = min(needers, key=lambda g: (uploaded[g], g))
+                uploaded[owner] += nbytes
+                out.append(Piece(len(out), u, o0, o1, k0, k1, owner,
+                                 tuple(g for g in needers if g != owner), nbytes))
+        return out
+
+    def _segments(self, u):
+        """(o0, o1, needers) cutting unique factor u's outer index where a band's need starts or ends; one
+        segment, the hull of the needs, for a k-major factor (WHOLE_UNITS: its unit is then contiguous)."""
+        spans = [(g, n[u]) for g, n in enumerate(self.needs) if n[u] is not None and n[u][1] > n[u][0]]
+        if WHOLE_UNITS and self.kaxis[u] == 1 and spans:
+            return [(min(lo for _, (lo, _) in spans), max(hi for _, (_, hi) in spans), tuple(g for g, _ in spans))]
+        cuts = sorted({x for _, (lo, hi) in spans for x in (lo, hi)})
+        out = []
+        for a, b in zip(cuts, cuts[1:]):
+            needers = tuple(g for g, (lo, hi) in spans if lo <= a and b <= hi)
+            if needers:
+                out.append((a, b, needers))
+        return out
+
+    def pieces_for(self, g, k0, k1):
+        """The pieces GPU g needs for k range [k0, k1)."""
+        return [p for p in self.pieces if k0 <= p.k0 and p.k1 <= k1 and (p.owner == g or g in p.readers)]
+
+    def uploads(self, g):
+        return [p for p in self.pieces if p.owner == g]
+
+    # ---------------------------------------------------------------- final blocks
+    def _blocks(self, g0, g1, count):
+        """Block columns of band [g0, g1) for the final range, of about equal area: [[Task over all of k]]."""
+        p = self.problem
+        if g1 <= g0:
+            return []
+        lo, hi = (0, g1) if (p.triangular and p.lower) else (g0, g1)
+        cols = np.arange(lo, hi)
+        if not p.triangular:
+            height = np.full(cols.size, p.m)
+        elif p.lower:
+            height = np.where(cols < g0, g1 - g0, g1 - cols)
+        else:
+            height = cols + 1
+        area = np.cumsum(height, dtype=np.float64)
+        cuts = [lo]
+        for share in range(1, count):
+            c = lo + int(np.searchsorted(area, area[-1] * share / count)) + 1
+            c = -(-c // ALIGN) * ALIGN                       # up to a multiple of ALIGN
+            if c - cuts[-1] >= ALIGN and hi - c >= ALIGN:
+                cuts.append(c)
+        cuts.append(hi)
+        return [self._block_tasks(g0, g1, a, b) for a, b in zip(cuts, cuts[1:])]
+
+    def _block_tasks(self, g0, g1, a, b):
+        p = self.problem
+        k = p.k
+        mk = plan.make_task
+        if not p.triangular:
+            return [mk(p, 0, p.m, a, b, 0, k)]
+        if not p.lower:
+            out = [mk(p, 0, a, a, b, 0, k)] if a > 0 else []
+            return out + [mk(p, a, b, a, b, 0, k, diag=True)]
+        out = []
+        if a < g0:
+            out.append(mk(p, g0, g1, a, min(b, g0), 0, k))
+        s = max(a, g0)
+        if s < b:
+            out.append(mk(p, s, b, s, b, 0, k, diag=True))
+            if b < g1:
+                out.append(mk(p, b, g1, s, b, 0, k))
+        return out
+
+
+def _area(problem, t):
+    rows, cols = t.i1 - t.i0, t.j1 - t.j0
+    return rows * (rows + 1) // 2 if t.diag else rows * cols
+
+
+def region(layout, f_unique, o0, o1, k0, k1):
+    """(row slice, column slice) of the unique factor's base for outer [o0, o1) and k [k0, k1)."""
+    if layout.kaxis[f_unique] == 0:
+        return slice(k0, k1), slice(o0, o1)
+    return slice(o0, o1), slice(k0, k1)
+
+
+def box(problem, g0, g1):
+    """(r0, r1, c0, c1): the part of C that band [g0, g1) lies in."""
+    if not problem.triangular:
+        return 0, problem.m, g0, g1
+    return (g0, g1, 0, g1) if problem.lower else (0, g1, g0, g1)
+
+
+def device_bytes(problem, rates):
+    """Per GPU with flop rates ``rates``: bytes of the whole factors (every distinct base once) and of its
+    band's box of C, without laying out the rest of the call."""
+    item = problem.dtype.itemsize
+    bases = {(f.base.__array_interface__["data"][0], f.base.shape, f.base.strides): f.base.size
+             for f in problem.factors}
+    factors = sum(bases.values()) * item
+    edges = aligned_edges(problem.n, list(rates), problem.triangular)
+    out = []
+    for g0, g1 in zip(edges, edges[1:]):
+        r0, r1, c0, c1 = box(problem, g0, g1)
+        out.append(factors + (r1 - r0) * (c1 - c0) * item)
+    return out, factors
+
+
+def aligned_edges(n, rates, triangular):
+    """plan.band_edges with the inner edges moved to the nearest multiple of ALIGN (operand views and C's box
+    then start on 1 KiB for complex128: cuBLAS ran a band on an odd offset 15-25 % slower)."""
+    edges = plan.band_edges(n, rates, triangular)
+    inner = [min(n, max(0, int(round(e / ALIGN)) * ALIGN)) for e in edges[1:-1]]
+    out = [0]
+    for e in inner:
+        out.append(max(out[-1], e))
+    return out + [n]
