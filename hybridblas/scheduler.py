@@ -1,5 +1,7 @@
 """Plan a call and run it on the context's devices: static split, dynamic queues, or one thread (sync).
 
+Host operands on GPUs whose memory holds them go by bands (devices.cuda_bands), everything else by tiles.
+
 ``policy`` decides which devices take part; this module what each gets (``static_assignment``,
 ``dynamic_tasks``); ``engine.Engine`` runs the tasks, one worker per device, and survives a device that fails.
 """
@@ -26,6 +28,9 @@ def execute(problem, ctx):
         if cuda_direct.applies(problem, devices[0], ctx):
             cuda_direct.run(problem, devices[0])
             return "direct"
+    from .devices import cuda_bands
+    if cuda_bands.applies(problem, devices, rates, ctx) and cuda_bands.run(problem, devices, rates, ctx, reserves):
+        return "bands"
     if problem.fxp.__name__ == "cupy":
         problem.run.caller_events = _caller_events(problem)
     strategy = ctx.resolve_strategy(devices)

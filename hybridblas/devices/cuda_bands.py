@@ -1,0 +1,582 @@
+"""Host operands on GPUs, one band of C per GPU: each piece of an operand crosses PCIe once, compute starts on
+the first thin unit and goes by whole-band cuBLAS calls along k, and C's write-back runs under the last
+range's compute (the layout: hybridblas.band_plan).
+
+The tiled run (devices.cuda) fetches panels tile by tile and writes every tile back on its own; at medium
+sizes its GPUs waited for panels and for the write-back. On 2 x H100, complex128 n = k = 8192, host operands
+page-locked, best of 4 in one process: tiles took 46.5 ms for zherk (0.40 of the sum of device cuBLAS), 86.1
+for zher2k, 50.8 for zgemmt; bands 27.7 (0.67), 51.5 (0.80) and 49.0. At 16384: 206 / 187, 412 / 372,
+237 / 209 ms.
+
+Per GPU of the call three jobs run:
+- the feeder uploads the pieces this GPU owns, in k order, on ``s_in`` (one DMA each from page-locked
+  operands, else through the GPU's staging ring) and posts an event for each on the call's board;
+- the worker copies the pieces it needs from the GPUs that uploaded them (``s_peer``, after their events),
+  then queues the band's products step by step on ``s_comp``, and in the final range block column by block
+  column, each handed to the writer;
+- the writer copies each finished block into the caller's C (``s_out``: DMA straight into a page-locked C,
+  the diagonal blocks' triangles by 128-column panels; else through the staging ring), and marks it written.
+
+C's old values (beta != 0) are uploaded after the operands and added to each block before its last product.
+Only the triangle of C is written; the caller's other triangle is never touched.
+
+A job that raises stops the call's other jobs. Out of GPU memory before anything was written: the call goes
+to the tiled run, which shrinks its working set. Any other error: the GPU is left out of the Context (a
+``DeviceFailureWarning``), the blocks not yet written are re-run by the tiled engine on the GPUs left, and
+blocks whose copy into C had begun are torn (``DeviceFailure`` when C is read, beta != 0).
+"""
+import queue
+import threading
+import time
+import warnings
+
+import numpy as np
+
+from .. import cublas, cuda_transfer, downloads, host_pinning, plan, policy, workers
+from ..band_plan import ALIGN, BandLayout, device_bytes, region
+from ..faults import DeviceFailure, DeviceFailureWarning
+from ..kernels import compute_block
+from ..problem import Operand
+from . import cuda, cuda_direct
+
+ENABLED = True            # module switch (benchmarks compare the tiled run on the same inputs)
+POLL = 0.05               # s: how often a wait looks whether the call is being stopped
+UPLOAD_SHARE = 0.8        # bands only where the uploads take at most this share of compute plus write-back
+_DOUBLE = (np.dtype(np.float64), np.dtype(np.complex128))
+
+
+class _Stop(Exception):
+    """Another job of the call failed: this one stops."""
+
+
+def applies(problem, devices, rates, ctx):
+    """Host operands and host C in double precision on GPUs only, no fixed block, memory cap, emulation, sync
+    mode or dynamic strategy asked for, not a tall-skinny Gram product, uploads that compute can hide, and
+    every GPU able to hold the factors and its band."""
+    if not ENABLED or ctx.sync or ctx.block_size or problem.run.emulation or getattr(ctx, "memory_limit", None):
+        return False
+    if ctx.strategy == "dynamic":       # a block queue asked for
+        return False
+    if not devices or any(not isinstance(d, cuda.CUDADevice) or d.block or d.memory_limit for d in devices):
+        return False
+    if problem.fxp is not np or problem.xp is not np or problem.dtype not in _DOUBLE:
+        return False
+    if min(problem.m, problem.n, problem.k) == 0 or policy.wants_split_k(problem, len(devices)):
+        return False
+    if problem.kind == "gemmt" and cuda_direct.rank_kx(problem, beta=1.0) is None:
+        return False
+    return _hides_uploads(problem, devices, rates, ctx) and _fits(problem, devices, rates)
+
+
+def _hides_uploads(problem, devices, rates, ctx):
+    """Bands finish a block only once all of k has landed, so their write-back cannot run under the uploads as
+    the tiles' can: they win where the uploads take at most UPLOAD_SHARE of the compute and write-back.
+    Measured on 2 x H100, complex128, n = k, steady state: zgemmt (two factors) on one GPU at n = 8192 took
+    82 ms by bands, 58 by tiles; at 16384 391 against 404; zherk at 8192 48 against 50, two GPUs 28 against 47."""
+    _totals, factor_bytes = device_bytes(problem, rates)
+    n_gpu = len(devices)
+    speeds = [calibrated(d, problem.kind) or r for d, r in zip(devices, rates)]
+    item = problem.dtype.itemsize
+    c_bytes = (problem.n * (problem.n + 1) // 2 if problem.triangular else problem.m * problem.n) * item
+    upload = factor_bytes / n_gpu / _rate(ctx, devices, "h2d_pinned")
+    compute = problem.flops() / sum(speeds)
+    writeback = c_bytes / n_gpu / _rate(ctx, devices, "d2h_pinned")
+    return upload <= UPLOAD_SHARE * (compute + writeback)
+
+
+def _fits(problem, devices, rates):
+    """Every GPU has room for the factors, its band's box (twice with C's old values) and cuBLAS's workspace."""
+    import cupy
+    totals, factors = device_bytes(problem, rates)
+    for d, total in zip(devices, totals):
+        need = total + (total - factors if problem.beta != 0 else 0) + cuda.RESERVE
+        with cupy.cuda.Device(d.index):
+            if need > cuda.budget(d, problem):
+                return False
+    return True
+
+
+def run(problem, devices, rates, ctx, reserves=()):
+    """Compute the call; returns False when it must go to the tiled run instead (out of GPU memory before
+    anything was written), True when done."""
+    call = _Call(problem, devices, rates, ctx)
+    return call.execute(reserves)
+
+
+class _Board:
+    """Which pieces have been queued for upload: a piece's event (on its owner's ``s_in``) once posted."""
+
+    def __init__(self, count, stop):
+        self.events = [None] * count
+        self.posted = [threading.Event() for _ in range(count)]
+        self.stop = stop
+
+    def post(self, index, event):
+        self.events[index] = event
+        self.posted[index].set()
+
+    def wait(self, index):
+        while not self.posted[index].wait(POLL):
+            if self.stop.is_set():
+                raise _Stop()
+        return self.events[index]
+
+
+class _Gpu:
+    """One GPU's part of the call: streams, the factors' copies, its band's box of C, its blocks' states."""
+
+    def __init__(self, cp, slot, device, layout, problem):
+        self.slot, self.device = slot, device
+        self.dev = cp.cuda.Device(device.index)
+        with self.dev:
+            self.s_in, self.s_peer, self.s_comp, self.s_out = (cp.cuda.Stream(non_blocking=True) for _ in range(4))
+            self.factors, self.box, self.old = None, None, None
+        self.blocks = layout.blocks[slot]
+        self.state = ["pending"] * len(self.blocks)     # -> "touched" (copy into C begun) -> "written"
+        self.stats = {"bytes_from_host": 0, "bytes_from_peer": 0, "bytes_to_host": 0}
+        self.kernel_events = []                  # (start, end, class, flops) of each product
+        self.upload_events = None                # (start, end) around this GPU's uploads of pieces
+        self.copy_events = []                    # (start, end) around each block's copy into C (DMA)
+        self.open_event = None
+        self.writes = queue.Queue()
+        self.ring_in = self.ring_out = None
+        self.allocated = threading.Event()       # the worker has made the device arrays
+        self.old_ready = []                      # per block: event after C's old values landed (beta != 0)
+        self.old_posted = threading.Semaphore(0)
+
+    def streams(self):
+        return (self.s_in, self.s_peer, self.s_comp, self.s_out)
+
+
+class _Call:
+    def __init__(self, problem, devices, rates, ctx):
+        import cupy
+        self.cp = cupy
+        self.problem, self.devices, self.ctx = problem, list(devices), ctx
+        self.rates = list(rates)
+        self.shared = _peer_access(cupy, [d.index for d in devices])
+        speeds = [calibrated(d, problem.kind) or r for d, r in zip(devices, self.rates)]
+        self.layout = BandLayout(problem, self.rates, _rate(ctx, devices, "d2h_pinned"),
+                                 _rate(ctx, devices, "h2d_pinned"), shared=self.shared, speeds=speeds)
+        self.stop = threading.Event()
+        self.board = _Board(len(self.layout.pieces), self.stop)
+        self.errors = []
+        self.lock = threading.Lock()
+        self.gpus = [_Gpu(cupy, g, d, self.layout, problem) for g, d in enumerate(devices)]
+        self.pins = [None] * len(self.layout.uniques)
+        self.pin_c = None
+        self.direct = [False] * len(self.layout.uniques)    # per unique factor: page-locked (DMA) this call
+        self.direct_c = False
+
+    # ------------------------------------------------------------------ the call
+    def execute(self, reserves):
+        t0 = time.perf_counter()
+        jobs = []
+        try:
+            self._pin()
+            self._take_rings()
+            for gpu in self.gpus:
+                jobs += [workers.start(self._guard, gpu, self._feed, name="feeder"),
+                         workers.start(self._guard, gpu, self._work, name="device"),
+                         workers.start(self._guard, gpu, self._write, name="writer")]
+            for job in jobs:
+                job.wait()
+        except BaseException:
+            self.stop.set()
+            for job in jobs:
+                job.wait()
+            self._settle()
+            self._release()
+            raise
+        self._settle()
+        if not self.errors:
+            self._record_stats(t0)
+        self._release()
+        if not self.errors:
+            return True
+        return self._recover(reserves)
+
+    def _guard(self, gpu, fn):
+        try:
+            with gpu.dev:
+                fn(gpu)
+        except _Stop:
+            pass
+        except BaseException as exc:        # noqa: BLE001 - handed to the caller's thread
+            with self.lock:
+                self.errors.append((gpu, exc))
+            self.stop.set()
+
+    def _check(self, gpu):
+        if self.stop.is_set():
+            raise _Stop()
+        self.ctx.fault_check(gpu.device)
+
+    # ------------------------------------------------------------------ host memory
+    def _pin(self):
+        """Page-lock the operands and C as the Context's policy says (hybridblas.host_pinning)."""
+        p = self.problem
+        if not p.run.pin_host:
+            return
+        after = 1 if p.run.pin_host == "auto" else 0
+        for u, f in enumerate(self.layout.uniques):
+            fac = p.factors[f]
+            if not fac.scratch:
+                self.pins[u] = host_pinning.acquire(fac.base, after_uses=after, call=p.run.call)
+        if p.writeback is None:
+            self.pin_c = host_pinning.acquire(p.c, after_uses=after, call=p.run.call)
+        self.direct = [host_pinning.is_ready(pin) for pin in self.pins]
+        self.direct_c = host_pinning.is_ready(self.pin_c)
+
+    def _take_rings(self):
+        """The staging rings this call needs, taken GPU by GPU in index order ('in' before 'out'), so that calls
+        waiting for rings never hold one another's (the GPUs of a call depend on each other's uploads)."""
+        old = self.problem.beta != 0
+        for gpu in sorted(self.gpus, key=lambda g: g.device.index):
+            if not self.layout.band_tasks[gpu.slot]:
+                continue
+            owned = {piece.factor for piece in self.layout.uploads(gpu.slot)}
+            if any(not self.direct[u] for u in owned) or (old and not self.direct_c):
+                gpu.ring_in = gpu.device.ring_pool("in").take()
+            if not self.direct_c:
+                gpu.ring_out = gpu.device.ring_pool("out").take()
+
+    def _release(self):
+        for gpu in self.gpus:
+            for which, ring in (("in", gpu.ring_in), ("out", gpu.ring_out)):
+                gpu.device.ring_pool(which).give(ring)
+            gpu.ring_in = gpu.ring_out = None
+            gpu.factors = gpu.box = gpu.old = None
+        for pin in self.pins + [self.pin_c]:
+            host_pinning.release(pin)
+        self.pins, self.pin_c = [None] * len(self.pins), None
+
+    def _settle(self):
+        """Wait for every stream of the call (after an error too: nothing may still copy into C)."""
+        first = None
+        for gpu in self.gpus:
+            for s in gpu.streams():
+                try:
+                    s.synchronize()
+                except Exception as exc:     # noqa: BLE001 - the first is reported with the GPU's errors
+                    first = first or (gpu, exc)
+        if first is not None and not any(g is first[0] for g, _ in self.errors):
+            self.errors.append(first)
+
+    # ------------------------------------------------------------------ jobs
+    def _allocate(self, gpu):
+        cp, p, lay = self.cp, self.problem, self.layout
+        with gpu.s_comp:
+            gpu.factors = [_padded(cp, p.factors[f].base.shape, p.dtype) for f in lay.uniques]
+            r0, r1, c0, c1 = lay.boxes[gpu.slot]
+            gpu.box = _padded(cp, (r1 - r0, c1 - c0), p.dtype)
+            if p.beta != 0:
+                gpu.old = _padded(cp, (r1 - r0, c1 - c0), p.dtype)
+        gpu.allocated.set()
+
+    def _feed(self, gpu):
+        """Upload the pieces this GPU owns (k order), then C's old values of its blocks (beta != 0)."""
+        p, lay = self.problem, self.layout
+        while not gpu.allocated.wait(POLL):
+            if self.stop.is_set():
+                raise _Stop()
+        owned = lay.uploads(gpu.slot)
+        first = _event(self.cp, gpu.s_in, timing=True) if owned else None
+        for piece in owned:
+            if self.stop.is_set():
+                raise _Stop()
+            rows, cols = region(lay, piece.factor, piece.o0, piece.o1, piece.k0, piece.k1)
+            src = p.factors[lay.uniques[piece.factor]].base[rows, cols]
+            self._upload(gpu, gpu.factors[piece.factor][rows, cols], src, self.direct[piece.factor])
+            gpu.stats["bytes_from_host"] += piece.nbytes
+            self.board.post(piece.index, _event(self.cp, gpu.s_in))
+        if owned:
+            gpu.upload_events = (first, _event(self.cp, gpu.s_in, timing=True))
+        if gpu.old is None:
+            return
+        for tasks in gpu.blocks:
+            for t in tasks:
+                self._upload(gpu, self._view(gpu, gpu.old, t), p.c[t.i0:t.i1, t.j0:t.j1], self.direct_c)
+            gpu.old_ready.append(_event(self.cp, gpu.s_in))
+            gpu.old_posted.release()
+
+    def _upload(self, gpu, dst, src, direct):
+        if direct and src.flags.f_contiguous and dst.flags.f_contiguous:     # one linear DMA
+            rt = self.cp.cuda.runtime
+            rt.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, gpu.s_in.ptr)
+            return
+        cuda_transfer.upload(dst, src, gpu.ring_in, gpu.s_in, direct=direct)
+
+    def _work(self, gpu):
+        """Gather each step's pieces, queue the band's products along k, then the final blocks."""
+        cp, p, lay = self.cp, self.problem, self.layout
+        tasks = lay.band_tasks[gpu.slot]
+        if not tasks:                   # an empty band (a tiny C): nothing to hold, upload or write
+            gpu.allocated.set()
+            gpu.writes.put(None)
+            return
+        self._check(gpu)
+        self._allocate(gpu)
+        gpu.open_event = _event(cp, gpu.s_comp, timing=True)
+        backend = cublas.Backend(cp.cuda.device.get_cublas_handle(), gpu.s_comp)
+        operands = [Operand(gpu.factors[lay.factor_of[f]], fac.op) for f, fac in enumerate(p.factors)]
+        kx = cuda_direct.rank_kx(p, operands, beta=1.0) if p.kind == "gemmt" else None
+        for n_step, (k0, k1) in enumerate(lay.steps):
+            self._check(gpu)
+            self._gather(gpu, k0, k1)
+            for t in tasks:
+                self._product(gpu, backend, operands, kx, t, k0, k1, 0.0 if n_step == 0 else 1.0, "step")
+        k0, k1 = lay.final
+        self._gather(gpu, k0, k1)
+        stepped = bool(lay.steps)
+        for b, block in enumerate(gpu.blocks):
+            self._check(gpu)
+            beta = 1.0 if stepped else 0.0
+            if gpu.old is not None:
+                self._add_old(gpu, b, block, stepped)
+                beta = 1.0
+            for t in block:
+                self._product(gpu, backend, operands, kx, t, k0, k1, beta, "final")
+            gpu.writes.put((b, _event(cp, gpu.s_comp)))
+        gpu.writes.put(None)
+
+    def _gather(self, gpu, k0, k1):
+        """Make s_comp wait until the pieces of k range [k0, k1) this GPU reads are on it."""
+        lay = self.layout
+        for piece in lay.pieces_for(gpu.slot, k0, k1):
+            ev = self.board.wait(piece.index)
+            if piece.owner == gpu.slot:
+                gpu.s_comp.wait_event(ev)
+                continue
+            rows, cols = region(lay, piece.factor, piece.o0, piece.o1, piece.k0, piece.k1)
+            owner = self.gpus[piece.owner]
+            gpu.s_peer.wait_event(ev)
+            dst, src = gpu.factors[piece.factor][rows, cols], owner.factors[piece.factor][rows, cols]
+            if dst.flags.f_contiguous and src.flags.f_contiguous:          # one linear copy (copy engines)
+                rt = self.cp.cuda.runtime
+                rt.memcpyAsync(dst.data.ptr, src.data.ptr, src.nbytes, rt.memcpyDefault, gpu.s_peer.ptr)
+            else:
+                cuda_transfer.copy_2d(dst, src, gpu.s_peer)
+            gpu.stats["bytes_from_peer"] += piece.nbytes
+            gpu.s_comp.wait_event(_event(self.cp, gpu.s_peer))
+
+    def _product(self, gpu, backend, operands, kx, task, k0, k1, beta, phase):
+        cp, p = self.cp, self.problem
+        part = plan.with_k(task, p, k0, k1)
+        out = self._view(gpu, gpu.box, task)
+        start = _event(cp, gpu.s_comp, timing=True)
+        with gpu.s_comp:
+            if task.diag and kx is not None:
+                kind, coef, x, y = kx
+                cuda_direct.gemmt_kx(backend, kind, coef, x.block(task.i0, task.i1, k0, k1),
+                                     y.block(k0, k1, task.i0, task.i1), out, p.lower, beta)
+            else:
+                compute_block(backend, p, part, out, beta, factors=operands)
+        label = f"{phase}-{'diag' if task.diag else 'rect'}"
+        gpu.kernel_events.append((start, _event(cp, gpu.s_comp, timing=True), label, part.flops))
+
+    def _add_old(self, gpu, b, block, stepped):
+        """box[block] (+)= beta * C's old values, on s_comp once they have landed."""
+        while not gpu.old_posted.acquire(timeout=POLL):
+            if self.stop.is_set():
+                raise _Stop()
+        gpu.s_comp.wait_event(gpu.old_ready[b])
+        beta = self.problem.beta
+        with gpu.s_comp:
+            for t in block:
+                old = self._view(gpu, gpu.old, t)
+                out = self._view(gpu, gpu.box, t)
+                old *= beta
+                if stepped:
+                    out += old
+                else:
+                    out[...] = old
+
+    def _write(self, gpu):
+        """Copy each finished block into the caller's C, in order; a block is 'written' once it has landed."""
+        p = self.problem
+        tri = "lower" if p.lower else "upper"
+        while True:
+            try:
+                item = gpu.writes.get(timeout=POLL)
+            except queue.Empty:
+                if self.stop.is_set():
+                    raise _Stop() from None
+                continue
+            if item is None:
+                return
+            b, done = item
+            direct = self.direct_c
+            if direct:
+                gpu.s_out.wait_event(done)
+                copy_start = _event(self.cp, gpu.s_out, timing=True)
+            else:
+                done.synchronize()
+            gpu.state[b] = "touched"
+            finish = []
+            for t in gpu.blocks[b]:
+                dst, src = p.c[t.i0:t.i1, t.j0:t.j1], self._view(gpu, gpu.box, t)
+                if not direct:
+                    cuda_transfer.download(dst, src, gpu.ring_out, gpu.s_out, tri if t.diag else None)
+                elif t.diag:
+                    finish.append(downloads.queue_triangle(dst, src, p.lower, gpu.s_out))
+                else:
+                    downloads.queue_full(dst, src, gpu.s_out)
+                gpu.stats["bytes_to_host"] += src.nbytes
+            if direct:
+                gpu.copy_events.append((copy_start, _event(self.cp, gpu.s_out, timing=True)))
+            for fn in finish:
+                fn()
+            gpu.s_out.synchronize()
+            gpu.state[b] = "written"
+
+    # ------------------------------------------------------------------ helpers
+    def _view(self, gpu, box, task):
+        r0, _r1, c0, _c1 = self.layout.boxes[gpu.slot]
+        return box[task.i0 - r0:task.i1 - r0, task.j0 - c0:task.j1 - c0]
+
+    def _record_stats(self, t0):
+        """cuda.last_stats per GPU (bytes moved, kernel time by class, GPU idle before, between and after the
+        kernels) and the calibration of this GPU's rates (``calibrated``)."""
+        wall = time.perf_counter() - t0
+        elapsed = self.cp.cuda.get_elapsed_time
+        for gpu in self.gpus:
+            st = dict(gpu.stats, wall_s=wall, path="bands", steps=len(self.layout.steps),
+                      final_k=self.layout.final[1] - self.layout.final[0], blocks=len(gpu.blocks))
+            ev = gpu.kernel_events
+            if ev:
+                times = [elapsed(a, b) / 1e3 for a, b, _, _ in ev]
+                kernel = sum(times)
+                lead = elapsed(gpu.open_event, ev[0][0]) / 1e3
+                span = elapsed(ev[0][0], ev[-1][1]) / 1e3
+                classes = {}
+                for (_, _, label, flops), t in zip(ev, times):
+                    c = classes.setdefault(label, [0.0, 0.0])
+                    c[0] += t
+                    c[1] += flops
+                st.update(kernel_s=kernel, lead_s=lead, gaps_s=span - kernel, tail_s=wall - lead - span,
+                          kernels={k: {"s": t, "tflops": f / max(t, 1e-12) / 1e12} for k, (t, f) in classes.items()})
+                _calibrate(gpu.device, "flops", self.problem.kind, sum(f for *_, f in ev) / max(kernel, 1e-12))
+            if gpu.upload_events is not None and self.direct and all(self.direct):
+                t = elapsed(*gpu.upload_events) / 1e3
+                st["upload_gbps"] = gpu.stats["bytes_from_host"] / max(t, 1e-12) / 1e9
+                _calibrate(gpu.device, "h2d_pinned", None, st["upload_gbps"] * 1e9)
+            if gpu.copy_events:
+                t = sum(elapsed(a, b) for a, b in gpu.copy_events) / 1e3
+                st["writeback_gbps"] = gpu.stats["bytes_to_host"] / max(t, 1e-12) / 1e9
+                _calibrate(gpu.device, "d2h_pinned", None, st["writeback_gbps"] * 1e9)
+            cuda.last_stats[gpu.device.name] = st
+
+    # ------------------------------------------------------------------ faults
+    def _recover(self, reserves):
+        """After a job raised: hand the call to the tiled run (memory), or re-run the unwritten blocks there."""
+        p = self.problem
+        touched = any(s != "pending" for gpu in self.gpus for s in gpu.state)
+        if not touched and all(_is_memory(exc) for _, exc in self.errors):
+            return False
+        failed = {}
+        for gpu, exc in self.errors:
+            failed.setdefault(gpu.slot, exc)
+            self.ctx.mark_failed(gpu.device, exc)
+        errors = [(self.gpus[g].device.name, exc) for g, exc in failed.items()]
+        torn, redo = [], []
+        for gpu in self.gpus:
+            for b, s in enumerate(gpu.state):
+                if s == "touched":
+                    torn += gpu.blocks[b]
+                elif s == "pending":
+                    redo += gpu.blocks[b]
+        if torn and p.beta != 0:
+            raise DeviceFailure(errors, torn=torn, message_tail=(
+                f"{len(torn)} tile(s) of C were being written when a GPU failed and C is read (beta != 0), "
+                f"so they cannot be recomputed"))
+        redo += torn
+        live = [d for g, d in enumerate(self.devices) if g not in failed]
+        if not live:                    # every GPU of the call failed: a device the policy had left out
+            live = [d for d in reserves if not self.ctx.is_failed(d)][:1]
+        if not live:
+            raise DeviceFailure(errors)
+        names = ", ".join(d.name for d in live)
+        for name, exc in errors:
+            warnings.warn(f"hybridblas: {name} failed ({type(exc).__name__}: {exc}); the call's {len(redo)} "
+                          f"unfinished block(s) run on {names}; it stays out of this Context until "
+                          f"Context.reset_failed()", DeviceFailureWarning, stacklevel=3)
+        if redo:
+            from ..engine import Engine
+            rates = [self.ctx.rate(d, p) for d in live]
+            Engine(p, self.ctx, live, rates, pending=plan.dynamic_order(p, redo, self.ctx.tail_fraction)).run()
+        return True
+
+
+def _padded(cp, shape, dtype):
+    """A column-major (rows, cols) view whose columns start on multiples of band_plan.ALIGN entries."""
+    rows, cols = shape
+    ld = -(-max(rows, 1) // ALIGN) * ALIGN if rows > ALIGN else rows
+    return cp.empty((ld, cols), dtype=dtype, order="F")[:rows]
+
+
+def _is_memory(exc):
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+
+
+def _event(cp, stream, timing=False):
+    ev = cp.cuda.Event(disable_timing=not timing)
+    ev.record(stream)
+    return ev
+
+
+_peers = {}                # (a, b) -> GPU a reads GPU b's memory (peer access enabled once per process)
+_peers_lock = threading.Lock()
+
+
+def _peer_access(cp, ids):
+    """Enable peer access between every pair of the call's GPUs; False when some pair cannot."""
+    rt = cp.cuda.runtime
+    ok = True
+    for a in ids:
+        for b in ids:
+            if a == b:
+                continue
+            with _peers_lock:
+                if (a, b) not in _peers:
+                    _peers[(a, b)] = bool(rt.deviceCanAccessPeer(a, b))
+                    if _peers[(a, b)]:
+                        with cp.cuda.Device(a):
+                            try:
+                                rt.deviceEnablePeerAccess(b)
+                            except rt.CUDARuntimeError:
+                                pass        # already enabled (by the tiled run)
+            ok = ok and _peers[(a, b)]
+    return ok
+
+
+def _rate(ctx, devices, key):
+    """bytes/s of the GPUs' copies between them and page-locked host memory (``key``: 'h2d_pinned' or
+    'd2h_pinned'): the slowest of the profile's, else of what earlier calls measured, else policy.TRANSFER_RATE."""
+    prof = ctx.profile
+    rates = []
+    for d in devices:
+        measured = prof.transfer(d.name) if prof is not None else None
+        rates.append((measured or {}).get(key) or calibrated(d, key) or policy.TRANSFER_RATE)
+    return min(rates)
+
+
+_calibration = {}          # device name -> {"h2d_pinned": bytes/s, "d2h_pinned": bytes/s, ("flops", kind): flop/s}
+_calibration_lock = threading.Lock()
+
+
+def calibrated(device, what):
+    """What earlier band calls measured on ``device``: a transfer rate ('h2d_pinned', 'd2h_pinned') or, given a
+    routine kind, its kernels' flop/s; None before the first such call."""
+    key = what if what in ("h2d_pinned", "d2h_pinned") else ("flops", what)
+    with _calibration_lock:
+        return _calibration.get(device.name, {}).get(key)
+
+
+def _calibrate(device, what, kind, value):
+    """Fold one call's measurement into the device's rates (the mean of the last few calls, about)."""
+    key = ("flops", kind) if what == "flops" else what
+    with _calibration_lock:
+        rates = _calibration.setdefault(device.name, {})
+        old = rates.get(key)
+        rates[key] = value if old is None else 0.7 * old + 0.3 * value

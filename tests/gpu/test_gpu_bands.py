@@ -1,0 +1,173 @@
+"""Host operands by bands (devices.cuda_bands) on one GPU and on every GPU: each routine, triangle, layout and
+beta against float64 references with C poisoned where beta = 0, the other triangle untouched; page-locked and
+staged host memory; concurrent callers; a GPU that fails mid-call; out of GPU memory going to the tiles."""
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import hybridblas as hb
+from hybridblas import host_pinning
+from hybridblas.devices import cuda_bands
+from blas_cases import call_routine, layout, make_case, triangle_mask
+from test_gpu import check
+
+CASES = [("herk", np.complex128, ("N",)), ("herk", np.complex128, ("C",)), ("her2k", np.complex128, ("N",)),
+         ("her2k", np.complex128, ("C",)), ("syrk", np.float64, ("T",)), ("syr2k", np.complex128, ("N",)),
+         ("gemmt", np.complex128, ("C", "N")), ("gemmt", np.complex128, ("N", "T")),
+         ("gemmt", np.float64, ("T", "N")), ("gemm", np.complex128, ("N", "C")), ("gemm", np.float64, ("T", "N"))]
+
+
+def _gpus():
+    import cupy
+    from hybridblas.devices.cuda import CUDADevice
+    return [CUDADevice(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
+
+
+@pytest.fixture
+def small_units(monkeypatch):
+    """Units of a few hundred kB, so that a small call has many pieces, several steps and blocks."""
+    from hybridblas import band_plan
+    monkeypatch.setattr(band_plan, "UNIT_BYTES", 256 << 10)
+    monkeypatch.setattr(band_plan, "STEP_K", 128)
+    monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)     # small operands page-locked too (pin_host=True)
+    monkeypatch.setattr(cuda_bands, "UPLOAD_SHARE", float("inf"))   # bands also where uploads dominate
+
+
+def _path(ctx):
+    from hybridblas.devices.cuda import last_stats
+    return {last_stats.get(d.name, {}).get("path") for d in ctx.devices}
+
+
+def _run(name, dtype, trans, lower, beta, ctx, rng, n=517, k=301, how_c="F", how_ops="F"):
+    alpha = 0.75 if name in ("herk", "syrk") else 0.5 - 0.25j if np.dtype(dtype).kind == "c" else -0.5
+    if name == "gemm":
+        lower = None
+    m = n + 7 if name == "gemm" else n
+    values, c0, expected, tol = make_case(rng, name, dtype, trans, lower, n, k, alpha, beta, m)
+    ops = [layout(v, how_ops) for v in values]
+    c = layout(c0, how_c)
+    before = [o.copy() for o in ops]
+    out = call_routine(name, alpha, ops, beta, c, trans, lower, ctx)
+    assert out is c
+    check(name, out, expected, c0, True if lower is None else lower, tol, f"{name} {trans} {how_c}", alpha,
+          beta, k)
+    for o, b in zip(ops, before):
+        np.testing.assert_array_equal(o, b, err_msg="an operand changed")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype,trans", CASES)
+@pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+@pytest.mark.parametrize("gpus", ["one", "all"])
+def test_bands_match_the_reference(name, dtype, trans, lower, beta, gpus, small_units, rng):
+    devices = _gpus()[:1] if gpus == "one" else _gpus()
+    if name == "gemmt" and dtype == np.complex128 and beta:
+        beta = 0.5 + 0.25j               # a complex beta on gemmt (herkx takes a real one: added on the GPU)
+    ctx = hb.Context(devices=devices, min_call_seconds=0, pin_host=True)
+    _run(name, dtype, trans, lower, beta, ctx, rng)
+    assert _path(ctx) == {"bands"}
+    host_pinning.wait_ready()
+    _run(name, dtype, trans, lower, beta, ctx, rng)      # page-locked by now: DMA both ways
+    assert _path(ctx) == {"bands"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("how_c,how_ops", [("C", "F"), ("ld", "C-ld"), ("step", "ld"), ("C-ld", "step")])
+@pytest.mark.parametrize("pin", [False, True])
+def test_bands_layouts_and_staging(how_c, how_ops, pin, small_units, rng):
+    ctx = hb.Context(devices=_gpus(), min_call_seconds=0, pin_host=pin)
+    for name, dtype, trans in [("herk", np.complex128, ("C",)), ("gemmt", np.complex128, ("C", "N")),
+                               ("gemm", np.float64, ("N", "T"))]:
+        for beta in (0.0, 0.5):
+            _run(name, dtype, trans, False, beta, ctx, rng, n=389, k=211, how_c=how_c, how_ops=how_ops)
+            assert _path(ctx) == {"bands"}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(1, 1), (1, 700), (2, 3), (65, 1), (130, 4099)])
+def test_bands_edge_sizes(n, k, small_units, rng):
+    ctx = hb.Context(devices=_gpus(), min_call_seconds=0)
+    for name, dtype, trans in [("herk", np.complex128, ("N",)), ("her2k", np.complex128, ("C",)),
+                               ("gemm", np.complex128, ("C", "N"))]:
+        _run(name, dtype, trans, True, 0.5, ctx, rng, n=n, k=k)
+
+
+@pytest.mark.gpu
+def test_bands_same_array_twice(small_units, rng):
+    """her2k(a, a): one factor uploaded once, read as both."""
+    a = rng.standard_normal((400, 300)) + 1j * rng.standard_normal((400, 300))
+    ctx = hb.Context(devices=_gpus(), min_call_seconds=0)
+    c = hb.her2k(1.0, a, a, context=ctx)
+    want = 2 * (a @ a.conj().T)
+    low = np.tril(np.ones((400, 400), bool))
+    assert np.abs(c[low] - want[low]).max() <= 1e-12 * np.abs(want).max()
+    assert _path(ctx) == {"bands"}
+
+
+@pytest.mark.gpu
+def test_bands_concurrent_callers(small_units, rng):
+    """Eight threads, each its own operands and C, share one Context of every GPU: every result exact."""
+    ctx = hb.Context(devices=_gpus(), min_call_seconds=0)
+    cases = [(rng.standard_normal((300 + 17 * i, 250)) + 1j * rng.standard_normal((300 + 17 * i, 250)))
+             for i in range(8)]
+    errors = []
+
+    def one(a):
+        try:
+            for _ in range(4):
+                c = np.full((a.shape[0], a.shape[0]), np.nan + 0j, order="F")
+                hb.herk(1.0, a, 0.0, c, context=ctx)
+                want = a @ a.conj().T
+                low = np.tril(np.ones(c.shape, bool))
+                err = np.abs(c[low] - want[low]).max() / np.abs(want).max()
+                if not err < 1e-13:
+                    errors.append(err)
+        except Exception as exc:              # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=one, args=(a,)) for a in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+@pytest.mark.parametrize("after", [0, 3])
+def test_bands_fault_on_one_gpu(beta, after, small_units, rng):
+    name, trans = "her2k", ("N",)
+    values, c0, expected, tol = make_case(rng, name, np.complex128, trans, True, 600, 400, 0.5 - 0.25j, beta)
+    ctx = hb.Context(devices=_gpus(), min_call_seconds=0)
+    c = np.array(c0, order="F")
+    with hb.testing.inject_fault(ctx, 1, after_tiles=after) as fault:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = call_routine(name, 0.5 - 0.25j, values, beta, c, trans, True, ctx)
+    assert fault.fired
+    assert [w for w in seen if issubclass(w.category, hb.DeviceFailureWarning)]
+    assert list(ctx.failed) == ["cuda:1"]
+    mask = triangle_mask(600, True)
+    assert np.abs(out[mask] - expected[mask]).max() <= tol
+    np.testing.assert_array_equal(out[~mask], c0[~mask])
+
+
+@pytest.mark.gpu
+def test_bands_out_of_memory_goes_to_the_tiles(small_units, rng):
+    """A GPU out of memory before anything was written: the call runs tiled, no warning, no GPU left out."""
+    import cupy
+    a = rng.standard_normal((500, 300)) + 1j * rng.standard_normal((500, 300))
+    ctx = hb.Context(devices=_gpus(), min_call_seconds=0)
+    oom = cupy.cuda.memory.OutOfMemoryError(1 << 34, 1 << 30, 1 << 30)
+    with hb.testing.inject_fault(ctx, 0, after_tiles=0, exc=oom) as fault:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", hb.DeviceFailureWarning)
+            c = hb.herk(1.0, a, context=ctx)
+    assert fault.fired and not ctx.failed
+    low = np.tril(np.ones((500, 500), bool))
+    want = a @ a.conj().T
+    assert np.abs(c[low] - want[low]).max() / np.abs(want).max() < 1e-13
+    assert "bands" not in _path(ctx)
