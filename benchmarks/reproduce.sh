@@ -28,7 +28,7 @@ stage e2e-cisolver   "End to end: cisolver spectrum of 48Cr"                   "
 stage ab-architecture "At a glance: the architecture rework against the code before it" "2 GPUs"    "ab-architecture.json"
 stage blas-cpu       "BLAS core / CPU"                                         "CPU box"          "bench_cpu.json"
 stage blas-2gpu      "BLAS core / One and two H200s, host operands"            "2 GPUs"           "blas-24576/"
-stage blas-sizes     "BLAS core / One and two H200s: against n (and its plot)" "2 GPUs"           "blas-sizes/"
+stage blas-sizes     "BLAS core / One and two H200s, host operands: against n, 2 x H100 (and its plot)" "2 GPUs" "blas-host/"
 stage blas-4gpu      "BLAS core / Four H200s (and the scaling plot)"           "4 GPUs"           "blas-24576-x4/"
 stage emulation      "BLAS core / FP64 emulated on INT8 tensor cores"          "1 GPU"            "emulation/"
 stage emulation-flapw "BLAS core / FP64 emulated: a FLAPW build, TiO2 Kmax 4.0"   "2 GPUs"           "emulation/flapw_tio2_40.json"
@@ -50,7 +50,7 @@ stage ci-cpu         "CI eigensolver: on the CPU box, MKL and scipy backends"  "
 stage ci-spmm-cpu    "CI eigensolver: CPU block SpMM, MKL against scipy"       "CPU box + mkl"    "spmm_24Mg.json"
 stage ci-float32     "CI eigensolver: float32 on a GPU"                        "1 GPU"            "float32-diagnosis.txt"
 stage flapw-mpi      "Beyond one node: FLAPW k-points over ranks"              "2 GPUs + MPI"     "flapw-mpi/runs.json"
-stage plot-blas      "figures blas_h200x2_sizes, blas_h200_scaling, blas_h100, blas_emulation_h200/_h100" "CPU box" "img/blas-*/"
+stage plot-blas      "figures blas_h100x2_host, blas_h200_scaling, blas_h100, blas_emulation_h200/_h100" "CPU box" "img/blas-*/"
 stage plot-flapw     "figure flapw_tio2.png"                                   "CPU box"          "img/flapw_tio2.png"
 stage plot-cisolver  "figure cisolver_peers.png"                               "CPU box"          "img/cisolver_peers.png"
 
@@ -74,8 +74,10 @@ run_stage() {
                 python3 -m benchmarks.ab --trees $O/before . --rounds 2 --json $O/ab-architecture.json ;;
   blas-cpu)     $BLAS cpu --repeat 7 --json $O/bench_cpu.json ;;
   blas-2gpu)    $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 --repeats 3 --xt-block 8192 --out $O/blas-24576 ;;
-  blas-sizes)   $BLAS gpu --sizes 2048 4096 8192 12288 16384 --modes host device --gpu-counts 1 2 --skip xt dynamic \
-                    --repeats 3 --out $O/blas-sizes ;;
+  blas-sizes)   $BLAS gpu --sizes 4096 8192 16384 24576 --modes host --gpu-counts 1 2 --skip xt dynamic \
+                    --repeats 3 --out $O/blas-host &&
+                $BLAS gpu --sizes 8192 16384 --modes host --gpu-counts 2 --skip xt dynamic --repeats 3 \
+                    --compare-tiles --out $O/blas-host-tiles ;;
   emulation)    $BLAS emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --cublas-emulation \
                     --out $O/emulation ;;
   emulation-flapw) mkdir -p $O/emulation; for emulate in "" --emulate; do
@@ -138,7 +140,7 @@ run_stage() {
                 CUDA_VISIBLE_DEVICES=0 $TIMER --label 1rank-1gpu --json $O/flapw-mpi/runs.json -- mpiexec $BIND -n 1 $build &&
                 $TIMER --label 1rank-2gpus --json $O/flapw-mpi/runs.json -- mpiexec $BIND -n 1 $build &&
                 $TIMER --label 2ranks --json $O/flapw-mpi/runs.json -- mpiexec $BIND -n 2 $build ;;
-  plot-blas)    $BLAS plot $STORED/h200x2-2026-11-26/blas-sizes/bench_blas_gpu.json --out $O/img/blas-h200x2-sizes &&
+  plot-blas)    $BLAS plot $STORED/h100x2-2026-11-26/blas-host/bench_blas_gpu.json --out $O/img/blas-h100x2-host &&
                 $BLAS plot $STORED/h200x4-2026-11-22/blas-24576/bench_blas_gpu.json --out $O/img/blas-h200-scaling &&
                 $BLAS plot $STORED/h100-2026-11-22/blas-16384-24576/bench_blas_gpu.json --out $O/img/blas-h100 &&
                 $BLAS emulation --plot-only $STORED/h200x2-2026-11-26/emulation/bench_blas_emulation.json \

@@ -3,7 +3,8 @@ H += A^H X) in complex128, n = k, host-resident (numpy) and device-resident (cup
 
   (1) cuBLAS on device-resident data, each GPU alone: the ceiling (Σ over the GPUs used)
   (2) cuBLASXt on the host arrays, all GPUs (ctypes, size_t dimensions)
-  (3) hybridblas static, (4) hybridblas dynamic: host arrays, and cupy arrays on GPU 0
+  (3) hybridblas static, (4) hybridblas dynamic: host arrays, and cupy arrays on GPU 0; with --compare-tiles
+      also host arrays by the tiled run (hb-tiles), the path before host operands went by bands
 
     python3 -m benchmarks.blas gpu --sizes 4096 8192 16384 24576 32768 --out results/gpu
 
@@ -22,6 +23,7 @@ import numpy as np
 
 import hybridblas as hb
 from hybridblas import host_pinning, peers
+from hybridblas.devices import cuda_bands
 from hybridblas.console import positive_int
 
 from benchmarks.common import command_line, refuse, write_json
@@ -175,6 +177,8 @@ def add_arguments(ap):
     ap.add_argument("--repeats", type=positive_int, default=2)
     ap.add_argument("--modes", nargs="+", default=["host", "device"], choices=["host", "device"])
     ap.add_argument("--skip", nargs="*", default=[], choices=["ceiling", "xt", "static", "dynamic"])
+    ap.add_argument("--compare-tiles", action="store_true",
+                    help="host operands also by the tiled run on the same arrays (hb-tiles: bands switched off)")
     ap.add_argument("--xt-block", type=int, nargs="+", default=[0],
                     help="cublasXtSetBlockDim values to try, each reported (0: cuBLASXt's default); "
                          "ratios use the best")
@@ -271,15 +275,18 @@ def run(opts):
                     out = cp.empty(c.shape, dtype=np.complex128, order="F")
             else:
                 args, out = host_args, c
-            for strategy in ("static", "dynamic"):
-                if strategy in opts.skip:
-                    continue
+            runs = [(s, None) for s in ("static", "dynamic") if s not in opts.skip]
+            if opts.compare_tiles and mode == "host" and "static" not in opts.skip:
+                runs.append(("static", "tiles"))
+            for strategy, path in runs:
+                cuda_bands.ENABLED = path != "tiles"
+                label = f"hb-{strategy}" if path is None else f"hb-{path}"
                 context = ctx[(strategy, len(used))]
-                if (strategy, mode, routine, len(used)) not in warmed:
+                if (label, mode, routine, len(used)) not in warmed:
                     # warm up on small copies: a view of the big arrays would page-lock them here
                     small = tuple(x if np.isscalar(x) else x[:2048, :2048].copy(order="F") for x in args)
                     call_hybrid(routine, small, kw, None, context)
-                    warmed.add((strategy, mode, routine, len(used)))
+                    warmed.add((label, mode, routine, len(used)))
                 # the default pin_host="auto": the first call stages the host operands through the ring,
                 # the second page-locks them (in the background), later ones read them by DMA. Reported:
                 # first call, second call, and the best of --repeats calls after that (the steady state)
@@ -291,7 +298,7 @@ def run(opts):
                 host_pinning.wait_ready()
                 t_pin = time.perf_counter() - t_pin
                 times = timed(lambda: call_hybrid(routine, args, kw, out, context), sync_all, opts.repeats)
-                row = record(f"hb-{strategy}", mode, times, sample_error(routine, args, out, rng), used)
+                row = record(label, mode, times, sample_error(routine, args, out, rng), used)
                 row.update(first_call_s=first, second_call_s=second, pin_wait_after_second_s=t_pin)
                 log(f"      first call {first:.3f} s ({flops / first / 1e12:.1f} TF/s), second (page-locking) "
                     f"{second:.3f} s, locking went on {t_pin:.3f} s after it")
@@ -389,7 +396,7 @@ def plot(doc, path, required=False):
                 best_xt[x["n"]] = max(best_xt.get(x["n"], 0.0), x["tflops"])
         if best_xt:
             ax.plot(*zip(*sorted(best_xt.items())), "s-", label="cuBLASXt (host, best block)")
-        for impl, mode, style in (("hb-static", "host", "o-"),
+        for impl, mode, style in (("hb-static", "host", "o-"), ("hb-tiles", "host", "x--"),
                                   ("hb-dynamic", "host", "^-"), ("hb-static", "device", "o:"),
                                   ("hb-dynamic", "device", "^:")):
             pts = [(x["n"], x["tflops"]) for x in rows if x["impl"] == impl and x["mode"] == mode]

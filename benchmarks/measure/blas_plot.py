@@ -1,6 +1,6 @@
 """Plots of `blas gpu` results: merge one or more bench_blas_gpu.json files into --out and draw them.
 
-    python3 -m benchmarks.blas plot benchmarks/results/h200x2-2026-11-26/blas-sizes/bench_blas_gpu.json --out DIR
+    python3 -m benchmarks.blas plot benchmarks/results/h100x2-2026-11-26/blas-host/bench_blas_gpu.json --out DIR
 
 writes DIR/bench_blas_gpu.json (the merged results) and DIR/bench_blas_gpu.png (TF/s against n, one panel per
 routine); when the files hold several GPU counts, also DIR/bench_blas_gpu_scaling.png (TF/s against GPUs).

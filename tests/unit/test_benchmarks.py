@@ -136,7 +136,7 @@ STORED = ROOT / "benchmarks" / "results"
 
 def test_blas_plot_merges_stored_runs(tmp_path):
     pytest.importorskip("matplotlib")
-    files = [STORED / "h200x2-2026-11-26" / "blas-sizes" / "bench_blas_gpu.json",
+    files = [STORED / "h100x2-2026-11-26" / "blas-host" / "bench_blas_gpu.json",
              STORED / "h100-2026-11-22" / "blas-16384-24576" / "bench_blas_gpu.json"]
     assert main("blas", blas.__doc__, blas.COMMANDS, ["plot", *map(str, files), "--out", str(tmp_path)]) == 0
     merged = json.loads((tmp_path / "bench_blas_gpu.json").read_text())
