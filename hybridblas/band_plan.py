@@ -79,34 +79,25 @@ class BandLayout:
     def _box(self, g0, g1):
         return box(self.problem, g0, g1)
 
-    def box_bytes(self, g):
-        r0, r1, c0, c1 = self.boxes[g]
-        return (r1 - r0) * (c1 - c0) * self.item
-
     def band_area(self, g):
         """Entries of C that GPU g writes."""
         return sum(_area(self.problem, t) for t in self.band_tasks[g])
 
     # ---------------------------------------------------------------- factors
     def _unique_factors(self):
-        """Factors that are the same memory are uploaded once: ``factor_of[f]`` is factor f's unique index,
-        ``uniques[u]`` its first factor."""
+        """Factors that are the same memory read along the same k axis are uploaded once: ``factor_of[f]`` is
+        factor f's unique index, ``uniques[u]`` its first factor. (gemm(a, a) reads a along k by columns as the
+        left factor and by rows as the right one: two factors, each cut into units along its own k.)"""
         p = self.problem
         keys, self.factor_of, self.uniques = {}, [], []
         for f, fac in enumerate(p.factors):
-            b = fac.base
-            key = (b.__array_interface__["data"][0], b.shape, b.strides, b.dtype.str)
+            key = _factor_key(p, f)
             if key not in keys:
                 keys[key] = len(self.uniques)
                 self.uniques.append(f)
             self.factor_of.append(keys[key])
         self.kaxis = [k_axis(p.kind, f, p.factors[f].op) for f in self.uniques]
         self.outer = [p.factors[f].base.shape[1 - ax] for f, ax in zip(self.uniques, self.kaxis)]
-
-    def factor_bytes(self):
-        """Bytes of the unique factors' whole bases (what every GPU holds)."""
-        p = self.problem
-        return sum(p.factors[f].base.shape[0] * p.factors[f].base.shape[1] * self.item for f in self.uniques)
 
     def _needs(self, tasks):
         """[(lo, hi) or None] per unique factor: the outer range a band's tasks read (its hull)."""
@@ -278,18 +269,38 @@ def box(problem, g0, g1):
     return (g0, g1, 0, g1) if problem.lower else (0, g1, g0, g1)
 
 
+def _factor_key(problem, f):
+    """What makes two factors one upload: the same memory, read along the same k axis."""
+    fac = problem.factors[f]
+    b = fac.base
+    return (b.__array_interface__["data"][0], b.shape, b.strides, b.dtype.str, k_axis(problem.kind, f, fac.op))
+
+
+def upload_bytes(problem):
+    """Bytes that cross PCIe for the factors (each upload once: the same memory read along the same k axis)."""
+    sizes = {_factor_key(problem, f): fac.base.size for f, fac in enumerate(problem.factors)}
+    return sum(sizes.values()) * problem.dtype.itemsize
+
+
+def padded_rows(rows):
+    """Rows a GPU allocates for ``rows``: a multiple of ALIGN from ALIGN + 1 on (cuda_bands' arrays), so that
+    every column starts on ALIGN entries."""
+    return -(-rows // ALIGN) * ALIGN if rows > ALIGN else rows
+
+
 def device_bytes(problem, rates):
-    """Per GPU with flop rates ``rates``: bytes of the whole factors (every distinct base once) and of its
-    band's box of C, without laying out the rest of the call."""
+    """Per GPU with flop rates ``rates``: bytes of the whole factors (each upload once, rows padded as the GPU
+    allocates them) and of its band's box of C, 0 for a GPU whose band is empty (it holds nothing); and the
+    factors' bytes alone. Without laying out the rest of the call."""
     item = problem.dtype.itemsize
-    bases = {(f.base.__array_interface__["data"][0], f.base.shape, f.base.strides): f.base.size
-             for f in problem.factors}
+    bases = {_factor_key(problem, f): padded_rows(fac.base.shape[0]) * fac.base.shape[1]
+             for f, fac in enumerate(problem.factors)}
     factors = sum(bases.values()) * item
     edges = aligned_edges(problem.n, list(rates), problem.triangular)
     out = []
     for g0, g1 in zip(edges, edges[1:]):
         r0, r1, c0, c1 = box(problem, g0, g1)
-        out.append(factors + (r1 - r0) * (c1 - c0) * item)
+        out.append(factors + padded_rows(r1 - r0) * (c1 - c0) * item if g1 > g0 else 0)
     return out, factors
 
 

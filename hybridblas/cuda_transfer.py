@@ -173,10 +173,12 @@ class RingPool:
         self._made = 0
         self._cond = threading.Condition()
 
-    def take(self):
+    def take(self, timeout=None):
+        """A ring: an idle one, a new one while fewer than ``limit`` exist, else the next one given back
+        (waiting at most ``timeout`` seconds when given: None after that)."""
         with self._cond:
-            while not self._idle and self._made >= self.limit:
-                self._cond.wait()
+            if not self._cond.wait_for(lambda: self._idle or self._made < self.limit, timeout):
+                return None
             if self._idle:
                 return self._idle.pop()
             self._made += 1

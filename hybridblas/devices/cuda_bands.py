@@ -28,12 +28,13 @@ blocks whose copy into C had begun are torn (``DeviceFailure`` when C is read, b
 import queue
 import threading
 import time
+import traceback
 import warnings
 
 import numpy as np
 
 from .. import cublas, cuda_transfer, downloads, host_pinning, plan, policy, workers
-from ..band_plan import ALIGN, BandLayout, device_bytes, region
+from ..band_plan import BandLayout, device_bytes, padded_rows, region, upload_bytes
 from ..faults import DeviceFailure, DeviceFailureWarning
 from ..kernels import compute_block
 from ..problem import Operand
@@ -73,25 +74,41 @@ def _hides_uploads(problem, devices, rates, ctx):
     the tiles' can: they win where the uploads take at most UPLOAD_SHARE of the compute and write-back.
     Measured on 2 x H100, complex128, n = k, steady state: zgemmt (two factors) on one GPU at n = 8192 took
     82 ms by bands, 58 by tiles; at 16384 391 against 404; zherk at 8192 48 against 50, two GPUs 28 against 47."""
-    _totals, factor_bytes = device_bytes(problem, rates)
-    n_gpu = len(devices)
-    speeds = [calibrated(d, problem.kind) or r for d, r in zip(devices, rates)]
+    import cupy
+    shared = len(devices) == 1 or _peer_access(cupy, [d.index for d in devices])
+    return uploads_hide(problem, len(devices), shared, _speeds(problem, devices, rates, ctx),
+                        _rate(ctx, devices, "h2d_pinned"), _rate(ctx, devices, "d2h_pinned"))
+
+
+def uploads_hide(problem, n_gpu, shared, speeds, h2d, d2h):
+    """The rule of _hides_uploads on numbers: ``n_gpu`` GPUs at flop/s ``speeds``, copies at ``h2d`` and ``d2h``
+    bytes/s per GPU, the uploads spread over the GPUs' links when they share pieces (``shared``: peer access),
+    each GPU uploading everything otherwise; C's old values (beta != 0) are uploaded too."""
     item = problem.dtype.itemsize
     c_bytes = (problem.n * (problem.n + 1) // 2 if problem.triangular else problem.m * problem.n) * item
-    upload = factor_bytes / n_gpu / _rate(ctx, devices, "h2d_pinned")
+    up_bytes = upload_bytes(problem) + (c_bytes if problem.beta != 0 else 0)
+    upload = up_bytes / (n_gpu if shared else 1) / h2d
     compute = problem.flops() / sum(speeds)
-    writeback = c_bytes / n_gpu / _rate(ctx, devices, "d2h_pinned")
+    writeback = c_bytes / n_gpu / d2h
     return upload <= UPLOAD_SHARE * (compute + writeback)
 
 
+def _speeds(problem, devices, rates, ctx):
+    """flop/s the model takes for each GPU: the Context's explicit rate, else what earlier calls measured,
+    else the rate the scheduler was given."""
+    return [r if d.name in ctx.rates else calibrated(d, problem.kind) or r for d, r in zip(devices, rates)]
+
+
 def _fits(problem, devices, rates):
-    """Every GPU has room for the factors, its band's box (twice with C's old values) and cuBLAS's workspace."""
+    """Every GPU with a band has room for the factors and its band's box (twice with C's old values)."""
     import cupy
     totals, factors = device_bytes(problem, rates)
     for d, total in zip(devices, totals):
-        need = total + (total - factors if problem.beta != 0 else 0) + cuda.RESERVE
+        if not total:                   # an empty band holds nothing
+            continue
+        need = total + (total - factors if problem.beta != 0 else 0)
         with cupy.cuda.Device(d.index):
-            if need > cuda.budget(d, problem):
+            if need > cuda.budget(d, problem):      # the budget keeps cuda.RESERVE free for cuBLAS
                 return False
     return True
 
@@ -99,7 +116,12 @@ def _fits(problem, devices, rates):
 def run(problem, devices, rates, ctx, reserves=()):
     """Compute the call; returns False when it must go to the tiled run instead (out of GPU memory before
     anything was written), True when done."""
-    call = _Call(problem, devices, rates, ctx)
+    try:
+        call = _Call(problem, devices, rates, ctx)
+    except Exception as exc:            # noqa: BLE001 - out of memory or a CUDA error making streams: the tiles
+        if _is_memory(exc) or type(exc).__name__ == "CUDARuntimeError":
+            return False
+        raise
     return call.execute(reserves)
 
 
@@ -155,7 +177,7 @@ class _Call:
         self.problem, self.devices, self.ctx = problem, list(devices), ctx
         self.rates = list(rates)
         self.shared = _peer_access(cupy, [d.index for d in devices])
-        speeds = [calibrated(d, problem.kind) or r for d, r in zip(devices, self.rates)]
+        speeds = _speeds(problem, devices, self.rates, ctx)
         self.layout = BandLayout(problem, self.rates, _rate(ctx, devices, "d2h_pinned"),
                                  _rate(ctx, devices, "h2d_pinned"), shared=self.shared, speeds=speeds)
         self.stop = threading.Event()
@@ -183,10 +205,13 @@ class _Call:
                 job.wait()
         except BaseException:
             self.stop.set()
-            for job in jobs:
-                job.wait()
-            self._settle()
-            self._release()
+            try:
+                _join(jobs)
+            finally:
+                try:
+                    self._settle()
+                finally:
+                    self._release()
             raise
         self._settle()
         if not self.errors:
@@ -203,6 +228,7 @@ class _Call:
         except _Stop:
             pass
         except BaseException as exc:        # noqa: BLE001 - handed to the caller's thread
+            traceback.clear_frames(exc.__traceback__)      # kept by the Context: not the GPU arrays its frames held
             with self.lock:
                 self.errors.append((gpu, exc))
             self.stop.set()
@@ -229,17 +255,32 @@ class _Call:
         self.direct_c = host_pinning.is_ready(self.pin_c)
 
     def _take_rings(self):
-        """The staging rings this call needs, taken GPU by GPU in index order ('in' before 'out'), so that calls
-        waiting for rings never hold one another's (the GPUs of a call depend on each other's uploads)."""
+        """The staging rings this call needs, all of them or none: a call never holds one GPU's ring while it
+        waits for another's (its GPUs depend on each other's uploads; a tiled call holds a GPU's rings while
+        its other GPUs wait for theirs), so calls waiting for rings cannot wait for each other."""
         old = self.problem.beta != 0
-        for gpu in sorted(self.gpus, key=lambda g: g.device.index):
+        wanted = []
+        for gpu in self.gpus:
             if not self.layout.band_tasks[gpu.slot]:
                 continue
             owned = {piece.factor for piece in self.layout.uploads(gpu.slot)}
             if any(not self.direct[u] for u in owned) or (old and not self.direct_c):
-                gpu.ring_in = gpu.device.ring_pool("in").take()
+                wanted.append((gpu, "in"))
             if not self.direct_c:
-                gpu.ring_out = gpu.device.ring_pool("out").take()
+                wanted.append((gpu, "out"))
+        while wanted:
+            taken = []
+            for gpu, which in wanted:
+                ring = gpu.device.ring_pool(which).take(timeout=0 if taken else POLL)
+                if ring is None:
+                    break
+                taken.append((gpu, which, ring))
+            else:
+                for gpu, which, ring in taken:
+                    setattr(gpu, f"ring_{which}", ring)
+                return
+            for gpu, which, ring in taken:
+                gpu.device.ring_pool(which).give(ring)
 
     def _release(self):
         for gpu in self.gpus:
@@ -265,13 +306,14 @@ class _Call:
 
     # ------------------------------------------------------------------ jobs
     def _allocate(self, gpu):
+        """The GPU's arrays, from the pool of the thread's default stream (every stream of the call is waited for
+        before they go back, and a later call reuses them: a per-call stream's pool keeps what it frees)."""
         cp, p, lay = self.cp, self.problem, self.layout
-        with gpu.s_comp:
-            gpu.factors = [_padded(cp, p.factors[f].base.shape, p.dtype) for f in lay.uniques]
-            r0, r1, c0, c1 = lay.boxes[gpu.slot]
-            gpu.box = _padded(cp, (r1 - r0, c1 - c0), p.dtype)
-            if p.beta != 0:
-                gpu.old = _padded(cp, (r1 - r0, c1 - c0), p.dtype)
+        gpu.factors = [_padded(cp, p.factors[f].base.shape, p.dtype) for f in lay.uniques]
+        r0, r1, c0, c1 = lay.boxes[gpu.slot]
+        gpu.box = _padded(cp, (r1 - r0, c1 - c0), p.dtype)
+        if p.beta != 0:
+            gpu.old = _padded(cp, (r1 - r0, c1 - c0), p.dtype)
         gpu.allocated.set()
 
     def _feed(self, gpu):
@@ -414,20 +456,23 @@ class _Call:
                 done.synchronize()
             gpu.state[b] = "touched"
             finish = []
-            for t in gpu.blocks[b]:
-                dst, src = p.c[t.i0:t.i1, t.j0:t.j1], self._view(gpu, gpu.box, t)
-                if not direct:
-                    cuda_transfer.download(dst, src, gpu.ring_out, gpu.s_out, tri if t.diag else None)
-                elif t.diag:
-                    finish.append(downloads.queue_triangle(dst, src, p.lower, gpu.s_out))
-                else:
-                    downloads.queue_full(dst, src, gpu.s_out)
-                gpu.stats["bytes_to_host"] += src.nbytes
-            if direct:
-                gpu.copy_events.append((copy_start, _event(self.cp, gpu.s_out, timing=True)))
-            for fn in finish:
-                fn()
-            gpu.s_out.synchronize()
+            try:
+                for t in gpu.blocks[b]:
+                    dst, src = p.c[t.i0:t.i1, t.j0:t.j1], self._view(gpu, gpu.box, t)
+                    if not direct:
+                        cuda_transfer.download(dst, src, gpu.ring_out, gpu.s_out, tri if t.diag else None)
+                    elif t.diag:
+                        finish.append(downloads.queue_triangle(dst, src, p.lower, gpu.s_out))
+                    else:
+                        downloads.queue_full(dst, src, gpu.s_out)
+                    rows = t.i1 - t.i0
+                    gpu.stats["bytes_to_host"] += (rows * (rows + 1) // 2 if t.diag else src.size) * src.itemsize
+                if direct:
+                    gpu.copy_events.append((copy_start, _event(self.cp, gpu.s_out, timing=True)))
+                for fn in finish:
+                    fn()
+            finally:
+                gpu.s_out.synchronize()     # also after an error: nothing still copies into a buffer let go
             gpu.state[b] = "written"
 
     # ------------------------------------------------------------------ helpers
@@ -469,15 +514,20 @@ class _Call:
 
     # ------------------------------------------------------------------ faults
     def _recover(self, reserves):
-        """After a job raised: hand the call to the tiled run (memory), or re-run the unwritten blocks there."""
+        """After a job raised: the call to the tiles (out of memory before anything was written: False), or the
+        blocks not yet written re-run by the tiles. A GPU out of memory stays in the Context; any other error
+        leaves its GPU out (a DeviceFailureWarning). A block whose copy into C had begun is torn: DeviceFailure
+        when C is read (beta != 0), else it is computed again."""
         p = self.problem
         touched = any(s != "pending" for gpu in self.gpus for s in gpu.state)
-        if not touched and all(_is_memory(exc) for _, exc in self.errors):
+        memory = all(_is_memory(exc) for _, exc in self.errors)
+        if not touched and memory:
             return False
         failed = {}
         for gpu, exc in self.errors:
             failed.setdefault(gpu.slot, exc)
-            self.ctx.mark_failed(gpu.device, exc)
+            if not memory:
+                self.ctx.mark_failed(gpu.device, exc)
         errors = [(self.gpus[g].device.name, exc) for g, exc in failed.items()]
         torn, redo = [], []
         for gpu in self.gpus:
@@ -491,16 +541,17 @@ class _Call:
                 f"{len(torn)} tile(s) of C were being written when a GPU failed and C is read (beta != 0), "
                 f"so they cannot be recomputed"))
         redo += torn
-        live = [d for g, d in enumerate(self.devices) if g not in failed]
+        live = [d for g, d in enumerate(self.devices) if memory or g not in failed]
         if not live:                    # every GPU of the call failed: a device the policy had left out
             live = [d for d in reserves if not self.ctx.is_failed(d)][:1]
-        if not live:
+        if not live and redo:
             raise DeviceFailure(errors)
-        names = ", ".join(d.name for d in live)
-        for name, exc in errors:
-            warnings.warn(f"hybridblas: {name} failed ({type(exc).__name__}: {exc}); the call's {len(redo)} "
-                          f"unfinished block(s) run on {names}; it stays out of this Context until "
-                          f"Context.reset_failed()", DeviceFailureWarning, stacklevel=3)
+        if not memory:
+            names = ", ".join(d.name for d in live) or "no device (every block was written)"
+            for name, exc in errors:
+                warnings.warn(f"hybridblas: {name} failed ({type(exc).__name__}: {exc}); the call's {len(redo)} "
+                              f"unfinished block(s) run on {names}; it stays out of this Context until "
+                              f"Context.reset_failed()", DeviceFailureWarning, stacklevel=3)
         if redo:
             from ..engine import Engine
             rates = [self.ctx.rate(d, p) for d in live]
@@ -511,8 +562,18 @@ class _Call:
 def _padded(cp, shape, dtype):
     """A column-major (rows, cols) view whose columns start on multiples of band_plan.ALIGN entries."""
     rows, cols = shape
-    ld = -(-max(rows, 1) // ALIGN) * ALIGN if rows > ALIGN else rows
-    return cp.empty((ld, cols), dtype=dtype, order="F")[:rows]
+    return cp.empty((padded_rows(rows), cols), dtype=dtype, order="F")[:rows]
+
+
+def _join(jobs):
+    """Wait for every job, through further interrupts (they must end before the call's memory goes)."""
+    for job in jobs:
+        while True:
+            try:
+                job.wait()
+                break
+            except KeyboardInterrupt:
+                continue
 
 
 def _is_memory(exc):
@@ -574,9 +635,10 @@ def calibrated(device, what):
 
 
 def _calibrate(device, what, kind, value):
-    """Fold one call's measurement into the device's rates (the mean of the last few calls, about)."""
+    """Fold one call's measurement into the device's rates: a faster reading at once, a slower one a tenth at a
+    time (a call that shared the links or the GPU with another must not turn the bands off for good)."""
     key = ("flops", kind) if what == "flops" else what
     with _calibration_lock:
         rates = _calibration.setdefault(device.name, {})
         old = rates.get(key)
-        rates[key] = value if old is None else 0.7 * old + 0.3 * value
+        rates[key] = value if old is None else max(value, 0.9 * old + 0.1 * value)

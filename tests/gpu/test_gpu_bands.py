@@ -171,3 +171,50 @@ def test_bands_out_of_memory_goes_to_the_tiles(small_units, rng):
     want = a @ a.conj().T
     assert np.abs(c[low] - want[low]).max() / np.abs(want).max() < 1e-13
     assert "bands" not in _path(ctx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("how", ["F", "C"])
+@pytest.mark.parametrize("trans", [("N", "N"), ("T", "T"), ("N", "T"), ("C", "N")])
+def test_bands_gemm_of_one_array_with_itself(how, trans, small_units, rng):
+    """gemm(a, a): one array read along k by columns on one side and by rows on the other is two uploads."""
+    a = layout(rng.standard_normal((389, 389)) + 1j * rng.standard_normal((389, 389)), how)
+    ctx = hb.Context(devices=_gpus(), min_call_seconds=0)
+    c = np.full((389, 389), np.nan + 0j, order="F")
+    hb.gemm(0.5, a, a, 0.0, c, transa=trans[0], transb=trans[1], context=ctx)
+    ops = {"N": lambda x: x, "T": lambda x: x.T, "C": lambda x: x.conj().T}
+    want = 0.5 * ops[trans[0]](a) @ ops[trans[1]](a)
+    assert np.abs(c - want).max() <= 1e-12 * np.abs(want).max()
+    assert _path(ctx) == {"bands"}
+
+
+@pytest.mark.multi_gpu
+def test_bands_and_tiles_share_one_staging_ring(small_units, monkeypatch, rng):
+    """One staging ring per GPU and direction: calls by bands (which need a ring of every GPU at once) beside
+    calls by tiles (which hold one GPU's ring while another GPU of theirs waits) all finish, exactly."""
+    from hybridblas.devices import cuda as cuda_mod
+    monkeypatch.setattr(cuda_mod, "STAGING_RINGS", 1)
+    devices = _gpus()
+    contexts = [hb.Context(devices=devices, min_call_seconds=0, pin_host=False),
+                hb.Context(devices=devices, min_call_seconds=0, pin_host=False, strategy="dynamic", block_size=96)]
+    errors = []
+
+    def one(i):
+        a = rng_a[i]
+        try:
+            for _ in range(3):
+                c = hb.herk(1.0, a, context=contexts[i % 2])
+                want = a @ a.conj().T
+                low = np.tril(np.ones(c.shape, bool))
+                if not np.abs(c[low] - want[low]).max() <= 1e-12 * np.abs(want).max():
+                    errors.append(i)
+        except Exception as exc:              # noqa: BLE001 - reported below
+            errors.append(exc)
+    rng_a = [rng.standard_normal((260 + 9 * i, 200)) + 1j * rng.standard_normal((260 + 9 * i, 200)) for i in range(8)]
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a call is still waiting for a staging ring"
+    assert not errors

@@ -267,7 +267,7 @@ def test_uploads_balance_over_two_gpus(trans):
     unit = max(b - a for a, b in lay.units) * sum(lay.outer) * lay.item
     sent = [sum(p.nbytes for p in lay.uploads(g)) for g in range(2)]
     assert abs(sent[0] - sent[1]) <= unit, (sent, unit)
-    assert sum(p.nbytes for p in lay.pieces) == lay.factor_bytes() == 8192 * 8192 * 16
+    assert sum(p.nbytes for p in lay.pieces) == 8192 * 8192 * 16
     assert all(p.readers == ((1 - p.owner,) if p.o0 < lay.edges[1] else ()) for p in lay.pieces)
 
 
@@ -277,12 +277,12 @@ def test_same_memory_twice_is_one_factor():
         lay = B.BandLayout(P.build_problem("her2k", 1.0, [a, a], 0.0, None, [P.N, P.N], True, None),
                            [1.0, 1.0], WRITEBACK)
         assert len(lay.uniques) == 1 and lay.factor_of == [0, 0]
-        assert lay.factor_bytes() == a.nbytes
+        assert sum(p.nbytes for p in lay.pieces) == a.nbytes
         b = mat((300, 200), Z, how)
         lay = B.BandLayout(P.build_problem("her2k", 1.0, [a, b], 0.0, None, [P.N, P.N], True, None),
                            [1.0, 1.0], WRITEBACK)
         assert len(lay.uniques) == 2 and lay.factor_of == [0, 1]
-        assert lay.factor_bytes() == 2 * a.nbytes
+        assert sum(p.nbytes for p in lay.pieces) == 2 * a.nbytes
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=IDS)
@@ -291,8 +291,11 @@ def test_device_bytes_match_the_layout(case):
     for rates in RATES:
         lay = layout(case, rates)
         per_gpu, factors = B.device_bytes(prob, list(rates))
-        assert factors == lay.factor_bytes()
-        assert per_gpu == [factors + lay.box_bytes(g) for g in range(lay.slots)]
+        item = prob.dtype.itemsize
+        assert factors == sum(B.padded_rows(prob.factors[f].base.shape[0]) * prob.factors[f].base.shape[1] * item
+                              for f in lay.uniques)
+        boxes = [B.padded_rows(r1 - r0) * (c1 - c0) * item for r0, r1, c0, c1 in lay.boxes]
+        assert per_gpu == [factors + b if g1 > g0 else 0 for b, (g0, g1) in zip(boxes, lay.bands)]
 
 
 def test_aligned_edges_stay_monotone_and_near_the_flop_shares():
@@ -318,3 +321,51 @@ def test_final_range_follows_the_write_back_model():
     assert len(lay.units) > 1 and lay.final == (0, 8192) and lay.steps == []
     lay = B.BandLayout(prob, [speed, speed], 1e6, 1e6)      # the uploads land last: no final range hides more
     assert lay.final[0] == lay.units[-1][0]
+
+
+def _gathered(lay, g, u, k1):
+    """Per base cell of unique factor u: whether a piece GPU g reads for k < k1 covers it (small problems)."""
+    base = lay.problem.factors[lay.uniques[u]].base
+    have = np.zeros(base.shape, bool)
+    for p in lay.pieces_for(g, 0, k1):
+        if p.factor == u:
+            have[B.region(lay, u, p.o0, p.o1, p.k0, p.k1)] = True
+    return have
+
+
+def _read(lay, f, o0, o1, k0, k1):
+    """The cells of factor f's base that op(factor) rows (or columns) [o0, o1) over k [k0, k1) read, along f's
+    own k axis (which need not be its unique's)."""
+    fac = lay.problem.factors[f]
+    if P.k_axis(lay.problem.kind, f, fac.op) == 0:
+        return slice(k0, k1), slice(o0, o1)
+    return slice(o0, o1), slice(k0, k1)
+
+
+SAME_ARRAY = [("gemm", "NN", "F"), ("gemm", "TT", "F"), ("gemm", "NN", "C"), ("gemm", "NT", "F"),
+              ("her2k", "N", "F"), ("her2k", "C", "C"), ("syr2k", "T", "F")]
+
+
+@pytest.mark.parametrize("kind,trans,how", SAME_ARRAY)
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_every_product_reads_only_what_has_landed(kind, trans, how, gpus, monkeypatch):
+    """The same array passed as both factors (gemm(a, a): read along k by columns on the left, by rows on the
+    right): each step's and each final block's products read only cells of pieces gathered by then."""
+    monkeypatch.setattr(B, "MIN_SEGMENT", 64 * 16)
+    n = 320
+    a = mat((n, n), Z, how)
+    ops = [OPS[t] for t in trans] if kind == "gemm" else [OPS[trans]] * 2
+    prob = P.build_problem(kind, 1.0, [a, a], 0.0, None, ops, True, None)
+    lay = B.BandLayout(prob, [1e13] * gpus, 1e15, 1e15, unit_bytes=64 * n * 16)
+    assert len(lay.steps) >= 2
+    tagged = [P.Operand(f, fac.op) for f, fac in enumerate(prob.factors)]
+    for g in range(gpus):
+        phases = [(k0, k1, lay.band_tasks[g]) for k0, k1 in lay.steps]
+        phases.append((*lay.final, [t for block in lay.blocks[g] for t in block]))
+        for k0, k1, tasks in phases:
+            have = [_gathered(lay, g, u, k1) for u in range(len(lay.uniques))]
+            for t in tasks:
+                for _coef, x, y in prob.terms(tagged):
+                    for f, (o0, o1) in ((x.base, (t.i0, t.i1)), (y.base, (t.j0, t.j1))):
+                        cells = have[lay.factor_of[f]][_read(lay, f, o0, o1, k0, k1)]
+                        assert cells.all(), f"slot {g}, k [{k0}, {k1}), task {t}: factor {f} reads cells not landed"

@@ -29,31 +29,54 @@ def fresh(monkeypatch):
     ("gemmt", 4096, 1, False), ("gemmt", 8192, 1, False), ("gemmt", 16384, 1, True),
     ("herk", 8192, 1, True), ("her2k", 8192, 1, True), ("herk", 8192, 2, True), ("her2k", 8192, 2, True),
     ("gemmt", 16384, 2, True), ("herk", 16384, 2, True)])
-def test_bands_where_uploads_hide_under_compute(kind, n, gpus, bands, fresh):
+def test_bands_where_uploads_hide_under_compute(kind, n, gpus, bands):
     """Default rates (no profile, nothing calibrated): 25 GB/s each way, 40 TF/s."""
-    devices = [SimpleNamespace(name=f"cuda:{i}") for i in range(gpus)]
-    assert cuda_bands._hides_uploads(_problem(kind, n), devices, [40e12] * gpus, fresh) is bands
+    rule = cuda_bands.uploads_hide(_problem(kind, n), gpus, True, [40e12] * gpus, 25e9, 25e9)
+    assert rule is bands
+
+
+def test_uploads_without_peer_access_or_with_old_values_count():
+    """herk at 16384 on two GPUs hides its uploads when the GPUs share pieces, not when each uploads all of A
+    (15 GB/s per link); C's old values (beta != 0) count as uploads too."""
+    prob = _problem("herk", 16384)
+    assert cuda_bands.uploads_hide(prob, 2, True, [40e12] * 2, 15e9, 25e9)
+    assert not cuda_bands.uploads_hide(prob, 2, False, [40e12] * 2, 15e9, 25e9)
+    a = np.empty((8192, 8192), dtype=np.complex128, order="F")
+    c = np.empty((8192, 8192), dtype=np.complex128, order="F")
+    plain = build_problem("herk", 1.0, [a], 0.0, c, [N], True, None)
+    old = build_problem("herk", 1.0, [a], 1.0, c, [N], True, None)
+    assert cuda_bands.uploads_hide(plain, 1, True, [40e12], 25e9, 25e9)
+    assert not cuda_bands.uploads_hide(old, 1, True, [40e12], 25e9, 25e9)
 
 
 def test_calibrated_rates_decide_once_measured(fresh):
-    """One GPU, zgemmt at 8192 goes by tiles at the default rates; a GPU measured ten times faster at the same
-    transfers then hides the uploads under compute plus write-back no more (tiles), and transfers measured ten
-    times faster do (bands)."""
+    """One GPU, zgemmt at 8192 goes by tiles at the default rates, and still with a GPU measured ten times
+    faster; with transfers also measured ten times faster and the GPU back at 40 TF/s, by bands. A faster
+    reading counts at once, a slower one a tenth at a time; explicit Context rates win over measured ones."""
     dev = SimpleNamespace(name="cuda:0")
     prob = _problem("gemmt", 8192)
-    assert not cuda_bands._hides_uploads(prob, [dev], [40e12], fresh)
+
+    def bands():
+        speeds = cuda_bands._speeds(prob, [dev], [40e12], fresh)
+        return cuda_bands.uploads_hide(prob, 1, True, speeds, cuda_bands._rate(fresh, [dev], "h2d_pinned"),
+                                       cuda_bands._rate(fresh, [dev], "d2h_pinned"))
+    assert not bands()
     cuda_bands._calibrate(dev, "flops", "gemmt", 400e12)
     assert cuda_bands.calibrated(dev, "gemmt") == 400e12
-    assert not cuda_bands._hides_uploads(prob, [dev], [40e12], fresh)
+    assert not bands()
     cuda_bands._calibrate(dev, "h2d_pinned", None, 250e9)
     cuda_bands._calibrate(dev, "d2h_pinned", None, 250e9)
-    cuda_bands._calibrate(dev, "flops", "gemmt", 40e12)
-    assert not cuda_bands._hides_uploads(prob, [dev], [40e12], fresh)   # 0.7 * 400 + 0.3 * 40 TF/s by now
-    for _ in range(40):
-        cuda_bands._calibrate(dev, "flops", "gemmt", 40e12)
-    assert abs(cuda_bands.calibrated(dev, "gemmt") - 40e12) < 1e11
-    assert cuda_bands._hides_uploads(prob, [dev], [40e12], fresh)
     assert cuda_bands._rate(fresh, [dev], "h2d_pinned") == 250e9
+    cuda_bands._calibrate(dev, "flops", "gemmt", 40e12)
+    assert cuda_bands.calibrated(dev, "gemmt") == pytest.approx(0.9 * 400e12 + 0.1 * 40e12)   # slower: a tenth
+    assert not bands()
+    for _ in range(60):
+        cuda_bands._calibrate(dev, "flops", "gemmt", 40e12)
+    assert cuda_bands.calibrated(dev, "gemmt") < 41e12
+    assert bands()
+    cuda_bands._calibrate(dev, "h2d_pinned", None, 2.5e9)     # one slow reading barely moves it
+    assert cuda_bands._rate(fresh, [dev], "h2d_pinned") > 200e9
+    assert cuda_bands._speeds(prob, [dev], [7e12], hb.Context("cpu", profile=False, rates={"cuda:0": 7e12})) == [7e12]
 
 
 def test_bands_not_for_cpu_devices_or_device_operands(fresh):
