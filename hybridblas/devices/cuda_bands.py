@@ -283,11 +283,17 @@ class _Call:
                 gpu.device.ring_pool(which).give(ring)
 
     def _release(self):
+        """Rings back to their GPUs, the arrays' memory back to the device (after _settle), pins released."""
         for gpu in self.gpus:
             for which, ring in (("in", gpu.ring_in), ("out", gpu.ring_out)):
                 gpu.device.ring_pool(which).give(ring)
             gpu.ring_in = gpu.ring_out = None
             gpu.factors = gpu.box = gpu.old = None
+            try:                    # the compute stream goes with the call: its arena's blocks would stay unused
+                with gpu.dev:
+                    self.cp.get_default_memory_pool().free_all_blocks(stream=gpu.s_comp)
+            except Exception:       # noqa: BLE001 - a GPU in an error state: the blocks stay in the pool
+                pass
         for pin in self.pins + [self.pin_c]:
             host_pinning.release(pin)
         self.pins, self.pin_c = [None] * len(self.pins), None
@@ -306,14 +312,16 @@ class _Call:
 
     # ------------------------------------------------------------------ jobs
     def _allocate(self, gpu):
-        """The GPU's arrays, from the pool of the thread's default stream (every stream of the call is waited for
-        before they go back, and a later call reuses them: a per-call stream's pool keeps what it frees)."""
+        """The GPU's arrays, from the pool's arena of this call's compute stream: memory no other stream's
+        pending work may still use (other streams of the call write into it; blocks from a shared arena, the
+        default stream's, could still be read by another caller's queued kernels). _release frees the arena."""
         cp, p, lay = self.cp, self.problem, self.layout
-        gpu.factors = [_padded(cp, p.factors[f].base.shape, p.dtype) for f in lay.uniques]
-        r0, r1, c0, c1 = lay.boxes[gpu.slot]
-        gpu.box = _padded(cp, (r1 - r0, c1 - c0), p.dtype)
-        if p.beta != 0:
-            gpu.old = _padded(cp, (r1 - r0, c1 - c0), p.dtype)
+        with gpu.s_comp:
+            gpu.factors = [_padded(cp, p.factors[f].base.shape, p.dtype) for f in lay.uniques]
+            r0, r1, c0, c1 = lay.boxes[gpu.slot]
+            gpu.box = _padded(cp, (r1 - r0, c1 - c0), p.dtype)
+            if p.beta != 0:
+                gpu.old = _padded(cp, (r1 - r0, c1 - c0), p.dtype)
         gpu.allocated.set()
 
     def _feed(self, gpu):
