@@ -147,7 +147,7 @@ class _Board:
 class _Gpu:
     """One GPU's part of the call: streams, the factors' copies, its band's box of C, its blocks' states."""
 
-    def __init__(self, cp, slot, device, layout, problem):
+    def __init__(self, cp, slot, device, layout):
         self.slot, self.device = slot, device
         self.dev = cp.cuda.Device(device.index)
         with self.dev:
@@ -184,7 +184,7 @@ class _Call:
         self.board = _Board(len(self.layout.pieces), self.stop)
         self.errors = []
         self.lock = threading.Lock()
-        self.gpus = [_Gpu(cupy, g, d, self.layout, problem) for g, d in enumerate(devices)]
+        self.gpus = [_Gpu(cupy, g, d, self.layout) for g, d in enumerate(devices)]
         self.pins = [None] * len(self.layout.uniques)
         self.pin_c = None
         self.direct = [False] * len(self.layout.uniques)    # per unique factor: page-locked (DMA) this call
@@ -510,7 +510,7 @@ class _Call:
                 st.update(kernel_s=kernel, lead_s=lead, gaps_s=span - kernel, tail_s=wall - lead - span,
                           kernels={k: {"s": t, "tflops": f / max(t, 1e-12) / 1e12} for k, (t, f) in classes.items()})
                 _calibrate(gpu.device, "flops", self.problem.kind, sum(f for *_, f in ev) / max(kernel, 1e-12))
-            if gpu.upload_events is not None and self.direct and all(self.direct):
+            if gpu.upload_events is not None and all(self.direct):
                 t = elapsed(*gpu.upload_events) / 1e3
                 st["upload_gbps"] = gpu.stats["bytes_from_host"] / max(t, 1e-12) / 1e9
                 _calibrate(gpu.device, "h2d_pinned", None, st["upload_gbps"] * 1e9)
