@@ -1,6 +1,7 @@
 """The layout of one call on host operands over GPUs that each compute one band of C (devices.cuda_bands).
 
-    layout = BandLayout(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None)
+    layout = layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None)
+    layout = BandLayout(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, order="k")
 
 - Bands: GPU g computes rows [g0, g1) of a lower triangle with every column left of g1 (an upper triangle:
   columns [g0, g1) with every row above g1; gemm's C: columns [g0, g1), every row), the flops of the bands
@@ -16,20 +17,29 @@
   each block written back to the host while the next computes. Where it starts is chosen by a model of the
   call's time (``_final_start``): a longer range hides more of the write-back, but its blocks start only once
   every piece has landed. ``speeds`` (flop/s, default ``rates``) are what the model takes for the GPUs' compute.
+- ``order="outer"`` (a triangle): the final range block by block, each block's pieces cut along the outer
+  index and uploaded in the order the blocks read them, so that blocks are computed and written back while
+  later pieces still come (band_outer); where the final range starts is chosen by band_outer.simulate.
+- ``layout_for`` builds both orders and keeps the one modelled faster (the outer one only by OUTER_GAIN), and
+  caches layouts by the problem's signature and rates.
 
 Everything here is arithmetic on the problem's shape: it runs, and is tested, without a GPU.
 """
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import plan
+from . import band_outer, plan
 from .problem import Operand, k_axis
 
 ALIGN = 64                # k units, steps and block columns are cut at multiples of this
 UNIT_BYTES = 64 << 20     # bytes of one unit of all the factors together (the first: a quarter of it)
 STEP_K = 4096             # longest k step of the band-wide products
 BLOCKS = 8                # block columns of a band in the final range (the last one's copy is the tail)
+OUTER_BLOCKS = 12         # blocks of a band in the outer order (band_outer)
+OUTER_STARTS = 16         # final range starts the outer order's model tries
 COPY_MARGIN = 1.25        # the final range is chosen as if the write-back took this many times its estimate
 WHOLE_UNITS = True        # a unit of a factor stored k-major (k along its columns) goes whole: one copy
 MIN_SEGMENT = 32 << 10    # bytes along k of a unit of a factor stored k-minor (its first unit: half of it):
@@ -56,9 +66,13 @@ class BandLayout:
     """Bands, factor pieces, k steps and final blocks of ``problem`` over GPUs with flop rates ``rates``."""
 
     def __init__(self, problem, rates, writeback_rate, upload_rate=None, shared=True, unit_bytes=None,
-                 blocks=None, speeds=None):
+                 blocks=None, speeds=None, order="k", final_start=None):
+        if order not in ("k", "outer") or (order == "outer" and not problem.triangular):
+            raise ValueError(f"order must be 'k', or 'outer' for a triangle, got {order!r}")
         self.problem = problem
+        self.order = order
         self.slots = len(rates)
+        self.k = problem.k
         self.item = problem.dtype.itemsize
         tri = problem.triangular
         size = problem.n
@@ -69,11 +83,45 @@ class BandLayout:
         self._unique_factors()
         self.needs = [self._needs(tasks) for tasks in self.band_tasks]
         self.units = self._units(UNIT_BYTES if unit_bytes is None else unit_bytes)
-        self.pieces = self._pieces(shared)
-        self.final_start = self._final_start(speeds or rates, writeback_rate, upload_rate or writeback_rate)
-        self.steps = self._steps()
+        if order == "outer":
+            self._outer(shared, speeds or rates, writeback_rate, upload_rate or writeback_rate,
+                        OUTER_BLOCKS if blocks is None else blocks, final_start)
+        else:
+            self.pieces = self._pieces(shared, self.units)
+            self.final_start = self._final_start(speeds or rates, writeback_rate, upload_rate or writeback_rate)
+            self.steps = self._steps()
+            self.blocks = [self._blocks(g0, g1, BLOCKS if blocks is None else blocks) for g0, g1 in self.bands]
+            self.block_pieces = [[[x.index for x in self.pieces_for(g, self.final_start, problem.k)]]
+                                 + [[] for _ in self.blocks[g][1:]] for g in range(self.slots)]
         self.final = (self.final_start, problem.k)
-        self.blocks = [self._blocks(g0, g1, BLOCKS if blocks is None else blocks) for g0, g1 in self.bands]
+
+    def schedule(self, g):
+        """GPU g's compute in order: [(indices of the pieces it gathers first, flops, bytes of C it then writes
+        back, each divided by the share of the link its DMA segments reach)], the steps along k, then the
+        blocks."""
+        k = self.k
+        band = sum(t.flops for t in self.band_tasks[g])         # flops are linear in k
+        out = [([x.index for x in self.pieces_for(g, k0, k1)], band * (k1 - k0) / k, 0) for k0, k1 in self.steps]
+        share = (k - self.final_start) / k
+        for gather, tasks in zip(self.block_pieces[g], self.blocks[g]):
+            out.append((gather, share * sum(t.flops for t in tasks), sum(self.write_bytes(t) for t in tasks)))
+        return out
+
+    def segment(self, piece):
+        """Bytes of one contiguous run of a piece's upload (its column segment on the host)."""
+        if self.kaxis[piece.factor] == 0:
+            return (piece.k1 - piece.k0) * self.item
+        return (piece.o1 - piece.o0) * self.item
+
+    def write_share(self, task):
+        """The share of the link a block's task's write-back reaches, by its column segments (a diagonal
+        block's triangle goes by panels whose columns are half its height on average)."""
+        rows = task.i1 - task.i0
+        return band_outer.dma_share(max(rows // 2 if task.diag else rows, 1) * self.item)
+
+    def write_bytes(self, task):
+        """Bytes of C a block's task writes back, divided by its write_share."""
+        return _area(task) * self.item / self.write_share(task)
 
     # ---------------------------------------------------------------- bands
     def _box(self, g0, g1):
@@ -81,7 +129,7 @@ class BandLayout:
 
     def band_area(self, g):
         """Entries of C that GPU g writes."""
-        return sum(_area(self.problem, t) for t in self.band_tasks[g])
+        return sum(_area(t) for t in self.band_tasks[g])
 
     # ---------------------------------------------------------------- factors
     def _unique_factors(self):
@@ -124,6 +172,32 @@ class BandLayout:
         edges = sorted(set(edges))
         return list(zip(edges, edges[1:]))
 
+    def _outer(self, shared, speeds, writeback_rate, upload_rate, count, only=None):
+        """The outer order: steps along k up to ``final_start``, then the final range block by block, each
+        block's pieces cut along the outer index (band_outer). Of the unit starts (at most OUTER_STARTS of
+        them, 0 among them; or ``only``), the one whose modelled time (band_outer.simulate) is least."""
+        p = self.problem
+        starts = [k0 for k0, _ in self.units]
+        if only is not None and only not in starts:
+            raise ValueError(f"final_start must be a unit's start {starts}, got {only!r}")
+        pick = max(1, -(-len(starts) // OUTER_STARTS))
+        best = None
+        for start in [only] if only is not None else sorted(set(starts[::pick]) | {0}):
+            self.final_start = start
+            uploaded = [0] * self.slots
+            self.pieces = self._pieces(shared, [u for u in self.units if u[1] <= start], uploaded)
+            self.steps = self._steps()
+            self.blocks = [band_outer.blocks(p, g0, g1, count, ALIGN, ramp=band_outer.RAMP if start == 0 else ())
+                           for g0, g1 in self.bands]
+            clock = [sum(plan.with_k(t, p, k0, k1).flops for t in self.band_tasks[g] for k0, k1 in self.steps)
+                     / max(speeds[g], 1.0) for g in range(self.slots)]
+            final, self.block_pieces = band_outer.pieces(self, shared, speeds, Piece, start, p.k, uploaded, clock)
+            self.pieces = self.pieces + final
+            t = band_outer.simulate(self, speeds, upload_rate, writeback_rate)
+            if best is None or t < best[0] * 0.99:
+                best = (t, start, self.pieces, self.steps, self.blocks, self.block_pieces)
+        self.modelled, self.final_start, self.pieces, self.steps, self.blocks, self.block_pieces = best
+
     def _final_start(self, rates, writeback_rate, upload_rate):
         """First k of the final range, the unit start whose modelled time is least. The final range's blocks
         need every piece (they are written back once all of k is in), so the range's compute starts once
@@ -164,11 +238,12 @@ class BandLayout:
         return out
 
     # ---------------------------------------------------------------- pieces
-    def _pieces(self, shared):
-        """Every piece of every unit, in k order; owners chosen so that each GPU uploads about as many bytes."""
-        uploaded = [0] * self.slots
+    def _pieces(self, shared, units, uploaded=None):
+        """Every piece of every unit of ``units``, in k order; owners chosen so that each GPU uploads about as
+        many bytes (``uploaded``: the bytes each has uploaded so far, updated)."""
+        uploaded = [0] * self.slots if uploaded is None else uploaded
         out = []
-        for k0, k1 in self.units:
+        for k0, k1 in units:
             todo = []
             for u in range(len(self.uniques)):
                 for o0, o1, needers in self._segments(u):
@@ -250,9 +325,55 @@ class BandLayout:
         return out
 
 
-def _area(problem, t):
+def _area(t):
     rows, cols = t.i1 - t.i0, t.j1 - t.j0
     return rows * (rows + 1) // 2 if t.diag else rows * cols
+
+
+def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None):
+    """The BandLayout of the order (k, or outer for a triangle with beta = 0: C's old values are uploaded
+    after the operands) whose modelled time is least, the outer order only where it is OUTER_GAIN faster.
+    The layouts of the last CACHED signatures (shapes, ops, which factors are one memory) are kept and serve
+    calls whose rates are within RATE_SLACK of theirs (the outer order's model costs milliseconds; measured
+    rates move from call to call). A layout from here holds no reference to the call's arrays (``problem`` is
+    None)."""
+    speeds = list(speeds or rates)
+    values = list(rates) + speeds + [writeback_rate, upload_rate]
+    key = (_signature(problem), bool(shared), len(rates))
+    with _cache_lock:
+        for known, lay in _cache.get(key, []):
+            if all(abs(a - b) <= RATE_SLACK * b for a, b in zip(values, known)):
+                _cache.move_to_end(key)
+                return lay
+    best = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds)
+    if problem.triangular and problem.beta == 0:
+        outer = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds,
+                           order="outer")
+        model = [band_outer.simulate(x, speeds, upload_rate, writeback_rate) for x in (best, outer)]
+        if model[1] < OUTER_GAIN * model[0]:
+            best = outer
+    best.problem = None
+    with _cache_lock:
+        _cache[key] = ([(values, best)] + _cache.get(key, []))[:2]
+        _cache.move_to_end(key)
+        while len(_cache) > CACHED:
+            _cache.popitem(last=False)
+    return best
+
+
+CACHED = 32               # signatures whose layouts are kept (two rate sets each)
+RATE_SLACK = 0.15         # a kept layout serves rates within this share of the ones it was made for
+OUTER_GAIN = 0.95         # the outer order where its modelled time is below this share of the k order's
+_cache = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _signature(problem):
+    """What a layout depends on besides the rates: the shapes, ops, triangle, beta = 0 or not, and which
+    factors are one upload."""
+    keys = [_factor_key(problem, f) for f in range(len(problem.factors))]
+    return (problem.kind, problem.m, problem.n, problem.k, problem.dtype.str, problem.lower, problem.beta != 0,
+            tuple((fac.base.shape, fac.op) for fac in problem.factors), tuple(keys.index(x) for x in keys))
 
 
 def region(layout, f_unique, o0, o1, k0, k1):

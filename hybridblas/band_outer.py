@@ -1,0 +1,204 @@
+"""The outer order of a band call (band_plan.BandLayout with ``order="outer"``): after the steps along k (none,
+or a few), the final range of k is not cut; each block of C is computed over it as soon as the rows of the
+factors it reads have landed, and written back while later factor rows are still being uploaded.
+
+The k order (band_plan's final range, one piece per factor per unit) writes nothing before all of k has
+landed, so its write-back and its last range's compute follow the uploads. Where the uploads take about as
+long as the compute (zgemmt at n = 8192 on two H100s: 2.1 GB over two PCIe links, ~21 ms, against ~20 ms of
+compute), that tail is a third of the call; the outer order overlaps the three.
+
+- Blocks of band [g0, g1), in compute order, C's entries by whole columns where the triangle lets (C is
+  column-major: long DMA segments in the write-back). Lower triangle: the band's triangle in column blocks
+  from its right end ([a, b) reads rows [a, g1) of the left factors and [a, b) of the right ones), then the
+  rectangle left of it (rows [g0, g1), columns [0, g0)) in column blocks from right to left, each reading the
+  band's rows of the left factors and its own columns of the right ones. Upper triangle: the band's column
+  strips from the left ([a, b) reads rows [g0, b) and columns [a, b)), then the rectangle above in row blocks
+  no thinner than TALL_BYTES a column. The first blocks are thinner (RAMP) when there are no steps before.
+- Pieces: each unique factor's outer index over the final range, cut where a block's reads start or end and
+  into at most PIECE_BYTES, queued in the order of the expected start of the first block that reads them;
+  each crosses PCIe once, uploaded by the GPU that has uploaded the fewest bytes so far (with peer access
+  any GPU, which need not read it; without, each GPU that reads it).
+- ``simulate`` models a layout's time (either order) from rates: uploads in order on each GPU's link at the
+  share of its rate that their DMA segments reach (SEGMENTS), peer copies in order, each step's and block's
+  compute once its pieces are in, write-back in order.
+
+Pure arithmetic on the problem's shape, tested without a GPU.
+"""
+import math
+
+from . import plan
+from .problem import Operand
+
+RAMP = (0.25, 0.5)        # the first blocks' flops, as shares of an equal block's
+PIECE_BYTES = 64 << 20    # a piece is cut into parts of at most this many bytes
+PEER_RATE = 250e9         # bytes/s of a copy between GPUs (NVLink) the model takes
+TALL_BYTES = 32 << 10     # an upper triangle's rectangle goes in row blocks of at least this many bytes a column
+SEGMENTS = ((8 << 10, 0.55), (64 << 10, 0.7))  # a 2D copy whose segments are shorter than this many bytes runs
+                          # at this share of the link. 2 x H100, page-locked, in a band call beside the peer
+                          # copies: 1-13 KiB segments 27-34 GB/s, 32 KiB 37-40, 176 KiB and whole 46-54 GB/s
+                          # (alone, one stream: 4 KiB 33, 8-16 KiB 49, 32 KiB and more 55 GB/s)
+
+
+def dma_share(segment):
+    """The share of a link's rate a 2D copy with segments of ``segment`` bytes reaches (SEGMENTS)."""
+    for below, share in SEGMENTS:
+        if segment < below:
+            return share
+    return 1.0
+
+
+def blocks(problem, g0, g1, count, align, ramp=RAMP):
+    """[[Task over all of k]] of band [g0, g1), in compute order, C's entries of a block by whole columns as far
+    as the triangle lets (column-major C: long DMA segments in the write-back; see the module's docstring)."""
+    if g1 <= g0:
+        return []
+    rect = (g1 - g0) * g0
+    tri = (g1 - g0) * (g1 - g0 + 1) / 2
+    n_rect = max(1, round(count * rect / (rect + tri))) if rect else 0
+    n_tri = max(1, count - n_rect)
+    width = g1 - g0
+    k = problem.k
+    mk = plan.make_task
+    out = []
+    if problem.lower:       # the triangle from its right end, column blocks; then the rectangle, right to left
+        cuts = _cuts(g1, g0, n_tri, ramp, align, lambda share: g1 - width * math.sqrt(share))
+        for b, a in zip(cuts, cuts[1:]):
+            below = [mk(problem, b, g1, a, b, 0, k)] if b < g1 else []
+            out.append([mk(problem, a, b, a, b, 0, k, diag=True)] + below)
+        if rect:
+            cuts = _cuts(g0, 0, n_rect, (), align, lambda share: g0 * (1 - share))
+            out += [[mk(problem, g0, g1, a, b, 0, k)] for b, a in zip(cuts, cuts[1:])]
+        return out
+    # upper: the triangle's column strips from the left; then the rectangle above in row blocks of at least
+    # TALL_BYTES per column segment
+    cuts = _cuts(g0, g1, n_tri, ramp, align, lambda share: g0 + width * math.sqrt(share))
+    for a, b in zip(cuts, cuts[1:]):
+        above = [mk(problem, g0, a, a, b, 0, k)] if a > g0 else []
+        out.append(above + [mk(problem, a, b, a, b, 0, k, diag=True)])
+    if rect:
+        n_rect = max(1, min(n_rect, g0 * problem.dtype.itemsize // TALL_BYTES))
+        cuts = _cuts(0, g0, n_rect, (), align, lambda share: g0 * share)
+        out += [[mk(problem, a, b, g0, g1, 0, k)] for a, b in zip(cuts, cuts[1:])]
+    return out
+
+
+def _cuts(start, end, count, ramp, align, position):
+    """Edges from ``start`` to ``end`` (either way): ``count`` parts of equal flops, the first ones ``ramp``
+    shares of an equal one; ``position(share)`` maps a cumulative share of the flops to an edge; inner edges
+    on multiples of align, at least align apart."""
+    weights = list(ramp[:max(count - 1, 0)]) + [1.0] * count
+    total = sum(weights)
+    edges, acc = [start], 0.0
+    for w in weights[:-1]:
+        acc += w / total
+        e = int(round(position(acc) / align)) * align
+        if abs(e - edges[-1]) >= align and abs(end - e) >= align and min(start, end) < e < max(start, end):
+            edges.append(e)
+    return edges + [end]
+
+
+def needs(problem, factor_of, n_unique, tasks):
+    """Per unique factor, the merged outer ranges that ``tasks`` read."""
+    tagged = [Operand(f, fac.op) for f, fac in enumerate(problem.factors)]
+    ranges = [[] for _ in range(n_unique)]
+    for t in tasks:
+        for _coef, x, y in problem.terms(tagged):
+            ranges[factor_of[x.base]].append((t.i0, t.i1))
+            ranges[factor_of[y.base]].append((t.j0, t.j1))
+    return [_merge(r) for r in ranges]
+
+
+def _merge(ranges):
+    out = []
+    for lo, hi in sorted(r for r in ranges if r[1] > r[0]):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def pieces(layout, shared, speeds, piece_cls, k0, k1, uploaded, clock):
+    """The pieces of k range [k0, k1) that the blocks (``layout.blocks``, over that range) read, in upload
+    order (see the module's docstring), numbered on from len(layout.pieces); and per GPU per block the
+    indices of the pieces it gathers (those no earlier block of that GPU read). ``uploaded`` (bytes each GPU
+    uploads before) is updated; ``clock[g]``: when GPU g's first block is expected to start."""
+    p = layout.problem
+    item, span = layout.item, k1 - k0
+    share = span / p.k
+    reads = []                       # reads[g][b]: per unique factor, the merged ranges
+    starts = []                      # starts[g][b]: the block's expected start (s) if compute never waited
+    for g, bl in enumerate(layout.blocks):
+        reads.append([needs(p, layout.factor_of, len(layout.uniques), tasks) for tasks in bl])
+        t, st = clock[g], []
+        for tasks in bl:
+            st.append(t)
+            t += share * sum(x.flops for x in tasks) / max(speeds[g], 1.0)
+        starts.append(st)
+    segments = []                    # (need time, unique factor, o0, o1, {GPU: need time})
+    for u in range(len(layout.uniques)):
+        cuts = sorted({x for r in reads for blk in r for lo, hi in blk[u] for x in (lo, hi)})
+        for a, b in zip(cuts, cuts[1:]):
+            first = {}
+            for g, r in enumerate(reads):
+                for bi, blk in enumerate(r):
+                    if any(lo <= a and b <= hi for lo, hi in blk[u]):
+                        first[g] = starts[g][bi]
+                        break
+            if first:
+                segments.append((min(first.values()), u, a, b, first))
+    segments.sort(key=lambda s: (s[0], s[1], s[2]))
+    rows_cap = max(1, PIECE_BYTES // max(span * item, 1))
+    base = len(layout.pieces)
+    out = []
+    for _t, u, a, b, first in segments:
+        step = -(-(b - a) // -(-(b - a) // rows_cap))
+        for o0 in range(a, b, step):
+            o1 = min(b, o0 + step)
+            nbytes = (o1 - o0) * span * item
+            for needers in ([tuple(first)] if shared else [(g,) for g in first]):
+                choice = range(layout.slots) if shared else needers     # with peer access: any GPU
+                owner = min(choice, key=lambda g: (uploaded[g], first.get(g, math.inf), g))
+                uploaded[owner] += nbytes
+                out.append(piece_cls(base + len(out), u, o0, o1, k0, k1, owner,
+                                     tuple(g for g in needers if g != owner), nbytes))
+    per_block = []
+    for g, r in enumerate(reads):
+        seen, lists = set(), []
+        for blk in r:
+            mine = [x.index for x in out if (x.owner == g or g in x.readers) and x.index not in seen
+                    and any(lo <= x.o0 and x.o1 <= hi for lo, hi in blk[x.factor])]
+            seen.update(mine)
+            lists.append(mine)
+        per_block.append(lists)
+    return out, per_block
+
+
+def simulate(layout, speeds, h2d, d2h, peer=PEER_RATE):
+    """Modelled seconds of ``layout``'s call: each GPU uploads the pieces it owns in order at ``h2d`` bytes/s
+    (times dma_share of their segments), copies the others' in order at ``peer``, runs its steps and then its
+    blocks in order at ``speeds`` flop/s, each once the pieces it reads are in, and writes its blocks back in
+    order at ``d2h`` (times dma_share of their column segments)."""
+    link = [0.0] * layout.slots
+    landed = {}
+    for x in layout.pieces:
+        link[x.owner] += x.nbytes / (h2d * dma_share(layout.segment(x)))
+        landed[x.index] = link[x.owner]
+    end = 0.0
+    for g in range(layout.slots):
+        comp = copy = out = 0.0
+        byindex = layout.pieces
+        for gather, flops, written in layout.schedule(g):
+            ready = 0.0
+            for i in gather:
+                x = byindex[i]
+                if x.owner == g:
+                    ready = max(ready, landed[i])
+                else:
+                    copy = max(copy, landed[i]) + x.nbytes / peer
+                    ready = max(ready, copy)
+            comp = max(comp, ready) + flops / max(speeds[g], 1.0)
+            if written:
+                out = max(out, comp) + written / d2h
+        end = max(end, out, comp)
+    return end

@@ -1,0 +1,176 @@
+"""The outer order of a band call (hybridblas.band_outer, BandLayout(order="outer"), band_plan.layout_for) on
+host problems, without a GPU:
+
+- each band's blocks cover it exactly once, over all of k, the triangle's strips and the rectangle's column
+  blocks on multiples of ALIGN;
+- with peer access every cell of every factor over the final range crosses PCIe once (the pieces of a unique
+  factor are disjoint) and the two GPUs upload about as much; without it nobody copies from another GPU;
+- every step's and every block's products read only cells of pieces gathered by then (the same array as
+  both factors included), and no block gathers a piece twice;
+- layout_for picks the order of least modelled time (the outer one where the uploads are as long as the
+  compute: zgemmt at n = 8192 on two GPUs), the k order for gemm and beta != 0, caches by signature and
+  keeps no reference to the call's arrays; the model is monotone in the rates.
+"""
+import numpy as np
+import pytest
+
+from hybridblas import band_outer as O
+from hybridblas import band_plan as B
+from hybridblas import problem as P
+from test_band_plan import CASES, IDS, OPS, Z, area, build, covers, disjoint, grid, inside, mat, tally
+
+RATES = [(1e13,), (1e13, 1e13), (1e13, 3e13), (2e13, 1e13, 5e12)]
+FAST, SLOW = (1e15, 1e15), (3e9, 6e9)          # (write-back, upload) bytes/s: the final start varies
+
+
+def outer(case_args, rates, shared=True, rates_io=SLOW, blocks=None):
+    prob = build(*case_args)
+    return prob, B.BandLayout(prob, list(rates), rates_io[0], rates_io[1], shared=shared, blocks=blocks,
+                              order="outer")
+
+
+TRI = [i for i, c in enumerate(CASES) if c[0] != "gemm"]
+
+
+@pytest.mark.parametrize("case", TRI, ids=[IDS[i] for i in TRI])
+def test_blocks_cover_each_band_once(case):
+    for rates in RATES:
+        for io in (FAST, SLOW):
+            prob, lay = outer(CASES[case], rates, rates_io=io)
+            for g, (g0, g1) in enumerate(lay.bands):
+                tasks = [t for blk in lay.blocks[g] for t in blk]
+                assert bool(lay.blocks[g]) == (g1 > g0)
+                rows, cols = grid(prob, lay.band_tasks[g], tasks)
+                assert all(np.array_equal(a, b) for a, b in zip(tally(prob, tasks, rows, cols),
+                                                                 tally(prob, lay.band_tasks[g], rows, cols)))
+                assert all(inside(t, lay.boxes[g]) and (t.k0, t.k1) == (0, prob.k) for t in tasks)
+                edges = {x for t in tasks for x in (t.i0, t.i1, t.j0, t.j1)} - {0, g0, g1, prob.n}
+                assert all(x % B.ALIGN == 0 for x in edges)
+
+
+@pytest.mark.parametrize("case", TRI, ids=[IDS[i] for i in TRI])
+def test_final_pieces_cross_pcie_once_and_cover_the_blocks(case):
+    for rates in RATES:
+        for shared in (True, False):
+            prob, lay = outer(CASES[case], rates, shared)
+            k0, k1 = lay.final
+            final = [p for p in lay.pieces if (p.k0, p.k1) == (k0, k1)]
+            steps = [p for p in lay.pieces if p.k1 <= k0]
+            assert len(final) + len(steps) == len(lay.pieces) and [p.index for p in lay.pieces] == list(
+                range(len(lay.pieces)))
+            for p in final:
+                assert p.nbytes == (p.o1 - p.o0) * (k1 - k0) * lay.item and p.owner not in p.readers
+                assert shared or p.readers == ()
+            if shared:
+                for u in range(len(lay.uniques)):
+                    assert disjoint([(p.o0, p.o1) for p in final if p.factor == u])
+            for g in range(lay.slots):
+                seen = [i for lst in lay.block_pieces[g] for i in lst]
+                assert len(seen) == len(set(seen))
+                assert all(lay.pieces[i].owner == g or g in lay.pieces[i].readers for i in seen)
+                for b, tasks in enumerate(lay.blocks[g]):
+                    got = [lay.pieces[i] for lst in lay.block_pieces[g][:b + 1] for i in lst]
+                    for u, ranges in enumerate(O.needs(prob, lay.factor_of, len(lay.uniques), tasks)):
+                        mine = [(p.o0, p.o1) for p in got if p.factor == u]
+                        assert all(covers(mine, lo, hi) for lo, hi in ranges), (g, b, u, ranges, mine)
+
+
+def test_two_gpus_upload_about_as_much():
+    for args in (("gemmt", "CN", 8192, 8192, Z, True, "F"), ("herk", "N", 8192, 8192, Z, False, "F"),
+                 ("her2k", "C", 4096, 2048, Z, True, "C")):
+        _, lay = outer(args, (5e13, 5e13), rates_io=(45e9, 50e9))
+        sent = [sum(p.nbytes for p in lay.uploads(g)) for g in range(2)]
+        assert abs(sent[0] - sent[1]) <= O.PIECE_BYTES + max(p.nbytes for p in lay.pieces), sent
+
+
+def _cells(lay, prob, g, pieces):
+    have = [np.zeros(prob.factors[f].base.shape, bool) for f in lay.uniques]
+    for p in pieces:
+        have[p.factor][B.region(lay, p.factor, p.o0, p.o1, p.k0, p.k1)] = True
+    return have
+
+
+SAME_ARRAY = [("her2k", "N", "F"), ("her2k", "C", "C"), ("syr2k", "T", "F"), ("herk", "N", "F"), ("herk", "C", "C")]
+
+
+@pytest.mark.parametrize("kind,trans,how", SAME_ARRAY + [("gemmt", "CN", "F"), ("gemmt", "NT", "C")])
+@pytest.mark.parametrize("gpus", [1, 2, 3])
+@pytest.mark.parametrize("lower", [True, False])
+def test_every_product_reads_only_what_has_landed(kind, trans, how, gpus, lower, monkeypatch):
+    monkeypatch.setattr(B, "MIN_SEGMENT", 64 * 16)
+    n = 448
+    a = mat((n, n), Z, how)
+    if kind == "gemmt":
+        b = mat((n, n), Z, how)
+        arrays, ops = [a, b], [OPS[t] for t in trans]
+    else:
+        arrays, ops = [a, a if kind.endswith("2k") else None][:1 + kind.endswith("2k")], [OPS[trans]] * (
+            1 + kind.endswith("2k"))
+    prob = P.build_problem(kind, 1.0, arrays, 0.0, None, ops, lower, None)
+    tagged = [P.Operand(f, fac.op) for f, fac in enumerate(prob.factors)]
+    for start in (0, 64, 192, 384):                 # unit starts: units of 64 along k
+        lay = B.BandLayout(prob, [1e13] * gpus, 1e9, 1e9, unit_bytes=64 * n * 16, blocks=6, order="outer",
+                           final_start=start)
+        assert len(lay.steps) >= (start > 0) and lay.final == (start, n)
+        for g in range(gpus):
+            phases = [(k0, k1, lay.band_tasks[g], lay.pieces_for(g, 0, k1)) for k0, k1 in lay.steps]
+            before = lay.pieces_for(g, 0, lay.final[0])
+            for b, block in enumerate(lay.blocks[g]):
+                got = before + [lay.pieces[i] for lst in lay.block_pieces[g][:b + 1] for i in lst]
+                phases.append((*lay.final, block, got))
+            for k0, k1, tasks, got in phases:
+                have = _cells(lay, prob, g, got)
+                for t in tasks:
+                    for _coef, x, y in prob.terms(tagged):
+                        for f, (o0, o1) in ((x.base, (t.i0, t.i1)), (y.base, (t.j0, t.j1))):
+                            fac = prob.factors[f]
+                            rows = (slice(k0, k1), slice(o0, o1)) if P.k_axis(kind, f, fac.op) == 0 else (
+                                slice(o0, o1), slice(k0, k1))
+                            assert have[lay.factor_of[f]][rows].all(), (g, k0, k1, t, f)
+
+
+def test_layout_for_picks_the_order_of_least_modelled_time():
+    speeds, wb, up = [5.2e13, 5.2e13], 45e9, 50e9
+    gemmt = build("gemmt", "CN", 8192, 8192, Z, True, "F")
+    lay = B.layout_for(gemmt, speeds, wb, up)
+    assert lay.order == "outer" and lay.problem is None
+    k_order = B.BandLayout(gemmt, speeds, wb, up)
+    assert O.simulate(lay, speeds, up, wb) < 0.8 * O.simulate(k_order, speeds, up, wb)
+    assert B.layout_for(gemmt, [5.8e13, 4.7e13], 45.1e9, 53e9) is lay           # rates within RATE_SLACK
+    assert B.layout_for(gemmt, [7e13, 5.2e13], 45e9, 50e9) is not lay
+    assert B.layout_for(gemmt, speeds, wb, up, shared=False) is not lay
+    gemm = build("gemm", "NN", 2048, 2048, Z, True, "F", 2048)
+    assert B.layout_for(gemm, speeds, wb, up).order == "k"
+    a, c = mat((4096, 4096), Z), mat((4096, 4096), Z)
+    old = P.build_problem("herk", 1.0, [a], 0.5, c, [P.N], True, None)
+    assert B.layout_for(old, speeds, wb, up).order == "k"                       # C's old values: the k order
+
+
+def test_layout_for_tells_apart_which_factors_are_one_array():
+    a, b = mat((640, 512), Z), mat((640, 512), Z)
+    one = P.build_problem("her2k", 1.0, [a, a], 0.0, None, [P.N, P.N], True, None)
+    two = P.build_problem("her2k", 1.0, [a, b], 0.0, None, [P.N, P.N], True, None)
+    l1, l2 = B.layout_for(one, [1e13, 1e13], 1e10, 1e10), B.layout_for(two, [1e13, 1e13], 1e10, 1e10)
+    assert len(l1.uniques) == 1 and len(l2.uniques) == 2
+    c = mat((640, 512), Z)
+    assert B.layout_for(P.build_problem("her2k", 1.0, [b, c], 0.0, None, [P.N, P.N], True, None),
+                        [1e13, 1e13], 1e10, 1e10) is l2
+
+
+def test_model_is_monotone_in_the_rates():
+    prob = build("gemmt", "CN", 4096, 4096, Z, True, "F")
+    for order in ("k", "outer"):
+        times = []
+        for scale in (0.5, 1.0, 2.0):
+            lay = B.BandLayout(prob, [5e13, 5e13], 45e9 * scale, 50e9 * scale, order=order)
+            times.append(O.simulate(lay, [5e13, 5e13], 50e9 * scale, 45e9 * scale))
+        assert times[0] > times[1] > times[2] > prob.flops() / 1e14
+
+
+def test_order_is_checked():
+    with pytest.raises(ValueError, match="final_start"):
+        B.BandLayout(build("herk", "N", 640, 640, Z, True, "F"), [1.0], 1.0, order="outer", final_start=5)
+    with pytest.raises(ValueError, match="order"):
+        B.BandLayout(build("gemm", "NN", 64, 64, Z, True, "F", 64), [1.0], 1.0, order="outer")
+    with pytest.raises(ValueError, match="order"):
+        B.BandLayout(build("herk", "N", 64, 64, Z, True, "F"), [1.0], 1.0, order="x")
