@@ -12,10 +12,16 @@ Per GPU of the call three jobs run:
 - the feeder uploads the pieces this GPU owns, in k order, on ``s_in`` (one DMA each from page-locked
   operands, else through the GPU's staging ring) and posts an event for each on the call's board;
 - the worker copies the pieces it needs from the GPUs that uploaded them (``s_peer``, after their events),
-  then queues the band's products step by step on ``s_comp``, and in the final range block column by block
-  column, each handed to the writer;
+  then queues the band's products step by step on ``s_comp``, and in the final range block by block, each
+  after the pieces it reads (all of them before the first block in the k order; the outer order's blocks
+  start while later pieces are still coming: band_outer), each handed to the writer;
 - the writer copies each finished block into the caller's C (``s_out``: DMA straight into a page-locked C,
   the diagonal blocks' triangles by 128-column panels; else through the staging ring), and marks it written.
+
+The four streams of a GPU are a set that serves one call at a time and is kept for the next one: the pool's
+arena of its compute stream keeps the call's arrays' blocks, so a call of the same shapes allocates no GPU
+memory (cudaMalloc and cudaFree of the factors had cost 11-23 ms a call at n = 8192-16384); CuPy frees the
+kept blocks when another allocation needs the memory. The layout (band_plan.layout_for) is cached.
 
 C's old values (beta != 0) are uploaded after the operands and added to each block before its last product.
 Only the triangle of C is written; the caller's other triangle is never touched.
@@ -34,7 +40,8 @@ import warnings
 import numpy as np
 
 from .. import cublas, cuda_transfer, downloads, host_pinning, plan, policy, workers
-from ..band_plan import BandLayout, device_bytes, padded_rows, region, upload_bytes
+from ..band_outer import dma_share
+from ..band_plan import device_bytes, layout_for, padded_rows, region, upload_bytes
 from ..faults import DeviceFailure, DeviceFailureWarning
 from ..kernels import compute_block
 from ..problem import Operand
@@ -43,6 +50,8 @@ from . import cuda, cuda_direct
 ENABLED = True            # module switch (benchmarks compare the tiled run on the same inputs)
 POLL = 0.05               # s: how often a wait looks whether the call is being stopped
 UPLOAD_SHARE = 0.8        # bands only where the uploads take at most this share of compute plus write-back
+SHARED_SHARE = 1.25       # the same on several GPUs that share pieces over peer access (the tiles' GPUs each
+                          # upload what they read: 2 x H100, zgemmt 8192, bands 45 ms against tiles 59)
 _DOUBLE = (np.dtype(np.float64), np.dtype(np.complex128))
 
 
@@ -83,14 +92,15 @@ def _hides_uploads(problem, devices, rates, ctx):
 def uploads_hide(problem, n_gpu, shared, speeds, h2d, d2h):
     """The rule of _hides_uploads on numbers: ``n_gpu`` GPUs at flop/s ``speeds``, copies at ``h2d`` and ``d2h``
     bytes/s per GPU, the uploads spread over the GPUs' links when they share pieces (``shared``: peer access),
-    each GPU uploading everything otherwise; C's old values (beta != 0) are uploaded too."""
+    each GPU uploading everything otherwise; C's old values (beta != 0) are uploaded too. Several GPUs that
+    share pieces take SHARED_SHARE instead of UPLOAD_SHARE."""
     item = problem.dtype.itemsize
     c_bytes = (problem.n * (problem.n + 1) // 2 if problem.triangular else problem.m * problem.n) * item
     up_bytes = upload_bytes(problem) + (c_bytes if problem.beta != 0 else 0)
     upload = up_bytes / (n_gpu if shared else 1) / h2d
     compute = problem.flops() / sum(speeds)
     writeback = c_bytes / n_gpu / d2h
-    return upload <= UPLOAD_SHARE * (compute + writeback)
+    return upload <= (SHARED_SHARE if n_gpu > 1 and shared else UPLOAD_SHARE) * (compute + writeback)
 
 
 def _speeds(problem, devices, rates, ctx):
@@ -150,9 +160,9 @@ class _Gpu:
     def __init__(self, cp, slot, device, layout):
         self.slot, self.device = slot, device
         self.dev = cp.cuda.Device(device.index)
-        with self.dev:
-            self.s_in, self.s_peer, self.s_comp, self.s_out = (cp.cuda.Stream(non_blocking=True) for _ in range(4))
-            self.factors, self.box, self.old = None, None, None
+        self.set = _take_streams(cp, device.index)
+        self.s_in, self.s_peer, self.s_comp, self.s_out = self.set
+        self.factors, self.box, self.old = None, None, None
         self.blocks = layout.blocks[slot]
         self.state = ["pending"] * len(self.blocks)     # -> "touched" (copy into C begun) -> "written"
         self.stats = {"bytes_from_host": 0, "bytes_from_peer": 0, "bytes_to_host": 0}
@@ -178,7 +188,7 @@ class _Call:
         self.rates = list(rates)
         self.shared = _peer_access(cupy, [d.index for d in devices])
         speeds = _speeds(problem, devices, self.rates, ctx)
-        self.layout = BandLayout(problem, self.rates, _rate(ctx, devices, "d2h_pinned"),
+        self.layout = layout_for(problem, self.rates, _rate(ctx, devices, "d2h_pinned"),
                                  _rate(ctx, devices, "h2d_pinned"), shared=self.shared, speeds=speeds)
         self.stop = threading.Event()
         self.board = _Board(len(self.layout.pieces), self.stop)
@@ -289,11 +299,17 @@ class _Call:
                 gpu.device.ring_pool(which).give(ring)
             gpu.ring_in = gpu.ring_out = None
             gpu.factors = gpu.box = gpu.old = None
-            try:                    # the compute stream goes with the call: its arena's blocks would stay unused
-                with gpu.dev:
-                    self.cp.get_default_memory_pool().free_all_blocks(stream=gpu.s_comp)
-            except Exception:       # noqa: BLE001 - a GPU in an error state: the blocks stay in the pool
-                pass
+            if gpu.set is None:
+                continue
+            if not any(g is gpu for g, _ in self.errors):
+                _give_streams(gpu.device.index, gpu.set)    # its arena keeps the blocks for the next call
+            else:
+                try:                # streams of a GPU that failed are dropped, and their arena's blocks freed
+                    with gpu.dev:
+                        self.cp.get_default_memory_pool().free_all_blocks(stream=gpu.s_comp)
+                except Exception:   # noqa: BLE001 - a GPU in an error state: the blocks stay in the pool
+                    pass
+            gpu.set = None
         for pin in self.pins + [self.pin_c]:
             host_pinning.release(pin)
         self.pins, self.pin_c = [None] * len(self.pins), None
@@ -312,9 +328,11 @@ class _Call:
 
     # ------------------------------------------------------------------ jobs
     def _allocate(self, gpu):
-        """The GPU's arrays, from the pool's arena of this call's compute stream: memory no other stream's
-        pending work may still use (other streams of the call write into it; blocks from a shared arena, the
-        default stream's, could still be read by another caller's queued kernels). _release frees the arena."""
+        """The GPU's arrays, from the pool's arena of the compute stream of this call's stream set: memory no
+        other caller's pending work may use (a set serves one call at a time, and a call hands its set back
+        only after every stream of it has finished; blocks from a shared arena, the default stream's, could
+        still be read by another caller's queued kernels while this call's copy streams write them). The
+        blocks stay in that arena for the next call that takes the set: no cudaMalloc per call."""
         cp, p, lay = self.cp, self.problem, self.layout
         with gpu.s_comp:
             gpu.factors = [_padded(cp, p.factors[f].base.shape, p.dtype) for f in lay.uniques]
@@ -373,14 +391,14 @@ class _Call:
         kx = cuda_direct.rank_kx(p, operands, beta=1.0) if p.kind == "gemmt" else None
         for n_step, (k0, k1) in enumerate(lay.steps):
             self._check(gpu)
-            self._gather(gpu, k0, k1)
+            self._gather(gpu, lay.pieces_for(gpu.slot, k0, k1))
             for t in tasks:
                 self._product(gpu, backend, operands, kx, t, k0, k1, 0.0 if n_step == 0 else 1.0, "step")
         k0, k1 = lay.final
-        self._gather(gpu, k0, k1)
         stepped = bool(lay.steps)
         for b, block in enumerate(gpu.blocks):
             self._check(gpu)
+            self._gather(gpu, [lay.pieces[i] for i in lay.block_pieces[gpu.slot][b]])
             beta = 1.0 if stepped else 0.0
             if gpu.old is not None:
                 self._add_old(gpu, b, block, stepped)
@@ -390,10 +408,10 @@ class _Call:
             gpu.writes.put((b, _event(cp, gpu.s_comp)))
         gpu.writes.put(None)
 
-    def _gather(self, gpu, k0, k1):
-        """Make s_comp wait until the pieces of k range [k0, k1) this GPU reads are on it."""
+    def _gather(self, gpu, pieces):
+        """Make s_comp wait until ``pieces`` (that this GPU reads) are on it."""
         lay = self.layout
-        for piece in lay.pieces_for(gpu.slot, k0, k1):
+        for piece in pieces:
             ev = self.board.wait(piece.index)
             if piece.owner == gpu.slot:
                 gpu.s_comp.wait_event(ev)
@@ -494,7 +512,7 @@ class _Call:
         wall = time.perf_counter() - t0
         elapsed = self.cp.cuda.get_elapsed_time
         for gpu in self.gpus:
-            st = dict(gpu.stats, wall_s=wall, path="bands", steps=len(self.layout.steps),
+            st = dict(gpu.stats, wall_s=wall, path="bands", order=self.layout.order, steps=len(self.layout.steps),
                       final_k=self.layout.final[1] - self.layout.final[0], blocks=len(gpu.blocks))
             ev = gpu.kernel_events
             if ev:
@@ -510,14 +528,17 @@ class _Call:
                 st.update(kernel_s=kernel, lead_s=lead, gaps_s=span - kernel, tail_s=wall - lead - span,
                           kernels={k: {"s": t, "tflops": f / max(t, 1e-12) / 1e12} for k, (t, f) in classes.items()})
                 _calibrate(gpu.device, "flops", self.problem.kind, sum(f for *_, f in ev) / max(kernel, 1e-12))
+            lay = self.layout       # the links' rates: each copy's bytes over the share its segments reach
             if gpu.upload_events is not None and all(self.direct):
-                t = elapsed(*gpu.upload_events) / 1e3
-                st["upload_gbps"] = gpu.stats["bytes_from_host"] / max(t, 1e-12) / 1e9
-                _calibrate(gpu.device, "h2d_pinned", None, st["upload_gbps"] * 1e9)
+                t = max(elapsed(*gpu.upload_events) / 1e3, 1e-12)
+                st["upload_gbps"] = gpu.stats["bytes_from_host"] / t / 1e9
+                link = sum(x.nbytes / dma_share(lay.segment(x)) for x in lay.uploads(gpu.slot)) / t
+                _calibrate(gpu.device, "h2d_pinned", None, link)
             if gpu.copy_events:
-                t = sum(elapsed(a, b) for a, b in gpu.copy_events) / 1e3
-                st["writeback_gbps"] = gpu.stats["bytes_to_host"] / max(t, 1e-12) / 1e9
-                _calibrate(gpu.device, "d2h_pinned", None, st["writeback_gbps"] * 1e9)
+                t = max(sum(elapsed(a, b) for a, b in gpu.copy_events) / 1e3, 1e-12)
+                st["writeback_gbps"] = gpu.stats["bytes_to_host"] / t / 1e9
+                link = sum(lay.write_bytes(task) for block in gpu.blocks for task in block) / t
+                _calibrate(gpu.device, "d2h_pinned", None, link)
             cuda.last_stats[gpu.device.name] = st
 
     # ------------------------------------------------------------------ faults
@@ -565,6 +586,26 @@ class _Call:
             rates = [self.ctx.rate(d, p) for d in live]
             Engine(p, self.ctx, live, rates, pending=plan.dynamic_order(p, redo, self.ctx.tail_fraction)).run()
         return True
+
+
+_idle_sets = {}            # GPU index -> [(s_in, s_peer, s_comp, s_out)] not held by a call
+_idle_lock = threading.Lock()
+
+
+def _take_streams(cp, index):
+    """A stream set of GPU ``index`` for one call: an idle one, else four new streams."""
+    with _idle_lock:
+        free = _idle_sets.setdefault(index, [])
+        if free:
+            return free.pop()
+    with cp.cuda.Device(index):
+        return tuple(cp.cuda.Stream(non_blocking=True) for _ in range(4))
+
+
+def _give_streams(index, streams):
+    """Back to the idle sets, once every stream of it has finished (_Call._settle)."""
+    with _idle_lock:
+        _idle_sets.setdefault(index, []).append(streams)
 
 
 def _padded(cp, shape, dtype):

@@ -25,14 +25,27 @@ def _gpus():
     return [CUDADevice(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
 
 
-@pytest.fixture
-def small_units(monkeypatch):
-    """Units of a few hundred kB, so that a small call has many pieces, several steps and blocks."""
+@pytest.fixture(params=["k", "outer", "outer-steps"])
+def small_units(request, monkeypatch):
+    """Units of a few hundred kB, so that a small call has many pieces, several steps and blocks; each test
+    in the k order, in the outer order from k = 0, and in the outer order after steps along k (a triangle
+    with beta = 0: others go by the k order)."""
     from hybridblas import band_plan
     monkeypatch.setattr(band_plan, "UNIT_BYTES", 256 << 10)
     monkeypatch.setattr(band_plan, "STEP_K", 128)
     monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)     # small operands page-locked too (pin_host=True)
     monkeypatch.setattr(cuda_bands, "UPLOAD_SHARE", float("inf"))   # bands also where uploads dominate
+    monkeypatch.setattr(cuda_bands, "SHARED_SHARE", float("inf"))
+    order = request.param
+
+    def forced(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None):
+        lay = band_plan.BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds)
+        if order == "k" or not problem.triangular or problem.beta != 0:
+            return lay
+        start = lay.units[len(lay.units) // 2][0] if order == "outer-steps" else 0
+        return band_plan.BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds,
+                                    order="outer", blocks=5, final_start=start)
+    monkeypatch.setattr(cuda_bands, "layout_for", forced)
 
 
 def _path(ctx):
@@ -218,3 +231,32 @@ def test_bands_and_tiles_share_one_staging_ring(small_units, monkeypatch, rng):
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "a call is still waiting for a staging ring"
     assert not errors
+
+
+@pytest.mark.gpu
+def test_bands_keep_their_memory_for_the_next_call_and_give_it_up_under_pressure(monkeypatch, rng):
+    """A call's stream set and its arena's blocks serve the next call (no cudaMalloc per call); the blocks
+    kept are released when another stream's allocation needs the memory."""
+    import cupy
+    monkeypatch.setattr(cuda_bands, "UPLOAD_SHARE", float("inf"))
+    monkeypatch.setattr(cuda_bands, "SHARED_SHARE", float("inf"))
+    n, k = 3000, 2500
+    a = rng.standard_normal((n, k)) + 1j * rng.standard_normal((n, k))
+    ctx = hb.Context(devices=_gpus()[:1], min_call_seconds=0)
+    pool = cupy.get_default_memory_pool()
+    with cupy.cuda.Device(0):
+        for _ in range(2):
+            c = hb.herk(1.0, a, 0.0, np.full((n, n), np.nan + 0j, order="F"), context=ctx)
+            assert _path(ctx) == {"bands"}
+        kept = pool.total_bytes()
+        assert pool.free_bytes() >= a.nbytes                  # the factors' block waits for the next call
+        for _ in range(2):
+            hb.herk(1.0, a, 0.0, c, context=ctx)
+        assert pool.total_bytes() == kept
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        big = cupy.empty(free + a.nbytes // 2, dtype=np.uint8)   # needs the kept blocks: the pool frees them
+        del big
+        pool.free_all_blocks()
+    low = np.tril(np.ones((n, n), bool))
+    want = a @ a.conj().T
+    assert np.abs(c[low] - want[low]).max() / np.abs(want).max() < 1e-13

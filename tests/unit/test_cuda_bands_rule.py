@@ -28,11 +28,23 @@ def fresh(monkeypatch):
 @pytest.mark.parametrize("kind,n,gpus,bands", [
     ("gemmt", 4096, 1, False), ("gemmt", 8192, 1, False), ("gemmt", 16384, 1, True),
     ("herk", 8192, 1, True), ("her2k", 8192, 1, True), ("herk", 8192, 2, True), ("her2k", 8192, 2, True),
-    ("gemmt", 16384, 2, True), ("herk", 16384, 2, True)])
+    ("gemmt", 16384, 2, True), ("herk", 16384, 2, True), ("gemmt", 8192, 2, True), ("gemmt", 4096, 2, False)])
 def test_bands_where_uploads_hide_under_compute(kind, n, gpus, bands):
     """Default rates (no profile, nothing calibrated): 25 GB/s each way, 40 TF/s."""
     rule = cuda_bands.uploads_hide(_problem(kind, n), gpus, True, [40e12] * gpus, 25e9, 25e9)
     assert rule is bands
+
+
+def test_gpus_sharing_pieces_allow_longer_uploads():
+    """zgemmt at 8192: on two GPUs sharing pieces the uploads may take SHARED_SHARE of compute plus write-back
+    (bands against tiles, 2 x H100: 45 against 59 ms), on one GPU or without peer access UPLOAD_SHARE."""
+    prob = _problem("gemmt", 8192)
+    upload = prob.flops() / 80e12                # rates at which the uploads take as long as the compute
+    h2d = 2 * 8192 * 8192 * 16 / 2 / upload
+    assert cuda_bands.uploads_hide(prob, 2, True, [40e12] * 2, h2d, 1e15)
+    assert not cuda_bands.uploads_hide(prob, 2, False, [40e12] * 2, 2 * h2d, 1e15)
+    assert not cuda_bands.uploads_hide(prob, 1, True, [80e12], h2d * 2, 1e15)
+    assert cuda_bands.uploads_hide(prob, 1, True, [80e12], h2d * 2 / cuda_bands.UPLOAD_SHARE, 1e15)
 
 
 def test_uploads_without_peer_access_or_with_old_values_count():
