@@ -17,7 +17,7 @@ compute), that tail is a third of the call; the outer order overlaps the three.
 - Pieces: each unique factor's outer index over the final range, cut where a block's reads start or end and
   into at most PIECE_BYTES, queued in the order of the expected start of the first block that reads them;
   each crosses PCIe once, uploaded by the GPU that has uploaded the fewest bytes so far (with peer access
-  any GPU, which need not read it; without, each GPU that reads it).
+  any GPU with a band, which need not read it; without, each GPU that reads it).
 - ``simulate`` models a layout's time (either order) from rates: uploads in order on each GPU's link at the
   share of its rate that their DMA segments reach (SEGMENTS), peer copies in order, each step's and block's
   compute once its pieces are in, write-back in order.
@@ -150,6 +150,7 @@ def pieces(layout, shared, speeds, piece_cls, k0, k1, uploaded, clock):
     segments.sort(key=lambda s: (s[0], s[1], s[2]))
     rows_cap = max(1, PIECE_BYTES // max(span * item, 1))
     base = len(layout.pieces)
+    busy = [g for g in range(layout.slots) if layout.band_tasks[g]]     # a GPU of an empty band holds nothing
     out = []
     for _t, u, a, b, first in segments:
         step = -(-(b - a) // -(-(b - a) // rows_cap))
@@ -157,7 +158,7 @@ def pieces(layout, shared, speeds, piece_cls, k0, k1, uploaded, clock):
             o1 = min(b, o0 + step)
             nbytes = (o1 - o0) * span * item
             for needers in ([tuple(first)] if shared else [(g,) for g in first]):
-                choice = range(layout.slots) if shared else needers     # with peer access: any GPU
+                choice = busy if shared else needers     # with peer access: any GPU that holds the factors
                 owner = min(choice, key=lambda g: (uploaded[g], first.get(g, math.inf), g))
                 uploaded[owner] += nbytes
                 out.append(piece_cls(base + len(out), u, o0, o1, k0, k1, owner,

@@ -362,7 +362,7 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
 
 
 CACHED = 32               # signatures whose layouts are kept (two rate sets each)
-RATE_SLACK = 0.15         # a kept layout serves rates within this share of the ones it was made for
+RATE_SLACK = 0.3          # a kept layout serves rates within this share of the ones it was made for
 OUTER_GAIN = 0.95         # the outer order where its modelled time is below this share of the k order's
 _cache = OrderedDict()
 _cache_lock = threading.Lock()
@@ -409,15 +409,15 @@ def padded_rows(rows):
     return -(-rows // ALIGN) * ALIGN if rows > ALIGN else rows
 
 
-def device_bytes(problem, rates):
-    """Per GPU with flop rates ``rates``: bytes of the whole factors (each upload once, rows padded as the GPU
-    allocates them) and of its band's box of C, 0 for a GPU whose band is empty (it holds nothing); and the
-    factors' bytes alone. Without laying out the rest of the call."""
+def device_bytes(problem, rates, edges=None):
+    """Per GPU with flop rates ``rates`` (or bands ``edges``): bytes of the whole factors (each upload once, rows
+    padded as the GPU allocates them) and of its band's box of C, 0 for a GPU whose band is empty (it holds
+    nothing); and the factors' bytes alone. Without laying out the rest of the call."""
     item = problem.dtype.itemsize
     bases = {_factor_key(problem, f): padded_rows(fac.base.shape[0]) * fac.base.shape[1]
              for f, fac in enumerate(problem.factors)}
     factors = sum(bases.values()) * item
-    edges = aligned_edges(problem.n, list(rates), problem.triangular)
+    edges = aligned_edges(problem.n, list(rates), problem.triangular) if edges is None else edges
     out = []
     for g0, g1 in zip(edges, edges[1:]):
         r0, r1, c0, c1 = box(problem, g0, g1)

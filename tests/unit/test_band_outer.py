@@ -174,3 +174,15 @@ def test_order_is_checked():
         B.BandLayout(build("gemm", "NN", 64, 64, Z, True, "F", 64), [1.0], 1.0, order="outer")
     with pytest.raises(ValueError, match="order"):
         B.BandLayout(build("herk", "N", 64, 64, Z, True, "F"), [1.0], 1.0, order="x")
+
+
+def test_a_gpu_with_an_empty_band_uploads_nothing():
+    """A GPU too slow for a band of its own holds no factors: it owns no piece, in either order."""
+    for args in (("gemmt", "CN", 8192, 8192, Z, True, "F"), ("herk", "N", 8192, 8192, Z, False, "F")):
+        prob = build(*args)
+        for rates in ([5e13, 5e13, 2e11], [1e8, 5e13, 5e13]):
+            for order in ("k", "outer"):
+                lay = B.BandLayout(prob, rates, 25e9, 25e9, shared=True, order=order)
+                empty = [g for g in range(3) if not lay.band_tasks[g]]
+                assert empty and not [p for p in lay.pieces if p.owner in empty], (args, rates, order)
+                assert B.device_bytes(prob, None, edges=lay.edges)[0][empty[0]] == 0
