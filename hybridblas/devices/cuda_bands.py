@@ -75,18 +75,38 @@ def applies(problem, devices, rates, ctx):
         return False
     if problem.kind == "gemmt" and cuda_direct.rank_kx(problem, beta=1.0) is None:
         return False
-    return _hides_uploads(problem, devices, rates, ctx) and _fits(problem, devices, rates)
+    lay, shared, speeds = _layout(problem, devices, rates, ctx)
+    return _hides_uploads(problem, devices, ctx, lay, shared, speeds) and _fits(problem, devices, lay)
 
 
-def _hides_uploads(problem, devices, rates, ctx):
-    """Bands finish a block only once all of k has landed, so their write-back cannot run under the uploads as
-    the tiles' can: they win where the uploads take at most UPLOAD_SHARE of the compute and write-back.
-    Measured on 2 x H100, complex128, n = k, steady state: zgemmt (two factors) on one GPU at n = 8192 took
-    82 ms by bands, 58 by tiles; at 16384 391 against 404; zherk at 8192 48 against 50, two GPUs 28 against 47."""
+def _layout(problem, devices, rates, ctx):
+    """The call's layout (band_plan.layout_for, cached), whether its GPUs share pieces, their flop rates."""
     import cupy
-    shared = len(devices) == 1 or _peer_access(cupy, [d.index for d in devices])
-    return uploads_hide(problem, len(devices), shared, _speeds(problem, devices, rates, ctx),
-                        _rate(ctx, devices, "h2d_pinned"), _rate(ctx, devices, "d2h_pinned"))
+    shared = _peer_access(cupy, [d.index for d in devices])
+    speeds = _speeds(problem, devices, rates, ctx)
+    lay = layout_for(problem, list(rates), _rate(ctx, devices, "d2h_pinned"), _rate(ctx, devices, "h2d_pinned"),
+                     shared=shared, speeds=speeds)
+    return lay, shared, speeds
+
+
+def _hides_uploads(problem, devices, ctx, layout, shared, speeds):
+    """The k order finishes a block only once all of k has landed, so its write-back cannot run under the
+    uploads as the tiles' can: bands win where the uploads take at most UPLOAD_SHARE of the compute and
+    write-back (SHARED_SHARE on GPUs that share pieces). Measured on 2 x H100, complex128, n = k, steady state:
+    zgemmt (two factors) on one GPU at n = 8192 took 82 ms by bands, 58 by tiles; at 16384 391 against 404;
+    zherk at 8192 48 against 50, two GPUs 28 against 47. The uploads go at the links' rate times the share
+    their DMA segments reach in ``layout``."""
+    h2d = _rate(ctx, devices, "h2d_pinned") * upload_share(layout)
+    return uploads_hide(problem, len(devices), shared or len(devices) == 1, speeds, h2d,
+                        _rate(ctx, devices, "d2h_pinned"))
+
+
+def upload_share(layout):
+    """The share of a link's rate the layout's uploads reach by their DMA segments: their bytes over the sum of
+    each piece's bytes divided by its band_outer.dma_share."""
+    total = sum(x.nbytes for x in layout.pieces)
+    slow = sum(x.nbytes / dma_share(layout.segment(x)) for x in layout.pieces)
+    return total / slow if slow else 1.0
 
 
 def uploads_hide(problem, n_gpu, shared, speeds, h2d, d2h):
@@ -109,10 +129,10 @@ def _speeds(problem, devices, rates, ctx):
     return [r if d.name in ctx.rates else calibrated(d, problem.kind) or r for d, r in zip(devices, rates)]
 
 
-def _fits(problem, devices, rates):
+def _fits(problem, devices, layout):
     """Every GPU with a band has room for the factors and its band's box (twice with C's old values)."""
     import cupy
-    totals, factors = device_bytes(problem, rates)
+    totals, factors = device_bytes(problem, None, edges=layout.edges)
     for d, total in zip(devices, totals):
         if not total:                   # an empty band holds nothing
             continue
@@ -132,6 +152,9 @@ def run(problem, devices, rates, ctx, reserves=()):
         if _is_memory(exc) or type(exc).__name__ == "CUDARuntimeError":
             return False
         raise
+    if not _fits(problem, devices, call.layout):     # rates measured since applies() moved the bands: the tiles
+        call.abandon()
+        return False
     return call.execute(reserves)
 
 
@@ -161,6 +184,7 @@ class _Gpu:
         self.slot, self.device = slot, device
         self.dev = cp.cuda.Device(device.index)
         self.set = _take_streams(cp, device.index)
+        self.settled = False                     # every stream of the set finished (_Call._settle)
         self.s_in, self.s_peer, self.s_comp, self.s_out = self.set
         self.factors, self.box, self.old = None, None, None
         self.blocks = layout.blocks[slot]
@@ -186,21 +210,31 @@ class _Call:
         self.cp = cupy
         self.problem, self.devices, self.ctx = problem, list(devices), ctx
         self.rates = list(rates)
-        self.shared = _peer_access(cupy, [d.index for d in devices])
-        speeds = _speeds(problem, devices, self.rates, ctx)
-        self.layout = layout_for(problem, self.rates, _rate(ctx, devices, "d2h_pinned"),
-                                 _rate(ctx, devices, "h2d_pinned"), shared=self.shared, speeds=speeds)
+        self.layout, self.shared, _ = _layout(problem, self.devices, self.rates, ctx)
         self.stop = threading.Event()
         self.board = _Board(len(self.layout.pieces), self.stop)
         self.errors = []
         self.lock = threading.Lock()
-        self.gpus = [_Gpu(cupy, g, d, self.layout) for g, d in enumerate(devices)]
+        self.gpus = []
+        try:
+            for g, d in enumerate(devices):
+                self.gpus.append(_Gpu(cupy, g, d, self.layout))
+        except BaseException:
+            self.abandon()
+            raise
         self.pins = [None] * len(self.layout.uniques)
         self.pin_c = None
         self.direct = [False] * len(self.layout.uniques)    # per unique factor: page-locked (DMA) this call
         self.direct_c = False
 
     # ------------------------------------------------------------------ the call
+    def abandon(self):
+        """Hand back the stream sets of a call that queued nothing."""
+        for gpu in self.gpus:
+            if gpu.set is not None:
+                _give_streams(gpu.device.index, gpu.set)
+                gpu.set = None
+
     def execute(self, reserves):
         t0 = time.perf_counter()
         jobs = []
@@ -224,9 +258,11 @@ class _Call:
                     self._release()
             raise
         self._settle()
-        if not self.errors:
-            self._record_stats(t0)
-        self._release()
+        try:
+            if not self.errors:
+                self._record_stats(t0)
+        finally:
+            self._release()
         if not self.errors:
             return True
         return self._recover(reserves)
@@ -301,7 +337,9 @@ class _Call:
             gpu.factors = gpu.box = gpu.old = None
             if gpu.set is None:
                 continue
-            if not any(g is gpu for g, _ in self.errors):
+            if not gpu.settled:     # work may still be queued on it (an interrupt during _settle, a stream
+                _unsettled.append(gpu.set)      # that failed): never reused, nor its arena's blocks
+            elif not any(g is gpu for g, _ in self.errors):
                 _give_streams(gpu.device.index, gpu.set)    # its arena keeps the blocks for the next call
             else:
                 try:                # streams of a GPU that failed are dropped, and their arena's blocks freed
@@ -315,16 +353,18 @@ class _Call:
         self.pins, self.pin_c = [None] * len(self.pins), None
 
     def _settle(self):
-        """Wait for every stream of the call (after an error too: nothing may still copy into C)."""
-        first = None
+        """Wait for every stream of the call (after an error too: nothing may still copy into C). A GPU whose
+        streams all finished is ``settled`` (its stream set may serve another call)."""
         for gpu in self.gpus:
+            failed = None
             for s in gpu.streams():
                 try:
                     s.synchronize()
-                except Exception as exc:     # noqa: BLE001 - the first is reported with the GPU's errors
-                    first = first or (gpu, exc)
-        if first is not None and not any(g is first[0] for g, _ in self.errors):
-            self.errors.append(first)
+                except Exception as exc:     # noqa: BLE001 - reported with the GPU's errors
+                    failed = failed or exc
+            gpu.settled = failed is None
+            if failed is not None and not any(g is gpu for g, _ in self.errors):
+                self.errors.append((gpu, failed))
 
     # ------------------------------------------------------------------ jobs
     def _allocate(self, gpu):
@@ -590,6 +630,8 @@ class _Call:
 
 _idle_sets = {}            # GPU index -> [(s_in, s_peer, s_comp, s_out)] not held by a call
 _idle_lock = threading.Lock()
+_unsettled = []            # sets whose work may not have finished: kept (a destroyed stream's handle could come
+                           # back for a new stream, with the arena of blocks that work may still use)
 
 
 def _take_streams(cp, index):
