@@ -40,7 +40,7 @@ import warnings
 import numpy as np
 
 from .. import cublas, cuda_transfer, downloads, host_pinning, plan, policy, workers
-from ..band_outer import dma_share
+from ..band_outer import dma_share, simulate
 from ..band_plan import device_bytes, layout_for, padded_rows, region, upload_bytes
 from ..faults import DeviceFailure, DeviceFailureWarning
 from ..kernels import compute_block
@@ -50,6 +50,7 @@ from . import cuda, cuda_direct
 ENABLED = True            # module switch (benchmarks compare the tiled run on the same inputs)
 POLL = 0.05               # s: how often a wait looks whether the call is being stopped
 UPLOAD_SHARE = 0.8        # bands only where the uploads take at most this share of compute plus write-back
+ONE_GPU_MODEL = 1.25      # on one GPU, bands where their modelled time is within this many times the compute
 SHARED_SHARE = 1.25       # the same on several GPUs that share pieces over peer access (the tiles' GPUs each
                           # upload what they read: 2 x H100, zgemmt 8192, bands 45 ms against tiles 59)
 _DOUBLE = (np.dtype(np.float64), np.dtype(np.complex128))
@@ -96,9 +97,19 @@ def _hides_uploads(problem, devices, ctx, layout, shared, speeds):
     zgemmt (two factors) on one GPU at n = 8192 took 82 ms by bands, 58 by tiles; at 16384 391 against 404;
     zherk at 8192 48 against 50, two GPUs 28 against 47. The uploads go at the links' rate times the share
     their DMA segments reach in ``layout``."""
-    h2d = _rate(ctx, devices, "h2d_pinned") * upload_share(layout)
-    return uploads_hide(problem, len(devices), shared or len(devices) == 1, speeds, h2d,
-                        _rate(ctx, devices, "d2h_pinned"))
+    link, d2h = _rate(ctx, devices, "h2d_pinned"), _rate(ctx, devices, "d2h_pinned")
+    if len(devices) == 1 and not model_within(problem, layout, speeds, link, d2h):
+        return False
+    return uploads_hide(problem, len(devices), shared or len(devices) == 1, speeds, link * upload_share(layout), d2h)
+
+
+def model_within(problem, layout, speeds, h2d, d2h):
+    """On one GPU the tiles overlap their uploads with compute as well as bands do when the uploads take about
+    as long: bands only where their modelled time (band_outer.simulate) is within ONE_GPU_MODEL of the compute.
+    zgemmt at n = 8192 on one H100 (uploads 39 ms, compute 40): bands modelled at 1.34 x the compute, tiles
+    measured 56.5-59 ms, bands in the k order 82; at 16384 bands 1.08 x, measured 372-382 ms against tiles
+    389-404."""
+    return simulate(layout, speeds, h2d, d2h) <= ONE_GPU_MODEL * problem.flops() / sum(speeds)
 
 
 def upload_share(layout):

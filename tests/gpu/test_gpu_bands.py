@@ -36,6 +36,7 @@ def small_units(request, monkeypatch):
     monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)     # small operands page-locked too (pin_host=True)
     monkeypatch.setattr(cuda_bands, "UPLOAD_SHARE", float("inf"))   # bands also where uploads dominate
     monkeypatch.setattr(cuda_bands, "SHARED_SHARE", float("inf"))
+    monkeypatch.setattr(cuda_bands, "ONE_GPU_MODEL", float("inf"))
     order = request.param
 
     def forced(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None):
@@ -246,6 +247,7 @@ def test_bands_keep_their_memory_for_the_next_call_and_give_it_up_under_pressure
     import cupy
     monkeypatch.setattr(cuda_bands, "UPLOAD_SHARE", float("inf"))
     monkeypatch.setattr(cuda_bands, "SHARED_SHARE", float("inf"))
+    monkeypatch.setattr(cuda_bands, "ONE_GPU_MODEL", float("inf"))
     n, k = 3000, 2500
     a = rng.standard_normal((n, k)) + 1j * rng.standard_normal((n, k))
     ctx = hb.Context(devices=_gpus()[:1], min_call_seconds=0)
