@@ -17,7 +17,7 @@ import pytest
 from hybridblas import band_outer as O
 from hybridblas import band_plan as B
 from hybridblas import problem as P
-from test_band_plan import CASES, IDS, OPS, Z, area, build, covers, disjoint, grid, inside, mat, tally
+from test_band_plan import CASES, IDS, OPS, Z, build, covers, disjoint, grid, inside, mat, tally
 
 RATES = [(1e13,), (1e13, 1e13), (1e13, 3e13), (2e13, 1e13, 5e12)]
 FAST, SLOW = (1e15, 1e15), (3e9, 6e9)          # (write-back, upload) bytes/s: the final start varies
