@@ -71,6 +71,8 @@ class BandLayout:
             raise ValueError(f"order must be 'k', or 'outer' for a triangle, got {order!r}")
         self.problem = problem
         self.order = order
+        self.modelled = None      # seconds band_outer.simulate gave at the rates it was laid out for (if run)
+        self._upload_share = None
         self.slots = len(rates)
         self.k = problem.k
         self.item = problem.dtype.itemsize
@@ -106,6 +108,15 @@ class BandLayout:
         for gather, tasks in zip(self.block_pieces[g], self.blocks[g]):
             out.append((gather, share * sum(t.flops for t in tasks), sum(self.write_bytes(t) for t in tasks)))
         return out
+
+    def upload_share(self):
+        """The share of a link's rate this layout's uploads reach by their DMA segments: their bytes over the sum
+        of each piece's bytes divided by its band_outer.dma_share."""
+        if self._upload_share is None:
+            total = sum(x.nbytes for x in self.pieces)
+            slow = sum(x.nbytes / band_outer.dma_share(self.segment(x)) for x in self.pieces)
+            self._upload_share = total / slow if slow else 1.0
+        return self._upload_share
 
     def segment(self, piece):
         """Bytes of one contiguous run of a piece's upload (its column segment on the host)."""
@@ -189,8 +200,8 @@ class BandLayout:
             self.steps = self._steps()
             self.blocks = [band_outer.blocks(p, g0, g1, count, ALIGN, ramp=band_outer.RAMP if start == 0 else ())
                            for g0, g1 in self.bands]
-            clock = [sum(plan.with_k(t, p, k0, k1).flops for t in self.band_tasks[g] for k0, k1 in self.steps)
-                     / max(speeds[g], 1.0) for g in range(self.slots)]
+            clock = [sum(t.flops for t in self.band_tasks[g]) * start / p.k / max(speeds[g], 1.0)
+                     for g in range(self.slots)]                    # the steps' compute (flops linear in k)
             final, self.block_pieces = band_outer.pieces(self, shared, speeds, Piece, start, p.k, uploaded, clock)
             self.pieces = self.pieces + final
             t = band_outer.simulate(self, speeds, upload_rate, writeback_rate)
@@ -346,11 +357,11 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
                 _cache.move_to_end(key)
                 return lay
     best = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds)
+    best.modelled = band_outer.simulate(best, speeds, upload_rate, writeback_rate)
     if problem.triangular and problem.beta == 0:
         outer = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds,
                            order="outer")
-        model = [band_outer.simulate(x, speeds, upload_rate, writeback_rate) for x in (best, outer)]
-        if model[1] < OUTER_GAIN * model[0]:
+        if outer.modelled < OUTER_GAIN * best.modelled:
             best = outer
     best.problem = None
     with _cache_lock:

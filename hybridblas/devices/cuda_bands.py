@@ -100,24 +100,19 @@ def _hides_uploads(problem, devices, ctx, layout, shared, speeds):
     link, d2h = _rate(ctx, devices, "h2d_pinned"), _rate(ctx, devices, "d2h_pinned")
     if len(devices) == 1 and not model_within(problem, layout, speeds, link, d2h):
         return False
-    return uploads_hide(problem, len(devices), shared or len(devices) == 1, speeds, link * upload_share(layout), d2h)
+    return uploads_hide(problem, len(devices), shared or len(devices) == 1, speeds, link * layout.upload_share(),
+                        d2h)
 
 
 def model_within(problem, layout, speeds, h2d, d2h):
     """On one GPU the tiles overlap their uploads with compute as well as bands do when the uploads take about
-    as long: bands only where their modelled time (band_outer.simulate) is within ONE_GPU_MODEL of the compute.
+    as long: bands only where their modelled time (band_outer.simulate; the layout's own where layout_for made
+    it, at rates within its RATE_SLACK) is within ONE_GPU_MODEL of the compute.
     zgemmt at n = 8192 on one H100 (uploads 39 ms, compute 40): bands modelled at 1.34 x the compute, tiles
     measured 56.5-59 ms, bands in the k order 82; at 16384 bands 1.08 x, measured 372-382 ms against tiles
     389-404."""
-    return simulate(layout, speeds, h2d, d2h) <= ONE_GPU_MODEL * problem.flops() / sum(speeds)
-
-
-def upload_share(layout):
-    """The share of a link's rate the layout's uploads reach by their DMA segments: their bytes over the sum of
-    each piece's bytes divided by its band_outer.dma_share."""
-    total = sum(x.nbytes for x in layout.pieces)
-    slow = sum(x.nbytes / dma_share(layout.segment(x)) for x in layout.pieces)
-    return total / slow if slow else 1.0
+    modelled = layout.modelled if layout.modelled is not None else simulate(layout, speeds, h2d, d2h)
+    return modelled <= ONE_GPU_MODEL * problem.flops() / sum(speeds)
 
 
 def uploads_hide(problem, n_gpu, shared, speeds, h2d, d2h):
