@@ -76,7 +76,7 @@ run_stage() {
   blas-2gpu)    $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 --repeats 3 --xt-block 8192 --out $O/blas-24576 ;;
   blas-sizes)   $BLAS gpu --sizes 2048 4096 8192 16384 --modes host --gpu-counts 1 2 --skip xt dynamic \
                     --repeats 3 --compare-tiles --out $O/blas-host &&
-                $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 --skip xt dynamic --repeats 3 \
+                $BLAS gpu --sizes 24576 32768 --modes host --gpu-counts 1 2 --skip xt dynamic --repeats 3 \
                     --out $O/blas-host-24576 ;;
   emulation)    $BLAS emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --cublas-emulation \
                     --out $O/emulation ;;
