@@ -183,7 +183,7 @@ def simulate(layout, speeds, h2d, d2h, peer=PEER_RATE):
     link = [0.0] * layout.slots
     landed = {}
     for x in layout.pieces:
-        link[x.owner] += x.nbytes / (h2d * dma_share(layout.segment(x)))
+        link[x.owner] += layout.link_bytes(x) / h2d
         landed[x.index] = link[x.owner]
     end = 0.0
     for g in range(layout.slots):

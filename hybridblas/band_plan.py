@@ -111,12 +111,16 @@ class BandLayout:
 
     def upload_share(self):
         """The share of a link's rate this layout's uploads reach by their DMA segments: their bytes over the sum
-        of each piece's bytes divided by its band_outer.dma_share."""
+        of their link_bytes."""
         if self._upload_share is None:
             total = sum(x.nbytes for x in self.pieces)
-            slow = sum(x.nbytes / band_outer.dma_share(self.segment(x)) for x in self.pieces)
+            slow = sum(self.link_bytes(x) for x in self.pieces)
             self._upload_share = total / slow if slow else 1.0
         return self._upload_share
+
+    def link_bytes(self, piece):
+        """Bytes a piece's upload costs at the link's full rate: its bytes over the share its segments reach."""
+        return piece.nbytes / band_outer.dma_share(self.segment(piece))
 
     def segment(self, piece):
         """Bytes of one contiguous run of a piece's upload (its column segment on the host)."""

@@ -40,7 +40,7 @@ import warnings
 import numpy as np
 
 from .. import cublas, cuda_transfer, downloads, host_pinning, plan, policy, workers
-from ..band_outer import dma_share, simulate
+from ..band_outer import simulate
 from ..band_plan import device_bytes, layout_for, padded_rows, region, upload_bytes
 from ..faults import DeviceFailure, DeviceFailureWarning
 from ..kernels import compute_block
@@ -578,7 +578,7 @@ class _Call:
             if gpu.upload_events is not None and all(self.direct):
                 t = max(elapsed(*gpu.upload_events) / 1e3, 1e-12)
                 st["upload_gbps"] = gpu.stats["bytes_from_host"] / t / 1e9
-                link = sum(x.nbytes / dma_share(lay.segment(x)) for x in lay.uploads(gpu.slot)) / t
+                link = sum(lay.link_bytes(x) for x in lay.uploads(gpu.slot)) / t
                 _calibrate(gpu.device, "h2d_pinned", None, link)
             if gpu.copy_events:
                 t = max(sum(elapsed(a, b) for a, b in gpu.copy_events) / 1e3, 1e-12)
