@@ -25,6 +25,7 @@
 
 Everything here is arithmetic on the problem's shape: it runs, and is tested, without a GPU.
 """
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -78,11 +79,13 @@ class BandLayout:
         self.item = problem.dtype.itemsize
         tri = problem.triangular
         size = problem.n
-        self.edges = aligned_edges(size, list(rates), tri)
+        self.edges = aligned_edges(size, list(rates), tri, diag_speed(problem))
         self.bands = list(zip(self.edges, self.edges[1:]))
         self.boxes = [self._box(g0, g1) for g0, g1 in self.bands]
         self.band_tasks = [plan.band(problem, g0, g1) for g0, g1 in self.bands]
         self._unique_factors()
+        # two distinct factors, each entry reading one row of each (gemmt): the outer order grows from the corner
+        self.corner = problem.kind == "gemmt" and len(set(self.factor_of)) == 2
         self.needs = [self._needs(tasks) for tasks in self.band_tasks]
         self.units = self._units(UNIT_BYTES if unit_bytes is None else unit_bytes)
         if order == "outer":
@@ -202,8 +205,8 @@ class BandLayout:
             uploaded = [0] * self.slots
             self.pieces = self._pieces(shared, [u for u in self.units if u[1] <= start], uploaded)
             self.steps = self._steps()
-            self.blocks = [band_outer.blocks(p, g0, g1, count, ALIGN, ramp=band_outer.RAMP if start == 0 else ())
-                           for g0, g1 in self.bands]
+            self.blocks = [band_outer.blocks(p, g0, g1, count, ALIGN, ramp=band_outer.RAMP if start == 0 else (),
+                                             corner=self.corner) for g0, g1 in self.bands]
             clock = [sum(t.flops for t in self.band_tasks[g]) * start / p.k / max(speeds[g], 1.0)
                      for g in range(self.slots)]                    # the steps' compute (flops linear in k)
             final, self.block_pieces = band_outer.pieces(self, shared, speeds, Piece, start, p.k, uploaded, clock)
@@ -432,7 +435,7 @@ def device_bytes(problem, rates, edges=None):
     bases = {_factor_key(problem, f): padded_rows(fac.base.shape[0]) * fac.base.shape[1]
              for f, fac in enumerate(problem.factors)}
     factors = sum(bases.values()) * item
-    edges = aligned_edges(problem.n, list(rates), problem.triangular) if edges is None else edges
+    edges = aligned_edges(problem.n, list(rates), problem.triangular, diag_speed(problem)) if edges is None else edges
     out = []
     for g0, g1 in zip(edges, edges[1:]):
         r0, r1, c0, c1 = box(problem, g0, g1)
@@ -440,12 +443,52 @@ def device_bytes(problem, rates, edges=None):
     return out, factors
 
 
-def aligned_edges(n, rates, triangular):
-    """plan.band_edges with the inner edges moved to the nearest multiple of ALIGN (operand views and C's box
-    then start on 1 KiB for complex128: cuBLAS ran a band on an odd offset 15-25 % slower)."""
-    edges = plan.band_edges(n, rates, triangular)
+DIAG_SPEED = {"herk": 0.95, "syrk": 0.95, "her2k": 0.9, "syr2k": 0.9}
+# a band's diagonal triangle (one herk/her2k call on the GPU) runs at this share of the rate of its rectangle
+# (gemm calls). 2 x H100, complex128, n = k = 16384: zherk's triangles 49.5-49.6 TF/s against 52.4 for the
+# rectangle, zher2k's 44.3-46.6 against 50.5 (bands of equal flops then ended 8 and 41 ms apart); zgemmt's
+# 47-51 against 52: none.
+
+
+def diag_speed(problem):
+    """DIAG_SPEED of the problem's routine (1 for gemm and gemmt)."""
+    return DIAG_SPEED.get(problem.kind, 1.0) if problem.triangular else 1.0
+
+
+def aligned_edges(n, rates, triangular, diag=1.0):
+    """Band edges whose time, a band's rectangle's flops plus its triangle's over ``diag`` (diag_speed), follows
+    ``rates`` (plan.band_edges where diag is 1), the inner edges moved to the nearest multiple of ALIGN (operand
+    views and C's box then start on 1 KiB for complex128: cuBLAS ran a band on an odd offset 15-25 % slower)."""
+    edges = plan.band_edges(n, rates, triangular) if diag == 1.0 or not triangular else _timed_edges(n, rates, diag)
     inner = [min(n, max(0, int(round(e / ALIGN)) * ALIGN)) for e in edges[1:-1]]
     out = [0]
     for e in inner:
         out.append(max(out[-1], e))
     return out + [n]
+
+
+def _timed_edges(n, rates, diag):
+    """Edges of a triangle's bands (rows [g0, g1): a g0 x (g1 - g0) rectangle and a triangle of side g1 - g0, in
+    units of flops per entry) whose work, the triangle's counted 1/diag, over the band's rate is one time T for
+    every band; T by bisection."""
+    def walk(t):
+        edges = [0.0]
+        for r in rates[:-1]:
+            g0, work = edges[-1], t * r
+            w = diag * (math.sqrt(g0 * g0 + 2.0 * work / diag) - g0)     # g0 w + w^2 / (2 diag) = work
+            edges.append(min(float(n), g0 + w))
+        return edges
+    total = sum(rates)
+    lo, hi = 0.0, n * n / (2.0 * diag) / max(min(rates), total * 1e-12)
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        e = walk(mid)
+        last = n - e[-1]
+        if e[-1] >= n or e[-1] * last + last * last / (2.0 * diag) < mid * rates[-1]:
+            hi = mid
+        else:
+            lo = mid
+    out = [0] + [min(n, int(round(x))) for x in walk(hi)[1:]] + [n]
+    for i in range(1, len(out)):
+        out[i] = max(out[i], out[i - 1])
+    return out

@@ -30,8 +30,9 @@ def small_units(request, monkeypatch):
     """Units of a few hundred kB, so that a small call has many pieces, several steps and blocks; each test
     in the k order, in the outer order from k = 0, and in the outer order after steps along k (a triangle
     with beta = 0: others go by the k order)."""
-    from hybridblas import band_plan
+    from hybridblas import band_outer, band_plan
     monkeypatch.setattr(band_plan, "UNIT_BYTES", 256 << 10)
+    monkeypatch.setattr(band_outer, "CORNER_FIRST", 64)         # gemmt's corner order in many strips
     monkeypatch.setattr(band_plan, "STEP_K", 128)
     monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)     # small operands page-locked too (pin_host=True)
     monkeypatch.setattr(cuda_bands, "UPLOAD_SHARE", float("inf"))   # bands also where uploads dominate

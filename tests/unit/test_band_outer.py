@@ -129,6 +129,52 @@ def test_every_product_reads_only_what_has_landed(kind, trans, how, gpus, lower,
                             assert have[lay.factor_of[f]][rows].all(), (g, k0, k1, t, f)
 
 
+@pytest.mark.parametrize("g0,g1", [(0, 1), (0, 65), (0, 5824), (64, 130), (5824, 8192), (3000, 3001), (448, 7011)])
+def test_corner_strips_cover_the_band_once_growing_from_its_corner(g0, g1):
+    strips = O.corner_strips(g0, g1, B.ALIGN)
+    seen = np.zeros((g1, g1), int)
+    top, v = g1, 0
+    for blk in strips:
+        assert blk
+        rows = {(r0, r1) for r0, r1, *_ in blk}
+        cols = {(c0, c1) for _, _, c0, c1, _ in blk}
+        for r0, r1, c0, c1, diag in blk:
+            assert g0 <= r0 < r1 <= g1 and 0 <= c0 < c1 <= g1
+            if diag:
+                assert (r0, r1) == (c0, c1)
+                seen[r0:r1, c0:c1] += np.tril(np.ones((r1 - r0, r1 - r0), int))
+            else:
+                assert c1 <= r0                              # below the diagonal
+                seen[r0:r1, c0:c1] += 1
+        lo, hi = min(r for r, _ in rows), max(r for _, r in rows)
+        a, b = min(c for c, _ in cols), max(c for _, c in cols)
+        assert hi == g1 or hi <= top                 # the left factor's rows read so far: [top, g1)
+        assert a == 0 or a >= v                      # the right factor's: [0, v)
+        assert lo < top or b > v                     # each block reads rows or columns not read before
+        top, v = min(top, lo), max(v, b)
+        inner = {x for r0, r1, c0, c1, _ in blk for x in (r0, r1, c0, c1)} - {0, g0, g1}
+        assert all(x % B.ALIGN == 0 for x in inner)
+    assert np.array_equal(seen[g0:g1], np.tril(np.ones((g1, g1), int))[g0:g1])
+    first = strips[0]
+    assert max(r1 - r0 for r0, r1, *_ in first) <= O.CORNER_FIRST + B.ALIGN
+
+
+def test_corner_order_for_two_distinct_factors_and_faster_in_the_model(monkeypatch):
+    speeds, wb, up = [5.2e13, 5.2e13], 45e9, 54e9
+    gemmt = build("gemmt", "CN", 8192, 8192, Z, True, "F")
+    corner = B.BandLayout(gemmt, speeds, wb, up, order="outer")
+    assert corner.corner and len(corner.blocks[0]) > B.OUTER_BLOCKS
+    a = mat((8192, 8192), Z)
+    assert not B.BandLayout(P.build_problem("gemmt", 1.0, [a, a], 0.0, None, [P.C, P.N], True, None),
+                            speeds, wb, up, order="outer").corner       # one array: square first as herk
+    for kind, trans in (("herk", "N"), ("her2k", "N")):
+        assert not B.BandLayout(build(kind, trans, 1024, 1024, Z, True, "F"), speeds, wb, up, order="outer").corner
+    orig = O.blocks                                  # the same call in column blocks
+    monkeypatch.setattr(O, "blocks", lambda *args, **kw: orig(*args, **dict(kw, corner=False)))
+    columns = B.BandLayout(gemmt, speeds, wb, up, order="outer")
+    assert corner.modelled < 0.85 * columns.modelled
+
+
 def test_layout_for_picks_the_order_of_least_modelled_time():
     speeds, wb, up = [5.2e13, 5.2e13], 45e9, 50e9
     gemmt = build("gemmt", "CN", 8192, 8192, Z, True, "F")
