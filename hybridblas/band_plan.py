@@ -5,7 +5,8 @@
 
 - Bands: GPU g computes rows [g0, g1) of a lower triangle with every column left of g1 (an upper triangle:
   columns [g0, g1) with every row above g1; gemm's C: columns [g0, g1), every row), the flops of the bands
-  following the GPUs' rates, the edges on multiples of ALIGN. It holds the band's bounding box of C.
+  following the GPUs' speeds (the flop/s earlier calls measured on each GPU for the routine, else its rate),
+  the edges on multiples of ALIGN. It holds the band's bounding box of C.
 - Every GPU holds the whole factors. Along k they are cut into units, the first a quarter of the others so
   that compute starts early. A unit of a factor is a piece (a factor stored k-major: its whole unit, one
   contiguous copy; k-minor: cut along the outer index where the bands' needs start or end). A piece crosses
@@ -25,7 +26,6 @@
 
 Everything here is arithmetic on the problem's shape: it runs, and is tested, without a GPU.
 """
-import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -40,7 +40,7 @@ UNIT_BYTES = 64 << 20     # bytes of one unit of all the factors together (the f
 STEP_K = 4096             # longest k step of the band-wide products
 BLOCKS = 8                # block columns of a band in the final range (the last one's copy is the tail)
 OUTER_BLOCKS = 12         # blocks of a band in the outer order (band_outer)
-OUTER_STARTS = 16         # final range starts the outer order's model tries
+OUTER_STARTS = 8          # final range starts the outer order's model tries (16 chose the same at 4096-16384)
 COPY_MARGIN = 1.25        # the final range is chosen as if the write-back took this many times its estimate
 WHOLE_UNITS = True        # a unit of a factor stored k-major (k along its columns) goes whole: one copy
 MIN_SEGMENT = 32 << 10    # bytes along k of a unit of a factor stored k-minor (its first unit: half of it):
@@ -79,7 +79,7 @@ class BandLayout:
         self.item = problem.dtype.itemsize
         tri = problem.triangular
         size = problem.n
-        self.edges = aligned_edges(size, list(rates), tri, diag_speed(problem))
+        self.edges = aligned_edges(size, list(speeds or rates), tri)
         self.bands = list(zip(self.edges, self.edges[1:]))
         self.boxes = [self._box(g0, g1) for g0, g1 in self.bands]
         self.band_tasks = [plan.band(problem, g0, g1) for g0, g1 in self.bands]
@@ -435,7 +435,7 @@ def device_bytes(problem, rates, edges=None):
     bases = {_factor_key(problem, f): padded_rows(fac.base.shape[0]) * fac.base.shape[1]
              for f, fac in enumerate(problem.factors)}
     factors = sum(bases.values()) * item
-    edges = aligned_edges(problem.n, list(rates), problem.triangular, diag_speed(problem)) if edges is None else edges
+    edges = aligned_edges(problem.n, list(rates), problem.triangular) if edges is None else edges
     out = []
     for g0, g1 in zip(edges, edges[1:]):
         r0, r1, c0, c1 = box(problem, g0, g1)
@@ -443,52 +443,12 @@ def device_bytes(problem, rates, edges=None):
     return out, factors
 
 
-DIAG_SPEED = {"herk": 0.95, "syrk": 0.95, "her2k": 0.9, "syr2k": 0.9}
-# a band's diagonal triangle (one herk/her2k call on the GPU) runs at this share of the rate of its rectangle
-# (gemm calls). 2 x H100, complex128, n = k = 16384: zherk's triangles 49.5-49.6 TF/s against 52.4 for the
-# rectangle, zher2k's 44.3-46.6 against 50.5 (bands of equal flops then ended 8 and 41 ms apart); zgemmt's
-# 47-51 against 52: none.
-
-
-def diag_speed(problem):
-    """DIAG_SPEED of the problem's routine (1 for gemm and gemmt)."""
-    return DIAG_SPEED.get(problem.kind, 1.0) if problem.triangular else 1.0
-
-
-def aligned_edges(n, rates, triangular, diag=1.0):
-    """Band edges whose time, a band's rectangle's flops plus its triangle's over ``diag`` (diag_speed), follows
-    ``rates`` (plan.band_edges where diag is 1), the inner edges moved to the nearest multiple of ALIGN (operand
-    views and C's box then start on 1 KiB for complex128: cuBLAS ran a band on an odd offset 15-25 % slower)."""
-    edges = plan.band_edges(n, rates, triangular) if diag == 1.0 or not triangular else _timed_edges(n, rates, diag)
+def aligned_edges(n, rates, triangular):
+    """plan.band_edges with the inner edges moved to the nearest multiple of ALIGN (operand views and C's box
+    then start on 1 KiB for complex128: cuBLAS ran a band on an odd offset 15-25 % slower)."""
+    edges = plan.band_edges(n, rates, triangular)
     inner = [min(n, max(0, int(round(e / ALIGN)) * ALIGN)) for e in edges[1:-1]]
     out = [0]
     for e in inner:
         out.append(max(out[-1], e))
     return out + [n]
-
-
-def _timed_edges(n, rates, diag):
-    """Edges of a triangle's bands (rows [g0, g1): a g0 x (g1 - g0) rectangle and a triangle of side g1 - g0, in
-    units of flops per entry) whose work, the triangle's counted 1/diag, over the band's rate is one time T for
-    every band; T by bisection."""
-    def walk(t):
-        edges = [0.0]
-        for r in rates[:-1]:
-            g0, work = edges[-1], t * r
-            w = diag * (math.sqrt(g0 * g0 + 2.0 * work / diag) - g0)     # g0 w + w^2 / (2 diag) = work
-            edges.append(min(float(n), g0 + w))
-        return edges
-    total = sum(rates)
-    lo, hi = 0.0, n * n / (2.0 * diag) / max(min(rates), total * 1e-12)
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        e = walk(mid)
-        last = n - e[-1]
-        if e[-1] >= n or e[-1] * last + last * last / (2.0 * diag) < mid * rates[-1]:
-            hi = mid
-        else:
-            lo = mid
-    out = [0] + [min(n, int(round(x))) for x in walk(hi)[1:]] + [n]
-    for i in range(1, len(out)):
-        out[i] = max(out[i], out[i - 1])
-    return out

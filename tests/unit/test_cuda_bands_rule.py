@@ -61,6 +61,15 @@ def test_uploads_without_peer_access_or_with_old_values_count():
     assert not cuda_bands.uploads_hide(old, 1, True, [40e12], 25e9, 25e9)
 
 
+def test_a_gpus_first_call_of_a_routine_is_not_its_rate(fresh):
+    """The first band call of a routine on a GPU loads its kernels: its reading is left out, later ones count;
+    each routine and GPU on its own."""
+    a, b = SimpleNamespace(name="cuda:0"), SimpleNamespace(name="cuda:1")
+    assert [cuda_bands._warm(a, "herk"), cuda_bands._warm(a, "herk"), cuda_bands._warm(a, "gemmt"),
+            cuda_bands._warm(b, "herk"), cuda_bands._warm(a, "gemmt")] == [False, True, False, False, True]
+    assert cuda_bands.calibrated(a, "herk") is None
+
+
 def test_calibrated_rates_decide_once_measured(fresh):
     """One GPU, zgemmt at 8192 goes by tiles at the default rates, and still with a GPU measured ten times
     faster; with transfers also measured ten times faster and the GPU back at 40 TF/s, by bands. A faster
