@@ -40,6 +40,8 @@ UNIT_BYTES = 64 << 20     # bytes of one unit of all the factors together (the f
 STEP_K = 4096             # longest k step of the band-wide products
 BLOCKS = 8                # block columns of a band in the final range (the last one's copy is the tail)
 OUTER_BLOCKS = 12         # blocks of a band in the outer order (band_outer)
+CORNER_DIAG = 0.7         # the corner order's diagonal blocks (small triangles) run at this share of its strips'
+                          # rate: 2 x H100, zgemmt n = 8192, 35-37 TF/s against 48-52; 2 x H200 31-38 against 50-51
 OUTER_STARTS = 8          # final range starts the outer order's model tries (16 chose the same at 4096-16384)
 COPY_MARGIN = 1.25        # the final range is chosen as if the write-back took this many times its estimate
 WHOLE_UNITS = True        # a unit of a factor stored k-major (k along its columns) goes whole: one copy
@@ -79,13 +81,12 @@ class BandLayout:
         self.item = problem.dtype.itemsize
         tri = problem.triangular
         size = problem.n
-        self.edges = aligned_edges(size, list(speeds or rates), tri)
-        self.bands = list(zip(self.edges, self.edges[1:]))
-        self.boxes = [self._box(g0, g1) for g0, g1 in self.bands]
-        self.band_tasks = [plan.band(problem, g0, g1) for g0, g1 in self.bands]
         self._unique_factors()
         # two distinct factors, each entry reading one row of each (gemmt): the outer order grows from the corner
         self.corner = problem.kind == "gemmt" and len(set(self.factor_of)) == 2
+        self._set_bands(aligned_edges(size, list(speeds or rates), tri))
+        if order == "outer" and self.corner and self.slots > 1:
+            self._set_bands(aligned_edges(size, self._corner_speeds(speeds or rates), tri))
         self.needs = [self._needs(tasks) for tasks in self.band_tasks]
         self.units = self._units(UNIT_BYTES if unit_bytes is None else unit_bytes)
         if order == "outer":
@@ -142,6 +143,23 @@ class BandLayout:
         return _area(task) * self.item / self.write_share(task)
 
     # ---------------------------------------------------------------- bands
+    def _set_bands(self, edges):
+        self.edges = edges
+        self.bands = list(zip(edges, edges[1:]))
+        self.boxes = [self._box(g0, g1) for g0, g1 in self.bands]
+        self.band_tasks = [plan.band(self.problem, g0, g1) for g0, g1 in self.bands]
+
+    def _corner_speeds(self, speeds):
+        """The GPUs' speeds less what the corner order's diagonal blocks cost on each band: those run at
+        CORNER_DIAG of the rest's rate, and the band that is all triangle has the most of them."""
+        out = []
+        for g, (g0, g1) in enumerate(self.bands):
+            tasks = [t for blk in band_outer.blocks(self.problem, g0, g1, 1, ALIGN, corner=True) for t in blk]
+            flops = sum(t.flops for t in tasks)
+            diag = sum(t.flops for t in tasks if t.diag)
+            out.append(speeds[g] * flops / (flops - diag + diag / CORNER_DIAG) if flops else speeds[g])
+        return out
+
     def _box(self, g0, g1):
         return box(self.problem, g0, g1)
 

@@ -164,6 +164,7 @@ def test_corner_order_for_two_distinct_factors_and_faster_in_the_model(monkeypat
     gemmt = build("gemmt", "CN", 8192, 8192, Z, True, "F")
     corner = B.BandLayout(gemmt, speeds, wb, up, order="outer")
     assert corner.corner and len(corner.blocks[0]) > B.OUTER_BLOCKS
+    assert corner.edges[1] < B.aligned_edges(8192, speeds, True)[1]     # the all-triangle band: more diagonal
     a = mat((8192, 8192), Z)
     assert not B.BandLayout(P.build_problem("gemmt", 1.0, [a, a], 0.0, None, [P.C, P.N], True, None),
                             speeds, wb, up, order="outer").corner       # one array: square first as herk

@@ -70,6 +70,17 @@ def test_a_gpus_first_call_of_a_routine_is_not_its_rate(fresh):
     assert cuda_bands.calibrated(a, "herk") is None
 
 
+def test_measured_speeds_only_where_every_gpu_has_one(fresh):
+    a, b = SimpleNamespace(name="cuda:0"), SimpleNamespace(name="cuda:1")
+    prob = _problem("gemmt", 1024)
+    cuda_bands._calibrate(a, "flops", "gemmt", 51e12)
+    assert cuda_bands._speeds(prob, [a, b], [40e12, 40e12], fresh) == [40e12, 40e12]
+    cuda_bands._calibrate(b, "flops", "gemmt", 49e12)
+    assert cuda_bands._speeds(prob, [a, b], [40e12, 40e12], fresh) == [51e12, 49e12]
+    explicit = hb.Context("cpu", profile=False, rates={"cuda:1": 7e12})
+    assert cuda_bands._speeds(prob, [a, b], [40e12, 7e12], explicit) == [51e12, 7e12]
+
+
 def test_calibrated_rates_decide_once_measured(fresh):
     """One GPU, zgemmt at 8192 goes by tiles at the default rates, and still with a GPU measured ten times
     faster; with transfers also measured ten times faster and the GPU back at 40 TF/s, by bands. A faster
