@@ -74,7 +74,7 @@ run_stage() {
                 python3 -m benchmarks.ab --trees $O/before . --rounds 2 --json $O/ab-architecture.json ;;
   blas-cpu)     $BLAS cpu --repeat 7 --json $O/bench_cpu.json ;;
   blas-2gpu)    $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 --repeats 3 --xt-block 8192 --out $O/blas-24576 ;;
-  blas-sizes)   $BLAS gpu --sizes 2048 4096 8192 16384 --modes host --gpu-counts 1 2 --skip xt dynamic \
+  blas-sizes)   $BLAS gpu --sizes 4096 8192 16384 --modes host --gpu-counts 1 2 --skip xt dynamic \
                     --repeats 3 --compare-tiles --out $O/blas-host &&
                 $BLAS gpu --sizes 24576 32768 --modes host --gpu-counts 1 2 --skip xt dynamic --repeats 3 \
                     --out $O/blas-host-24576 ;;

@@ -108,9 +108,9 @@ def model_within(problem, layout, speeds, h2d, d2h):
     """On one GPU the tiles overlap their uploads with compute as well as bands do when the uploads take about
     as long: bands only where their modelled time (band_outer.simulate; the layout's own where layout_for made
     it, at rates within its RATE_SLACK) is within ONE_GPU_MODEL of the compute.
-    zgemmt at n = 8192 on one H100 (uploads 39 ms, compute 40): bands modelled at 1.34 x the compute, tiles
-    measured 56.5-59 ms, bands in the k order 82; at 16384 bands 1.08 x, measured 372-382 ms against tiles
-    389-404."""
+    zgemmt on one H100: at n = 8192 (uploads 39 ms, compute 40) the corner order is modelled at 1.17 x the compute
+    and measured 52-57 ms against the tiles' 58-59 (the column blocks: 1.34 x, the k order 82 ms); at 16384 1.04 x,
+    365-370 ms against 398-401; at 4096 1.96 x: the tiles."""
     modelled = layout.modelled if layout.modelled is not None else simulate(layout, speeds, h2d, d2h)
     return modelled <= ONE_GPU_MODEL * problem.flops() / sum(speeds)
 
