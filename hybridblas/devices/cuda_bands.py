@@ -716,15 +716,19 @@ def _peer_access(cp, ids):
 
 def _rate(ctx, devices, key):
     """bytes/s of the GPUs' copies between them and page-locked host memory (``key``: 'h2d_pinned' or
-    'd2h_pinned'): the slowest of the profile's, else of what earlier calls measured, else policy.TRANSFER_RATE."""
+    'd2h_pinned'): the slowest of the profile's, else of what earlier calls measured, else PINNED_RATE."""
     prof = ctx.profile
     rates = []
     for d in devices:
         measured = prof.transfer(d.name) if prof is not None else None
-        rates.append((measured or {}).get(key) or calibrated(d, key) or policy.TRANSFER_RATE)
+        rates.append((measured or {}).get(key) or calibrated(d, key) or PINNED_RATE)
     return min(rates)
 
 
+PINNED_RATE = 50e9         # bytes/s a page-locked copy each way is taken to reach before a call measured it (PCIe
+                           # 5.0 x16, H100 and H200: 54-55 up, 43-56 down). At policy.TRANSFER_RATE (25e9, which
+                           # counts staging) the first measured calls moved it past RATE_SLACK: each rebuilt the
+                           # layout (9-21 ms on 2 x H100 at n = 8192)
 _calibration = {}          # device name -> {"h2d_pinned": bytes/s, "d2h_pinned": bytes/s, ("flops", kind): flop/s,
                            # "warm": the kinds that ran here before}
 _calibration_lock = threading.Lock()

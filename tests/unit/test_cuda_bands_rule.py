@@ -30,7 +30,7 @@ def fresh(monkeypatch):
     ("herk", 8192, 1, True), ("her2k", 8192, 1, True), ("herk", 8192, 2, True), ("her2k", 8192, 2, True),
     ("gemmt", 16384, 2, True), ("herk", 16384, 2, True), ("gemmt", 8192, 2, True), ("gemmt", 4096, 2, False)])
 def test_bands_where_uploads_hide_under_compute(kind, n, gpus, bands):
-    """Default rates (no profile, nothing calibrated): 25 GB/s each way, 40 TF/s."""
+    """25 GB/s each way (policy.TRANSFER_RATE), 40 TF/s (the default GPU rate)."""
     rule = cuda_bands.uploads_hide(_problem(kind, n), gpus, True, [40e12] * gpus, 25e9, 25e9)
     assert rule is bands
 
@@ -82,11 +82,13 @@ def test_measured_speeds_only_where_every_gpu_has_one(fresh):
 
 
 def test_calibrated_rates_decide_once_measured(fresh):
-    """One GPU, zgemmt at 8192 goes by tiles at the default rates, and still with a GPU measured ten times
-    faster; with transfers also measured ten times faster and the GPU back at 40 TF/s, by bands. A faster
-    reading counts at once, a slower one a tenth at a time; explicit Context rates win over measured ones."""
+    """One GPU, zgemmt at 4096 goes by tiles at the default rates (PINNED_RATE each way, 40 TF/s), and still with
+    a GPU measured ten times faster; with transfers measured five times faster and the GPU back at 40 TF/s, by
+    bands. A faster reading counts at once, a slower one a tenth at a time; explicit Context rates win over
+    measured ones."""
     dev = SimpleNamespace(name="cuda:0")
-    prob = _problem("gemmt", 8192)
+    prob = _problem("gemmt", 4096)
+    assert cuda_bands._rate(fresh, [dev], "h2d_pinned") == cuda_bands.PINNED_RATE
 
     def bands():
         speeds = cuda_bands._speeds(prob, [dev], [40e12], fresh)
