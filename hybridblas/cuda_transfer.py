@@ -158,28 +158,38 @@ class PinnedRing:
         self.busy[i] = event
 
 
+RING_PATIENCE = 2.0        # s a call waits for a GPU's staging ring before it gets one of its own (RingPool)
+
+
 class RingPool:
     """The staging rings of one GPU, lent to one call at a time.
 
     Concurrent calls on one GPU each need their own ring: two users of one ring would copy into the same
     page-locked slot while the other's DMA still reads it. A call takes a ring when it starts on the GPU
-    and gives it back when it ends; at most ``limit`` rings exist (each holds ``slots`` x ``slot_bytes``
-    of page-locked host memory), and a call that finds them all lent waits for one.
+    and gives it back when it ends; ``limit`` rings are kept (each holds ``slots`` x ``slot_bytes`` of
+    page-locked host memory), and a call that finds them all lent waits for one, but no longer than
+    ``patience`` seconds: then it gets a ring of its own, freed when given back. A tiled call holds one
+    GPU's rings while its work queued on another GPU waits for that GPU's ring, so two such calls, each
+    holding the ring the other waits for, would otherwise wait for ever.
     """
 
-    def __init__(self, slot_bytes, slots, limit):
+    def __init__(self, slot_bytes, slots, limit, patience=RING_PATIENCE):
         self.slot_bytes, self.slots, self.limit = int(slot_bytes), int(slots), int(limit)
+        self.patience = patience
         self._idle = []
         self._made = 0
         self._cond = threading.Condition()
 
     def take(self, timeout=None):
-        """A ring: an idle one, a new one while fewer than ``limit`` exist, else the next one given back
-        (waiting at most ``timeout`` seconds when given: None after that)."""
+        """A ring: an idle one, a new one while fewer than ``limit`` exist, else the next one given back;
+        with ``timeout``, None once that many seconds have passed, without it a ring beyond ``limit`` once
+        ``patience`` has."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._idle or self._made < self.limit, timeout):
-                return None
-            if self._idle:
+            if not self._cond.wait_for(lambda: self._idle or self._made < self.limit,
+                                       self.patience if timeout is None else timeout):
+                if timeout is not None:
+                    return None
+            elif self._idle:
                 return self._idle.pop()
             self._made += 1
         try:
@@ -195,6 +205,10 @@ class RingPool:
         if ring is None:
             return
         with self._cond:
+            if self._made > self.limit:          # a ring made past the limit: freed
+                self._made -= 1
+                self._cond.notify()
+                return
             self._idle.append(ring)
             self._cond.notify()
 

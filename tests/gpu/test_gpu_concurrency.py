@@ -103,7 +103,7 @@ def test_issue_case_herk_3000_by_6000_eight_threads(rng):
 
 
 def test_staging_rings_are_lent_not_shared(rng):
-    """Concurrent runs on one GPU each hold their own ring; the pool never makes more than its limit."""
+    """Concurrent runs on one GPU each hold their own ring; the pool keeps no more than its limit."""
     from hybridblas.devices import cuda
     ctx = hb.Context(["cuda:0"], strategy="static", pin_host=False, min_call_seconds=0)
     inputs = _inputs(rng, 2, 800, 900)

@@ -156,6 +156,40 @@ def test_ring_pool_clear_drops_idle_rings_and_keeps_lent_ones(monkeypatch):
     assert pool.take() is not lent and pool.made == 2
 
 
+def test_calls_holding_each_others_ring_get_rings_of_their_own_after_the_patience(monkeypatch):
+    """Two GPUs with one ring each: a call holding GPU 0's ring waits for GPU 1's while another holds GPU 1's
+    and waits for GPU 0's (tiled calls whose work is queued on both GPUs). After the pools' patience each gets
+    a ring past the limit, both finish, and those rings are freed when given back; a take with a timeout still
+    gives up instead."""
+    made = []
+
+    class FakeRing:
+        def __init__(self, slot_bytes, slots):
+            made.append(self)
+    monkeypatch.setattr(cuda_transfer, "PinnedRing", FakeRing)
+    pools = [cuda_transfer.RingPool(1 << 10, 2, 1, patience=0.05) for _ in range(2)]
+    held = [pools[0].take(), pools[1].take()]
+    assert pools[0].take(timeout=0.01) is None                  # explicit timeout: no ring past the limit
+    both_waiting = threading.Barrier(2)
+    done = []
+
+    def call(mine):
+        both_waiting.wait()
+        other = pools[1 - mine].take()                           # the ring the other call holds
+        done.append(mine)
+        pools[1 - mine].give(other)
+        pools[mine].give(held[mine])
+    threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=5)
+    assert not any(t.is_alive() for t in threads) and sorted(done) == [0, 1]
+    assert len(made) > 2                                        # a ring past the limit broke the wait
+    assert [p.made for p in pools] == [1, 1]                    # the extra rings are gone, the kept ones idle
+    assert [p.take(timeout=0) for p in pools] == held
+
+
 def test_a_group_bounds_its_concurrency_and_keeps_the_order():
     group = workers.Group(3, name="test")
 
