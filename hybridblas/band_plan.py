@@ -21,7 +21,8 @@
 - ``order="outer"`` (a triangle): the final range block by block, each block's pieces cut along the outer
   index and uploaded in the order the blocks read them, so that blocks are computed and written back while
   later pieces still come (band_outer); where the final range starts is chosen by band_outer.simulate.
-- ``layout_for`` builds both orders and keeps the one modelled faster (the outer one only by OUTER_GAIN), and
+- ``layout_for`` builds both orders and keeps the one modelled faster (the outer one only by OUTER_GAIN, and for
+  herk only up to k = OUTER_MAX_K), and
   caches layouts by the problem's signature and rates.
 
 Everything here is arithmetic on the problem's shape: it runs, and is tested, without a GPU.
@@ -383,7 +384,7 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
                 return lay
     best = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds)
     best.modelled = band_outer.simulate(best, speeds, upload_rate, writeback_rate)
-    if problem.triangular and problem.beta == 0:
+    if problem.triangular and problem.beta == 0 and (problem.kind != "herk" or problem.k <= OUTER_MAX_K):
         outer = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds,
                            order="outer")
         if outer.modelled < OUTER_GAIN * best.modelled:
@@ -399,7 +400,12 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
 
 CACHED = 32               # signatures whose layouts are kept (two rate sets each)
 RATE_SLACK = 0.3          # a kept layout serves rates within this share of the ones it was made for
-OUTER_GAIN = 0.95         # the outer order where its modelled time is below this share of the k order's
+OUTER_GAIN = 1.0          # the outer order where its modelled time is below this share of the k order's. 2 x H100,
+                          # steady state, outer order against k order: zherk 8192 25.4-25.9 ms against 26.5-27.1,
+                          # 16384 179-182 against 181-189; zher2k 16384 363-366 against 373
+OUTER_MAX_K = 16384       # herk takes the outer order only up to this k: 2 x H100, zherk n = k = 24576, its blocks
+                          # waited 18-44 ms for pieces, 666-675 ms against the k order's 633-635 (zher2k in the outer
+                          # order: 24576 0.98 of the sum of device cuBLAS, 32768 0.93)
 _cache = OrderedDict()
 _cache_lock = threading.Lock()
 

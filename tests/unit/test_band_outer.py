@@ -193,6 +193,17 @@ def test_layout_for_picks_the_order_of_least_modelled_time():
     assert B.layout_for(old, speeds, wb, up).order == "k"                       # C's old values: the k order
 
 
+def test_herk_takes_the_outer_order_only_up_to_outer_max_k():
+    """2 x H100: the outer order measured faster for zherk at n = k = 8192 and 16384, slower at 24576; her2k and
+    gemmt keep the model's choice past OUTER_MAX_K."""
+    speeds, wb, up = [5.1e13, 5.0e13], 42e9, 54e9
+    assert B.layout_for(build("herk", "N", 8192, 8192), speeds, wb, up).order == "outer"
+    assert B.layout_for(build("herk", "N", 8192, B.OUTER_MAX_K), speeds, wb, up).order == "outer"
+    assert B.layout_for(build("herk", "N", 8192, B.OUTER_MAX_K + 64), speeds, wb, up).order == "k"
+    assert B.layout_for(build("her2k", "N", 8192, B.OUTER_MAX_K + 64), speeds, wb, up).order == "outer"
+    assert B.layout_for(build("gemmt", "CN", 8192, B.OUTER_MAX_K + 64), speeds, wb, up).order == "outer"
+
+
 def test_layout_for_tells_apart_which_factors_are_one_array():
     a, b = mat((640, 512), Z), mat((640, 512), Z)
     one = P.build_problem("her2k", 1.0, [a, a], 0.0, None, [P.N, P.N], True, None)
