@@ -205,6 +205,7 @@ class _Gpu:
         self.upload_events = None                # (start, end) around this GPU's uploads of pieces
         self.copy_events = []                    # (start, end) around each block's copy into C (DMA)
         self.open_event = None
+        self.marks = {}                          # host seconds after the call began: first upload, first product
         self.writes = queue.Queue()
         self.ring_in = self.ring_out = None
         self.allocated = threading.Event()       # the worker has made the device arrays
@@ -247,7 +248,7 @@ class _Call:
                 gpu.set = None
 
     def execute(self, reserves):
-        t0 = time.perf_counter()
+        t0 = self.t0 = time.perf_counter()
         jobs = []
         try:
             self._pin()
@@ -407,6 +408,7 @@ class _Call:
             rows, cols = region(lay, piece.factor, piece.o0, piece.o1, piece.k0, piece.k1)
             src = p.factors[lay.uniques[piece.factor]].base[rows, cols]
             self._upload(gpu, gpu.factors[piece.factor][rows, cols], src, self.direct[piece.factor])
+            gpu.marks.setdefault("host_first_upload_s", time.perf_counter() - self.t0)
             gpu.stats["bytes_from_host"] += piece.nbytes
             self.board.post(piece.index, _event(self.cp, gpu.s_in))
         if owned:
@@ -434,6 +436,7 @@ class _Call:
             gpu.allocated.set()
             gpu.writes.put(None)
             return
+        gpu.marks["host_worker_s"] = time.perf_counter() - self.t0
         self._check(gpu)
         self._allocate(gpu)
         gpu.open_event = _event(cp, gpu.s_comp, timing=True)
@@ -491,6 +494,7 @@ class _Call:
                                      y.block(k0, k1, task.i0, task.i1), out, p.lower, beta)
             else:
                 compute_block(backend, p, part, out, beta, factors=operands)
+        gpu.marks.setdefault("host_first_product_s", time.perf_counter() - self.t0)
         label = f"{phase}-{'diag' if task.diag else 'rect'}"
         gpu.kernel_events.append((start, _event(cp, gpu.s_comp, timing=True), label, part.flops))
 
@@ -559,11 +563,13 @@ class _Call:
 
     def _record_stats(self, t0):
         """cuda.last_stats per GPU (bytes moved, kernel time by class, GPU idle before, between and after the
-        kernels) and the calibration of this GPU's rates (``calibrated``)."""
+        kernels, host seconds from the call's start to its worker, first upload and first product queued) and the
+        calibration of this GPU's rates (``calibrated``)."""
         wall = time.perf_counter() - t0
         elapsed = self.cp.cuda.get_elapsed_time
         for gpu in self.gpus:
-            st = dict(gpu.stats, wall_s=wall, path="bands", order=self.layout.order, steps=len(self.layout.steps),
+            st = dict(gpu.stats, **gpu.marks, wall_s=wall, path="bands", order=self.layout.order,
+                      steps=len(self.layout.steps),
                       final_k=self.layout.final[1] - self.layout.final[0], blocks=len(gpu.blocks))
             ev = gpu.kernel_events
             if ev:
@@ -581,6 +587,8 @@ class _Call:
                 if _warm(gpu.device, self.problem.kind):     # a GPU's first call loads its kernels: not its rate
                     _calibrate(gpu.device, "flops", self.problem.kind, sum(f for *_, f in ev) / max(kernel, 1e-12))
             lay = self.layout       # the links' rates: each copy's bytes over the share its segments reach
+            if gpu.upload_events is not None and gpu.open_event is not None:
+                st["uploads_from_open_s"] = elapsed(gpu.open_event, gpu.upload_events[0]) / 1e3
             if gpu.upload_events is not None and all(self.direct):
                 t = max(elapsed(*gpu.upload_events) / 1e3, 1e-12)
                 st["upload_gbps"] = gpu.stats["bytes_from_host"] / t / 1e9
