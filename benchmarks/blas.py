@@ -5,6 +5,8 @@ cuBLASXt on GPUs, small calls, host-to-GPU staging, the static split's ratios, t
     python3 -m benchmarks.blas gpu --sizes 24576 --modes host --gpu-counts 1 2 --repeats 3 --xt-block 8192 --out DIR
     python3 -m benchmarks.blas emulation --sizes 2048 4096 8192 16384 --out DIR
     python3 -m benchmarks.blas plot DIR1/bench_blas_gpu.json DIR2/bench_blas_gpu.json --out DIR
+    python3 -m benchmarks.blas band-settings --sizes 8192 --routines zherk --setting k band_plan.OUTER_GAIN=0 \
+        --setting outer band_plan.OUTER_GAIN=10 --json out.json
 """
 if not __package__:                      # run as a file: start again as a module of the repository
     import os, runpy, sys                # noqa: E401
@@ -22,6 +24,7 @@ COMMANDS = {
     "plot": ("blas_plot", "merge and plot `gpu` result files (TF/s against n and against GPUs)"),
     "small-calls": ("blas_small_calls", "fixed cost of a small call on a GPU against cupy's matmul"),
     "staging": ("blas_staging", "host-to-GPU paths: copy threads, staging ring, registered DMA"),
+    "band-settings": ("blas_band_settings", "the band path's layout settings side by side on two GPUs, host operands"),
     "sweep-ratio": ("blas_sweep_ratio", "hand sweep of the static split's ratios against the calibrated profile"),
     "kernels": ("blas_kernels", "the float32 tall-skinny Gram kernel at several launch sizes against cupy"),
     "emulation": ("blas_emulation", "FP64 products emulated on INT8 tensor cores against cuBLAS: time and accuracy"),

@@ -47,6 +47,9 @@ def test_a_driver_run_as_a_file_imports_the_packages_not_itself(name):
     (["cpu", "--n", "0"], "--n: must be an integer >= 1, got '0'"),
     (["gpu", "--repeats", "-1"], "--repeats: must be an integer >= 1, got '-1'"),
     (["sweep-ratio", "--routine", "trsm"], "invalid choice: 'trsm'"),
+    (["band-settings", "--setting", "x", "band_plan.NOPE=1"], "got 'band_plan.NOPE=1'"),
+    (["band-settings", "--setting", "x", "band_plan.OUTER_GAIN=zz"], "must be a Python literal, got 'band_plan.OUTER_GAIN=zz'"),
+    (["band-settings", "--calls", "0"], "--calls: must be an integer >= 1, got '0'"),
 ])
 def test_bad_blas_options_exit_2_naming_the_argument(argv, message, capsys):
     assert main("blas", blas.__doc__, blas.COMMANDS, argv) == 2
@@ -182,3 +185,10 @@ def test_the_emulation_plot_reads_its_stored_run(tmp_path):
     assert main("blas", blas.__doc__, blas.COMMANDS, ["emulation", "--plot-only", str(stored), "--out",
                                                        str(tmp_path)]) == 0
     assert (tmp_path / "blas_emulation.png").stat().st_size > 0
+
+
+def test_band_settings_parse_module_constants_and_the_one_gpu_item():
+    from benchmarks.measure.blas_band_settings import parse_setting
+    assert parse_setting(["k", "band_plan.OUTER_GAIN=0", "one-gpu", "band_outer.CORNER_FIRST=512"]) == (
+        "k", {("band_plan", "OUTER_GAIN"): 0, ("band_outer", "CORNER_FIRST"): 512}, True)
+    assert parse_setting(["default"]) == ("default", {}, False)

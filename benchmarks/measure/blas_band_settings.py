@@ -1,0 +1,147 @@
+"""Settings of the band path (host operands on several GPUs, hybridblas.devices.cuda_bands) side by side in one
+process: each setting sets module constants of hybridblas.band_plan, band_outer or devices.cuda_bands, and the
+same host operands run through it for ``--calls`` calls after two warm-up calls (page-locked by then); ratios
+are to the sum of device-resident cuBLAS on each GPU alone, measured in the same process. Each setting starts
+from a fresh layout cache; the GPUs' calibrated rates carry over, so a setting listed twice shows the drift.
+
+    python3 -m benchmarks.blas band-settings --sizes 8192 16384 --routines zherk zher2k \\
+        --setting k band_plan.OUTER_GAIN=0 --setting outer band_plan.OUTER_GAIN=10 --calls 6 --json out.json
+
+A setting is NAME followed by MODULE.CONSTANT=VALUE items (VALUE a Python literal); ``one-gpu`` as an item runs
+that setting on the first GPU only.
+"""
+import ast
+import datetime
+import platform
+import time
+
+import numpy as np
+
+import hybridblas as hb
+from hybridblas import band_outer, band_plan, host_pinning
+from hybridblas.console import check_output_path, positive_int
+from hybridblas.devices import cuda_bands
+
+from benchmarks.common import command_line, refuse, write_json
+from benchmarks.measure.blas_gpu import call_device, call_hybrid, make_host, operands
+
+MODULES = {"band_plan": band_plan, "band_outer": band_outer, "cuda_bands": cuda_bands}
+ROUTINES = ("zherk", "zher2k", "zgemmt")
+STATS = ("order", "steps", "blocks", "kernel_s", "lead_s", "gaps_s", "tail_s", "wall_s", "host_worker_s",
+         "host_first_upload_s", "host_first_product_s")
+
+
+def add_arguments(ap):
+    ap.add_argument("--sizes", nargs="+", type=positive_int, default=[8192], help="n = k of each run")
+    ap.add_argument("--routines", nargs="+", choices=ROUTINES, default=["zherk"])
+    ap.add_argument("--setting", nargs="+", action="append", metavar="ITEM", default=None,
+                    help="NAME [MODULE.CONSTANT=VALUE ...] [one-gpu]; repeat for each setting (default: the "
+                         "defaults, twice)")
+    ap.add_argument("--calls", type=positive_int, default=6, help="timed calls per setting; the best of all but "
+                                                                     "the first is reported")
+    ap.add_argument("--json", metavar="PATH", help="write the results here as JSON")
+
+
+def parse_setting(items):
+    """(name, {(module, constant): value}, one_gpu) of one --setting; ValueError naming a bad item."""
+    name, values, one = items[0], {}, False
+    for item in items[1:]:
+        if item == "one-gpu":
+            one = True
+            continue
+        key, sep, text = item.partition("=")
+        module, dot, const = key.partition(".")
+        if not sep or not dot or module not in MODULES or not hasattr(MODULES[module], const):
+            raise ValueError(f"--setting item must be MODULE.CONSTANT=VALUE with MODULE one of {sorted(MODULES)} "
+                             f"and an existing constant, got {item!r}")
+        try:
+            values[(module, const)] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"--setting value must be a Python literal, got {item!r}") from None
+    return name, values, one
+
+
+def _timed(cp, fn, count):
+    """Wall seconds of ``count`` calls of fn(), both GPUs synchronized around each."""
+    out = []
+    for _ in range(count):
+        for g in (0, 1):
+            cp.cuda.Device(g).synchronize()
+        t0 = time.perf_counter()
+        fn()
+        for g in (0, 1):
+            cp.cuda.Device(g).synchronize()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _device_alone(cp, routine, host_args, n, g):
+    """Best of three calls (after one) of device-resident cuBLAS on GPU g, the operands copied there."""
+    def best():
+        dev = tuple(x if np.isscalar(x) else cp.asarray(x, order="F") for x in host_args)
+        dc = cp.empty((n, n), np.complex128, order="F")
+        return min(_timed(cp, lambda: call_device(routine, dev, dc), 4)[1:])
+    with cp.cuda.Device(g):
+        out = best()
+        cp.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def run(args):
+    if args.json:
+        check_output_path(args.json, "--json")
+    try:
+        settings = [parse_setting(s) for s in (args.setting or [["default"], ["default-again"]])]
+    except ValueError as exc:
+        refuse(str(exc))
+    try:
+        import cupy as cp
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception:                   # noqa: BLE001 - no CuPy, or no CUDA driver
+        count = 0
+    if count < 2:
+        refuse(f"band-settings compares two GPUs: this node has {count} that CuPy can use")
+    from hybridblas.devices.cuda import CUDADevice, last_stats
+    ctx = {False: hb.Context(devices=[CUDADevice(0), CUDADevice(1)]), True: hb.Context(devices=[CUDADevice(0)])}
+    defaults = {key: getattr(MODULES[key[0]], key[1]) for _, values, _ in settings for key in values}
+    doc = {"benchmark": "bench_band_settings", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "command": command_line(), "host": platform.node(),
+           "gpus": [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in (0, 1)], "results": []}
+
+    try:
+        for n in args.sizes:
+            a, b = make_host(cp, (n, n), 1), make_host(cp, (n, n), 2)
+            c = np.zeros((n, n), np.complex128, order="F")
+            for routine in args.routines:
+                host_args, kw = operands(routine, a, b)
+                alone = [_device_alone(cp, routine, host_args, n, g) for g in (0, 1)]
+                ceiling = 1 / (1 / alone[0] + 1 / alone[1])
+                print(f"== {routine} n = k = {n}: device cuBLAS {alone[0] * 1e3:.2f} / {alone[1] * 1e3:.2f} ms, "
+                      f"sum of both {ceiling * 1e3:.2f} ms", flush=True)
+                host_pinning.clear()
+                for _ in range(2):
+                    call_hybrid(routine, host_args, kw, c, ctx[False])
+                host_pinning.wait_ready()
+                for name, values, one in settings:
+                    for key, value in defaults.items():
+                        setattr(MODULES[key[0]], key[1], values.get(key, value))
+                    band_plan._cache.clear()
+                    last_stats.clear()
+                    times = _timed(cp, lambda: call_hybrid(routine, host_args, kw, c, ctx[one]), args.calls)
+                    best = min(times[1:] or times)
+                    stats = {gpu: {k: v for k, v in st.items() if k in STATS} for gpu, st in last_stats.items()}
+                    doc["results"].append(dict(routine=routine, n=n, setting=name, values={
+                        f"{m}.{k}": v for (m, k), v in values.items()}, one_gpu=one, seconds=times, best_s=best,
+                        device_alone_s=alone, ratio_to_sum=ceiling / best, last_call=stats))
+                    print(f"  {name:16s} best {best * 1e3:9.2f} ms  {ceiling / best:.3f} of the sum  calls (ms) "
+                          f"{' '.join(f'{t * 1e3:.1f}' for t in times)}", flush=True)
+                    for gpu, st in stats.items():
+                        print(f"      {gpu}: " + ", ".join(f"{k} {v * 1e3:.2f} ms" if k.endswith("_s") else f"{k} {v}"
+                                                         for k, v in st.items()), flush=True)
+                write_json(args.json, doc)
+            host_pinning.clear()
+    finally:
+        for key, value in defaults.items():
+            setattr(MODULES[key[0]], key[1], value)
+    write_json(args.json, doc)
+    return 0
