@@ -74,10 +74,18 @@ run_stage() {
                 python3 -m benchmarks.ab --trees $O/before . --rounds 2 --json $O/ab-architecture.json ;;
   blas-cpu)     $BLAS cpu --repeat 7 --json $O/bench_cpu.json ;;
   blas-2gpu)    $BLAS gpu --sizes 24576 --modes host --gpu-counts 1 2 --repeats 3 --xt-block 8192 --out $O/blas-24576 ;;
-  blas-sizes)   $BLAS gpu --sizes 4096 8192 16384 --modes host --gpu-counts 1 2 --skip xt dynamic \
-                    --repeats 3 --compare-tiles --out $O/blas-host &&
-                $BLAS gpu --sizes 24576 32768 --modes host --gpu-counts 1 2 --skip xt dynamic --repeats 3 \
-                    --out $O/blas-host-24576 ;;
+  blas-sizes)   $BLAS gpu --sizes 2048 4096 8192 16384 --modes host --gpu-counts 1 2 --skip xt dynamic \
+                    --repeats 3 --out $O/blas-host &&
+                $BLAS gpu --sizes 24576 --modes host --gpu-counts 2 --skip dynamic --repeats 2 --out $O/blas-24576 &&
+                $BLAS gpu --sizes 32768 --modes host --gpu-counts 2 --skip xt dynamic --repeats 2 --out $O/blas-32768 &&
+                $BLAS band-settings --sizes 8192 16384 --routines zherk zher2k --setting k band_plan.OUTER_GAIN=0.0 \
+                    --setting outer band_plan.OUTER_GAIN=10.0 --setting k-again band_plan.OUTER_GAIN=0.0 \
+                    --setting outer-again band_plan.OUTER_GAIN=10.0 --json $O/band-settings-orders.json &&
+                $BLAS band-settings --sizes 24576 --routines zherk --setting k band_plan.OUTER_GAIN=0.0 \
+                    --setting outer band_plan.OUTER_GAIN=10.0 band_plan.OUTER_MAX_K=32768 --calls 4 \
+                    --json $O/band-settings-24576.json &&
+                $BLAS band-settings --sizes 32768 --routines zherk zgemmt --setting default --calls 3 \
+                    --json $O/band-settings-32768.json ;;
   emulation)    $BLAS emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --cublas-emulation \
                     --out $O/emulation ;;
   emulation-flapw) mkdir -p $O/emulation; for emulate in "" --emulate; do
