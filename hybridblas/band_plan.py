@@ -21,9 +21,9 @@
 - ``order="outer"`` (a triangle): the final range block by block, each block's pieces cut along the outer
   index and uploaded in the order the blocks read them, so that blocks are computed and written back while
   later pieces still come (band_outer); where the final range starts is chosen by band_outer.simulate.
-- ``layout_for`` builds both orders and keeps the one modelled faster (the outer one only by OUTER_GAIN, and for
-  herk only up to k = OUTER_MAX_K), and
-  caches layouts by the problem's signature and rates.
+- ``layout_for`` builds both orders and keeps the one modelled faster (the outer one only by OUTER_GAIN, on one
+  GPU OUTER_GAIN_ONE_GPU, and for herk only up to k = OUTER_MAX_K), and caches layouts by the problem's signature
+  and rates.
 
 Everything here is arithmetic on the problem's shape: it runs, and is tested, without a GPU.
 """
@@ -369,7 +369,8 @@ def _area(t):
 
 def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None):
     """The BandLayout of the order (k, or outer for a triangle with beta = 0: C's old values are uploaded
-    after the operands) whose modelled time is least, the outer order only where it is OUTER_GAIN faster.
+    after the operands) whose modelled time is least, the outer order only where it is OUTER_GAIN faster
+    (OUTER_GAIN_ONE_GPU on one GPU).
     The layouts of the last CACHED signatures (shapes, ops, which factors are one memory) are kept and serve
     calls whose rates are within RATE_SLACK of theirs (the outer order's model costs milliseconds; measured
     rates move from call to call). A layout from here holds no reference to the call's arrays (``problem`` is
@@ -387,7 +388,7 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
     if problem.triangular and problem.beta == 0 and (problem.kind != "herk" or problem.k <= OUTER_MAX_K):
         outer = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds,
                            order="outer")
-        if outer.modelled < OUTER_GAIN * best.modelled:
+        if outer.modelled < (OUTER_GAIN if len(rates) > 1 else OUTER_GAIN_ONE_GPU) * best.modelled:
             best = outer
     best.problem = None
     with _cache_lock:
@@ -403,6 +404,8 @@ RATE_SLACK = 0.3          # a kept layout serves rates within this share of the 
 OUTER_GAIN = 1.0          # the outer order where its modelled time is below this share of the k order's. 2 x H100,
                           # steady state, outer order against k order: zherk 8192 25.4-25.9 ms against 26.5-27.1,
                           # 16384 179-182 against 181-189; zher2k 16384 363-366 against 373
+OUTER_GAIN_ONE_GPU = 0.95 # the same on one GPU: one H100, zher2k 8192 took 99 ms in the outer order (modelled at
+                          # 0.98 of the k order's time) against 90 in the k order
 OUTER_MAX_K = 16384       # herk takes the outer order only up to this k: 2 x H100, zherk n = k = 24576, its blocks
                           # waited 18-44 ms for pieces, 666-675 ms against the k order's 633-635 (zher2k in the outer
                           # order: 24576 0.98 of the sum of device cuBLAS, 32768 0.93)
