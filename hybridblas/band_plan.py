@@ -22,8 +22,8 @@
   index and uploaded in the order the blocks read them, so that blocks are computed and written back while
   later pieces still come (band_outer); where the final range starts is chosen by band_outer.simulate.
 - ``layout_for`` builds both orders and keeps the one modelled faster (the outer one only by OUTER_GAIN, on one
-  GPU OUTER_GAIN_ONE_GPU, and for herk only up to k = OUTER_MAX_K), and caches layouts by the problem's signature
-  and rates.
+  GPU OUTER_GAIN_ONE_GPU, and for herk and syrk only up to k = OUTER_MAX_K), and caches layouts by the problem's
+  signature and rates.
 
 Everything here is arithmetic on the problem's shape: it runs, and is tested, without a GPU.
 """
@@ -385,7 +385,8 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
                 return lay
     best = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds)
     best.modelled = band_outer.simulate(best, speeds, upload_rate, writeback_rate)
-    if problem.triangular and problem.beta == 0 and (problem.kind != "herk" or problem.k <= OUTER_MAX_K):
+    one_factor = problem.kind in ("herk", "syrk")
+    if problem.triangular and problem.beta == 0 and (not one_factor or problem.k <= OUTER_MAX_K):
         outer = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds,
                            order="outer")
         if outer.modelled < (OUTER_GAIN if len(rates) > 1 else OUTER_GAIN_ONE_GPU) * best.modelled:
@@ -406,9 +407,9 @@ OUTER_GAIN = 1.0          # the outer order where its modelled time is below thi
                           # 16384 179-182 against 181-189; zher2k 16384 363-366 against 373
 OUTER_GAIN_ONE_GPU = 0.95 # the same on one GPU: one H100, zher2k 8192 took 99 ms in the outer order (modelled at
                           # 0.98 of the k order's time) against 90 in the k order
-OUTER_MAX_K = 16384       # herk takes the outer order only up to this k: 2 x H100, zherk n = k = 24576, its blocks
-                          # waited 18-44 ms for pieces, 666-675 ms against the k order's 633-635 (zher2k in the outer
-                          # order: 24576 0.98 of the sum of device cuBLAS, 32768 0.93)
+OUTER_MAX_K = 16384       # herk and syrk take the outer order only up to this k: 2 x H100, zherk n = k = 24576, its
+                          # blocks waited 18-44 ms for pieces, 666-675 ms against the k order's 633-635 (zher2k in the
+                          # outer order: 24576 0.98 of the sum of device cuBLAS, 32768 0.93)
 _cache = OrderedDict()
 _cache_lock = threading.Lock()
 

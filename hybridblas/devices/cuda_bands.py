@@ -587,8 +587,6 @@ class _Call:
                 if _warm(gpu.device, self.problem.kind):     # a GPU's first call loads its kernels: not its rate
                     _calibrate(gpu.device, "flops", self.problem.kind, sum(f for *_, f in ev) / max(kernel, 1e-12))
             lay = self.layout       # the links' rates: each copy's bytes over the share its segments reach
-            if gpu.upload_events is not None and gpu.open_event is not None:
-                st["uploads_from_open_s"] = elapsed(gpu.open_event, gpu.upload_events[0]) / 1e3
             if gpu.upload_events is not None and all(self.direct):
                 t = max(elapsed(*gpu.upload_events) / 1e3, 1e-12)
                 st["upload_gbps"] = gpu.stats["bytes_from_host"] / t / 1e9

@@ -193,13 +193,14 @@ def test_layout_for_picks_the_order_of_least_modelled_time():
     assert B.layout_for(old, speeds, wb, up).order == "k"                       # C's old values: the k order
 
 
-def test_herk_takes_the_outer_order_only_up_to_outer_max_k():
+def test_herk_and_syrk_take_the_outer_order_only_up_to_outer_max_k():
     """2 x H100: the outer order measured faster for zherk at n = k = 8192 and 16384, slower at 24576; her2k and
     gemmt keep the model's choice past OUTER_MAX_K."""
     speeds, wb, up = [5.1e13, 5.0e13], 42e9, 54e9
     assert B.layout_for(build("herk", "N", 8192, 8192), speeds, wb, up).order == "outer"
     assert B.layout_for(build("herk", "N", 8192, B.OUTER_MAX_K), speeds, wb, up).order == "outer"
     assert B.layout_for(build("herk", "N", 8192, B.OUTER_MAX_K + 64), speeds, wb, up).order == "k"
+    assert B.layout_for(build("herk", "N", 8192, B.OUTER_MAX_K + 64, np.float64), speeds, wb, up).order == "k"
     assert B.layout_for(build("her2k", "N", 8192, B.OUTER_MAX_K + 64), speeds, wb, up).order == "outer"
     assert B.layout_for(build("gemmt", "CN", 8192, B.OUTER_MAX_K + 64), speeds, wb, up).order == "outer"
 
