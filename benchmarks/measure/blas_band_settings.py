@@ -13,7 +13,6 @@ that setting on the first GPU only.
 import ast
 import datetime
 import platform
-import time
 
 import numpy as np
 
@@ -23,7 +22,7 @@ from hybridblas.console import check_output_path, positive_int
 from hybridblas.devices import cuda_bands
 
 from benchmarks.common import command_line, refuse, write_json
-from benchmarks.measure.blas_gpu import call_device, call_hybrid, make_host, operands
+from benchmarks.measure.blas_gpu import call_device, call_hybrid, make_host, operands, timed
 
 MODULES = {"band_plan": band_plan, "band_outer": band_outer, "cuda_bands": cuda_bands}
 ROUTINES = ("zherk", "zher2k", "zgemmt")
@@ -62,17 +61,11 @@ def parse_setting(items):
 
 
 def _timed(cp, fn, count):
-    """Wall seconds of ``count`` calls of fn(), both GPUs synchronized around each."""
-    out = []
-    for _ in range(count):
+    """Wall seconds of ``count`` calls of fn(), both GPUs synchronized around each (blas_gpu.timed)."""
+    def sync():
         for g in (0, 1):
             cp.cuda.Device(g).synchronize()
-        t0 = time.perf_counter()
-        fn()
-        for g in (0, 1):
-            cp.cuda.Device(g).synchronize()
-        out.append(time.perf_counter() - t0)
-    return out
+    return timed(fn, sync, count)
 
 
 def _device_alone(cp, routine, host_args, n, g):
