@@ -15,6 +15,7 @@ Per call and per GPU (``_CUDARun``, living in the GPU's worker thread):
 """
 import collections
 import sys
+import threading
 import time
 
 import numpy as np
@@ -285,12 +286,8 @@ class _CUDARun(DeviceRun):
         others = {d for d in self.f_dev + [self.c_dev] if d is not None and d != self.device.index}
         if self.host:
             others |= set(range(rt.getDeviceCount())) - {self.device.index}
-        for d in others:
-            try:
-                if rt.deviceCanAccessPeer(self.device.index, d):
-                    rt.deviceEnablePeerAccess(d)
-            except rt.CUDARuntimeError:
-                pass   # already enabled (or not possible: copies then go through the host)
+        for d in sorted(others):
+            peer_access(self.cp, self.device.index, d)     # where it cannot, copies go through the host
 
     def _cache_capacity(self):
         item = self.problem.dtype.itemsize
@@ -578,3 +575,25 @@ def _factory(spec):
 
 
 register("cuda", _factory)
+
+
+_peers = {}                # (a, b) -> GPU a reads GPU b's memory directly (peer access, enabled once per process)
+_peers_lock = threading.Lock()
+
+
+def peer_access(cp, a, b):
+    """Whether GPU ``a`` reads GPU ``b``'s memory directly; the first call for the pair enables it (the tiled
+    and the band runs ask on every call: one runtime query per pair and process)."""
+    with _peers_lock:
+        ok = _peers.get((a, b))
+        if ok is None:
+            rt = cp.cuda.runtime
+            ok = bool(rt.deviceCanAccessPeer(a, b))
+            if ok:
+                with cp.cuda.Device(a):
+                    try:
+                        rt.deviceEnablePeerAccess(b)
+                    except rt.CUDARuntimeError:
+                        pass        # already enabled in this process (by CuPy's own peer copies)
+            _peers[(a, b)] = ok
+        return ok

@@ -82,8 +82,7 @@ def applies(problem, devices, rates, ctx):
 
 def _layout(problem, devices, rates, ctx):
     """The call's layout (band_plan.layout_for, cached), whether its GPUs share pieces, their flop rates."""
-    import cupy
-    shared = _peer_access(cupy, [d.index for d in devices])
+    shared = _peer_access([d.index for d in devices])
     speeds = _speeds(problem, devices, rates, ctx)
     lay = layout_for(problem, list(rates), _rate(ctx, devices, "d2h_pinned"), _rate(ctx, devices, "h2d_pinned"),
                      shared=shared, speeds=speeds)
@@ -695,29 +694,10 @@ def _event(cp, stream, timing=False):
     return ev
 
 
-_peers = {}                # (a, b) -> GPU a reads GPU b's memory (peer access enabled once per process)
-_peers_lock = threading.Lock()
-
-
-def _peer_access(cp, ids):
-    """Enable peer access between every pair of the call's GPUs; False when some pair cannot."""
-    rt = cp.cuda.runtime
-    ok = True
-    for a in ids:
-        for b in ids:
-            if a == b:
-                continue
-            with _peers_lock:
-                if (a, b) not in _peers:
-                    _peers[(a, b)] = bool(rt.deviceCanAccessPeer(a, b))
-                    if _peers[(a, b)]:
-                        with cp.cuda.Device(a):
-                            try:
-                                rt.deviceEnablePeerAccess(b)
-                            except rt.CUDARuntimeError:
-                                pass        # already enabled (by the tiled run)
-            ok = ok and _peers[(a, b)]
-    return ok
+def _peer_access(ids):
+    """Peer access between every pair of the call's GPUs (cuda.peer_access); False when some pair cannot."""
+    import cupy
+    return all(cuda.peer_access(cupy, a, b) for a in ids for b in ids if a != b)
 
 
 def _rate(ctx, devices, key):
