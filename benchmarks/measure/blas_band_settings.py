@@ -27,7 +27,7 @@ from benchmarks.measure.blas_gpu import call_device, call_hybrid, make_host, ope
 MODULES = {"band_plan": band_plan, "band_outer": band_outer, "cuda_bands": cuda_bands}
 ROUTINES = ("zherk", "zher2k", "zgemmt")
 STATS = ("order", "steps", "blocks", "kernel_s", "lead_s", "gaps_s", "tail_s", "wall_s", "host_worker_s",
-         "host_first_upload_s", "host_first_product_s")
+         "host_first_upload_s", "host_first_product_s", "kernels", "upload_gbps", "writeback_gbps")
 
 
 def add_arguments(ap):
