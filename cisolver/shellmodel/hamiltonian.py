@@ -121,10 +121,16 @@ class ShellModelProblem:
         groups_p = {b.twom_p for b in self.basis.blocks}
         groups_n = {self.basis.twice_m - b.twom_p for b in self.basis.blocks}
         self.h_p = species.like_particle_matrix(self.pdets, spe_p, pa, pb, pmat, groups=groups_p)
-        self.h_n = species.like_particle_matrix(self.ndets, spe_n, na, nb, nmat, groups=groups_n)
-        self.h_p_diagonal, self.h_n_diagonal = self.h_p.diagonal(), self.h_n.diagonal()
         self.jumps_p = species.JumpList(self.pdets, groups_p)
-        self.jumps_n = species.JumpList(self.ndets, groups_n)
+        if (groups_p == groups_n and species.same_determinants(self.pdets, self.ndets)
+                and all(np.array_equal(x, y) for x, y in ((spe_p, spe_n), (pa, na), (pb, nb), (pmat, nmat)))):
+            # N = Z in one space for both (48Cr, 24Mg): the neutrons' inputs equal the protons', so do their
+            # matrix and jump list; both read-only from here, so one object serves both species
+            self.h_n, self.jumps_n = self.h_p, self.jumps_p
+        else:
+            self.h_n = species.like_particle_matrix(self.ndets, spe_n, na, nb, nmat, groups=groups_n)
+            self.jumps_n = species.JumpList(self.ndets, groups_n)
+        self.h_p_diagonal, self.h_n_diagonal = self.h_p.diagonal(), self.h_n.diagonal()
         self.pair_p = self.jumps_p.alpha * nsp_p + self.jumps_p.gamma
         self.pair_n = self.jumps_n.alpha * nsp_n + self.jumps_n.gamma
         t3 = time.perf_counter()
