@@ -60,9 +60,8 @@ def like_particle_matrix(dets, spe_state, pair_alpha, pair_beta, pair_mat, chunk
 def same_determinants(a, b):
     """Whether two species' determinants are the same list (the same bit strings, 2M and occupations, in the same
     order, over spaces of one size): what like_particle_matrix and JumpList read of them."""
-    return (a.n_particles == b.n_particles and a.space.size == b.space.size and a.states.shape == b.states.shape
-            and np.array_equal(a.states, b.states) and np.array_equal(a.twom, b.twom)
-            and np.array_equal(a.occ, b.occ))
+    return (a.n_particles == b.n_particles and a.space.size == b.space.size and np.array_equal(a.states, b.states)
+            and np.array_equal(a.twom, b.twom) and np.array_equal(a.occ, b.occ))
 
 
 class JumpList:
