@@ -1,4 +1,5 @@
 """Array-module functions: numpy on the CPU, cupy on a GPU (imported lazily, only when used)."""
+import threading
 import time
 
 import numpy as np
@@ -61,14 +62,17 @@ class Ready:
 
 
 _in_flight = []      # (event, pinned buffer, device array) of copies not known to have landed
+_in_flight_lock = threading.Lock()
 
 
 def _keep_until_landed(event, *buffers):
     """Hold the buffers of a queued copy until its event has passed, also when nobody reads the copy: a
     pinned buffer back in CuPy's pool too early is handed to the next small host-to-device copy, and the
-    late copy then writes into that one (as the last flag of a run, which nobody reads, would)."""
-    _in_flight[:] = [entry for entry in _in_flight if not _passed(entry[0])]
-    _in_flight.append((event,) + buffers)
+    late copy then writes into that one (as the last flag of a run, which nobody reads, would). Locked: a
+    thread's entry appended while another one prunes the list would otherwise be dropped."""
+    with _in_flight_lock:
+        _in_flight[:] = [entry for entry in _in_flight if not _passed(entry[0])]
+        _in_flight.append((event,) + buffers)
 
 
 def _passed(event):

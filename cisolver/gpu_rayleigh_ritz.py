@@ -214,8 +214,8 @@ def _eigh_in_place(cupy, a, w, info):
     # CuPy's handle is shared per device and thread: its stream is set before every call, as CuPy does
     cusolver.setStream(handle, cupy.cuda.get_current_stream().ptr)
     dev = cupy.cuda.Device().id
-    if dev not in _syevj_params:
-        _syevj_params[dev] = (cusolver.createSyevjInfo(), {})
+    if dev not in _syevj_params:       # one per device; a thread that lost a race keeps the winner's
+        _syevj_params.setdefault(dev, (cusolver.createSyevjInfo(), {}))
     params, sizes = _syevj_params[dev]
     vector, lower = 1, 0            # CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER
     if k not in sizes:
