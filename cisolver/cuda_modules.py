@@ -270,17 +270,43 @@ def _cache_folder():
     return os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser(os.path.join("~", ".cupy", "kernel_cache"))
 
 
-def _cubin(nvrtc, code, arch):
-    """The path of ``code``'s cubin for sm_<arch>, compiled by NVRTC unless the cache has it (keyed by the
-    source, the options, the architecture and NVRTC's version); written whole or not at all (a temporary
-    file renamed), so concurrent processes and threads read complete files."""
+def _cubin_name(nvrtc, code, arch):
+    """The file name and NVRTC options of ``code``'s cubin for sm_<arch> (keyed by the source, the options, the
+    architecture and NVRTC's version)."""
     options = NVRTC_OPTIONS + (f"-arch=sm_{arch}",)
     key = hashlib.sha256(repr((code, options, tuple(nvrtc.getVersion()))).encode()).hexdigest()
-    name = f"cisolver-{key}.cubin"
+    return f"cisolver-{key}.cubin", options
+
+
+def _cached_path(name):
     for folder in (_cache_folder(), _fallback_folder()):
         path = os.path.join(folder, name)
         if os.path.exists(path):
             return path
+    return None
+
+
+def cached(cupy, dtype, device):
+    """Whether every unit for ``dtype`` lies compiled in the on-disk cache for ``device``'s architecture (a
+    machine that ran cisolver on such a GPU in this dtype before). False where NVRTC cannot compile for the
+    architecture (CuPy's own path then keeps the PTX) or ``cupy`` is a stand-in. No GPU work."""
+    nvrtc = _nvrtc(cupy)
+    if nvrtc is None:
+        return False
+    arch = int(cupy.cuda.Device(device).compute_capability)
+    if arch not in getattr(nvrtc, "getSupportedArchs", tuple)():
+        return False
+    return all(_cached_path(_cubin_name(nvrtc, code, arch)[0]) is not None for _, code, _ in units(dtype))
+
+
+def _cubin(nvrtc, code, arch):
+    """The path of ``code``'s cubin for sm_<arch>, compiled by NVRTC unless the cache has it (_cubin_name);
+    written whole or not at all (a temporary file renamed), so concurrent processes and threads read complete
+    files."""
+    name, options = _cubin_name(nvrtc, code, arch)
+    path = _cached_path(name)
+    if path is not None:
+        return path
     prog = nvrtc.createProgram(code, "cisolver.cu", [], [])
     try:
         try:

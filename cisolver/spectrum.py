@@ -20,7 +20,7 @@ import numpy as np
 
 import hybridblas as hb
 
-from . import estimate, gpu_build, host_blocks
+from . import estimate, gpu_build, host_blocks, warmup
 from . import solver as _lobpcg
 from .arrays import precision, to_host
 from .data import resolve_interaction
@@ -226,11 +226,21 @@ def run(request, progress=None):
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
     rq = request
+    warm = None
     if rq.devices != "cpu":             # cisolver's CUDA units compile (or load) while the host plans H
         import cupy
         from . import cuda_modules
+        warm = warmup.start(rq)         # and, on a cold cache, CuPy's kernels of the solve and observables
         cuda_modules.prepare(cupy, rq.dtype, rq.devices)
         hb.lowlevel.prepare_kernels(rq.dtype, rq.devices)   # hybridblas's: lowlevel.grams', the skinny products'
+    try:
+        return _run(rq, progress)
+    finally:
+        if warm is not None:
+            warm.close()
+
+
+def _run(rq, progress):
     problem = hamiltonian.ShellModelProblem(rq.interaction, rq.n_protons, rq.n_neutrons, rq.twice_m)
     if rq.comm is not None:
         return _distributed_spectrum(rq, problem)
