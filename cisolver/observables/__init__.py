@@ -16,6 +16,7 @@ from .transitions import TransitionOptions, electromagnetic
 
 __all__ = ["compute_observables", "TransitionOptions", "orbit_label", "nucleus_name", "PARITY_TOLERANCE"]
 
+PARTS = ("transitions", "states")     # compute_observables' work as MPI ranks share it: E2/M1; the rest
 PARITY_TOLERANCE = 1e-6     # |<π>| below 1 - this: the state mixes parities (reported as 0)
 _L_LETTERS = "spdfghiklmnoqrtuv"
 _ELEMENTS = ("n H He Li Be B C N O F Ne Na Mg Al Si P S Cl Ar K Ca Sc Ti V Cr Mn Fe Co Ni Cu Zn Ga Ge As Se Br Kr "
@@ -42,18 +43,29 @@ def _json(x):
     return [_json(row) for row in a]
 
 
-def compute_observables(problem, vectors, options=None):
+def compute_observables(problem, vectors, options=None, comm=None):
     """Every observable of the states (columns of ``vectors``, in ``problem.basis``) as a JSON-ready dict:
     occupations, parity (+1, -1, or 0 for a state of mixed parity), <T²> and T (None when the proton and neutron
     orbits differ), E2 and M1 B values [initial][final], reduced matrix elements, moments and the options used.
-    ``vectors``: numpy, or CuPy (float32 or float64) on the GPU where the work then runs, in float64."""
+    ``vectors``: numpy, or CuPy (float32 or float64) on the GPU where the work then runs, in float64.
+    ``comm``: an MPI communicator whose every rank holds the same whole vectors (a gathered LOBPCG result): its
+    ranks share the work (PARTS, round robin) and every rank returns the whole dict, equal to one rank's own."""
     opts = options if options is not None else TransitionOptions()
+    size = 1 if comm is None else comm.Get_size()
+    mine = PARTS[comm.Get_rank()::size] if size > 1 else PARTS
+    got = {}
     with _device_of(vectors):
         states = normalised(problem, vectors)
-        occ_p, occ_n = occupations(problem, states)
-        par = parity_expectation(problem, states)
-        t2 = isospin_squared(problem, states)
-        em = electromagnetic(problem, states, opts)
+        if "transitions" in mine:
+            got["em"] = electromagnetic(problem, states, opts)
+        if "states" in mine:
+            got["occ"] = occupations(problem, states)
+            got["par"] = parity_expectation(problem, states)
+            got["t2"] = isospin_squared(problem, states)
+    if size > 1:
+        for part in comm.allgather(got):
+            got.update(part)
+    (occ_p, occ_n), par, t2, em = got["occ"], got["par"], got["t2"], got["em"]
     parity = [int(np.sign(p)) if abs(p) >= 1.0 - PARITY_TOLERANCE else 0 for p in par]
     inter = problem.interaction
     z, n = inter.core_z + problem.n_protons, inter.core_n + problem.n_neutrons

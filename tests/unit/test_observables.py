@@ -667,3 +667,64 @@ def test_a_state_without_a_j_label(rng):
         compute_observables(prob, v[:10])
     with pytest.raises(ValueError, match="vectors must be finite and nonzero"):
         compute_observables(prob, np.zeros((640, 1)))
+
+
+class _ThreadRanks:
+    """Ranks as threads for compute_observables' sharing: Get_rank, Get_size and an allgather of Python
+    objects (a barrier on each side of the exchange)."""
+
+    def __init__(self, size):
+        import threading
+        self.size, self.slots, self.barrier = size, [None] * size, threading.Barrier(size)
+
+    def rank(self, r):
+        ranks = self
+
+        class Comm:
+            def Get_rank(self):
+                return r
+
+            def Get_size(self):
+                return ranks.size
+
+            def allgather(self, obj):
+                ranks.slots[r] = obj
+                ranks.barrier.wait()
+                out = list(ranks.slots)
+                ranks.barrier.wait()
+                return out
+        return Comm()
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_ranks_share_the_observables_and_each_returns_them_all(rng, size):
+    """Each rank computes its round-robin share of compute_observables.PARTS; every rank's dict equals the one
+    a single process makes, also with more ranks than parts."""
+    import threading
+    from cisolver import observables
+    prob = _packaged("usdb", 2, 3, None)
+    v = rng.standard_normal((prob.dimension, 4))
+    alone = compute_observables(prob, v)
+    ranks, got, called = _ThreadRanks(size), [None] * size, []
+    real = {name: getattr(observables, name) for name in ("electromagnetic", "isospin_squared")}
+
+    def counted(name):
+        def f(*a, **k):
+            called.append(name)
+            return real[name](*a, **k)
+        return f
+    for name in real:
+        setattr(observables, name, counted(name))
+    try:
+        def one(r):
+            got[r] = compute_observables(prob, v, comm=ranks.rank(r))
+        threads = [threading.Thread(target=one, args=(r,)) for r in range(size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for name, f in real.items():
+            setattr(observables, name, f)
+    assert all(g == alone for g in got)
+    assert sorted(called) == ["electromagnetic", "isospin_squared"]     # each part once over the ranks
