@@ -241,9 +241,14 @@ def run(request, progress=None):
 
 
 def _run(rq, progress):
+    if rq.comm is not None:
+        gpu = _rank_gpu(rq)
+        # NCCL's set-up (every rank calls it) beside the problem's set-up and the build (2 x H200, 48Cr f32:
+        # read+build 1.90 s on each of three runs, against 1.93-2.06 s with the set-up after the problem's)
+        hb.distributed.prepare_collectives(rq.comm, gpu)
     problem = hamiltonian.ShellModelProblem(rq.interaction, rq.n_protons, rq.n_neutrons, rq.twice_m)
     if rq.comm is not None:
-        return _distributed_spectrum(rq, problem)
+        return _distributed_spectrum(rq, problem, gpu)
     if rq.on_gpus:
         parts, stages = gpu_build.build_rows_on_gpus(problem, rq.devices, rq.dtype, rq.n_threads)
         t1 = time.perf_counter()
@@ -284,11 +289,12 @@ def _expectation_j2(problem, vectors):
     return angmom.expectation_j2(problem, vectors)
 
 
-def _with_observables(out, problem, vectors, opts):
-    """``out`` with ``out["observables"]`` (and its time) when ``opts`` asks for them."""
+def _with_observables(out, problem, vectors, opts, comm=None):
+    """``out`` with ``out["observables"]`` (and its time) when ``opts`` asks for them (``comm``: ranks that
+    each hold the whole vectors share the work)."""
     if opts is not None:
         t = time.perf_counter()
-        out["observables"] = compute_observables(problem, vectors, opts)
+        out["observables"] = compute_observables(problem, vectors, opts, comm=comm)
         out["seconds"]["observables"] = time.perf_counter() - t
     return out
 
@@ -370,15 +376,11 @@ def _rank_gpu(rq):
     return gpu
 
 
-def _distributed_spectrum(rq, problem):
+def _distributed_spectrum(rq, problem, gpu):
     from hybridblas.distributed import allgather_rows
     from .distributed import DistributedOperator, build_rows, local_rows
     from .triangular import TriangularLayout, TriangularOperator, build_block
     comm, dtype = rq.comm, rq.dtype
-    gpu = _rank_gpu(rq)
-    # NCCL's set-up beside the build (every rank calls it). Started before the problem is read, it slowed the
-    # host's build by more than it gained (2 x H100: 5.6-6.2 s against 5.4-5.5 s a run).
-    hb.distributed.prepare_collectives(comm, gpu)
     if rq.layout == "rows":             # on this rank's GPU where prepare found they fit (rq.on_gpus)
         lo, hi = local_rows(problem, comm)
         h_local, build_detail = build_rows(problem, (lo, hi), dtype, rq.n_threads, gpu if rq.on_gpus else None)
@@ -409,4 +411,4 @@ def _distributed_spectrum(rq, problem):
                seconds={"read+build": t1 - rq.started, "setup": t_setup - t1, "solve": t2 - t_setup,
                         "j2": t3 - t2, "build_detail": build_detail,
                         "solve_detail": dict(res.seconds, communication=op.comm_seconds)})
-    return _with_observables(out, problem, full, rq.observables)     # on this rank's GPU when the vectors are
+    return _with_observables(out, problem, full, rq.observables, comm)   # shared by the ranks, on their GPUs
