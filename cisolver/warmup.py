@@ -21,10 +21,10 @@ build (the GPU build started up to 1.2 s later) and would have shared its CUDA s
 is dropped, and it writes nothing but CuPy's cache. Its failures cost only the time it would have saved.
 ``Warmup.close`` (spectrum.run calls it before it returns, also on an exception) ends a helper still running.
 
-2 x H100, 48Cr gxpf1a float32 ``--devices all``, an empty cache, fresh processes in turn: the main thread
-compiled 12-16 kernels instead of 33; the run took 5.55-7.65 s against 7.84-8.32 s without the helper
-(kb3g float64: 6.13 against 8.80 s; one GPU: 6.29 against 7.80 s). The stand-ins' cover is checked on a GPU
-(tests/gpu/test_gpu_warmup.py: 35 compilations without the helper, 3 after it).
+2 x H100, 48Cr gxpf1a float32 ``--devices all``, an empty cache each run, with and without the helper in turn
+on one machine: 5.71-6.09 s against 6.98-7.59 s; the main thread compiled 12-16 kernels instead of 33 (on
+another machine kb3g float64 6.13 against 8.80 s, one GPU 6.29 against 7.80 s). The stand-ins' cover is checked
+on a GPU (tests/gpu/test_gpu_warmup.py: 35 compilations without the helper, 3 after it).
 
 Only where a cold cache is likely: ``start`` returns None when cisolver's own units for the dtype already lie
 compiled in the cache (cuda_modules.cached: this machine ran cisolver in this dtype before, and CuPy's kernels
@@ -136,7 +136,8 @@ def _solve(task, rows):
 
 def _stand_in_states(task):
     """The observables' stand-in: normalised random vectors of a few nucleons in the run's valence space, laid
-    out as LOBPCG returns its vectors; None where that problem is outside 1..OBSERVABLES_MAX_DIM states."""
+    out as LOBPCG returns its vectors; None where that problem has fewer states than a block or more than
+    OBSERVABLES_MAX_DIM."""
     import cupy
     from .data import resolve_interaction
     from .observables import states
