@@ -103,7 +103,7 @@ def plan(rq, spare):
 def start(rq):
     """Launch the helper for the run ``rq``; a Warmup, or None (``plan``). Call it before cuda_modules.prepare:
     a unit compiled by then would read as cached."""
-    if rq.devices == "cpu" or rq.comm is not None:
+    if rq.devices == "cpu" or rq.comm is not None or not sys.executable:   # (an embedding interpreter: none)
         return None
     import cupy
     from . import cuda_modules

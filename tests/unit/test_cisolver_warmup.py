@@ -63,9 +63,11 @@ def test_few_keeps_the_parity():
     assert all(warmup.few(n) % 2 == n % 2 for n in range(30))
 
 
-def test_start_without_gpus_or_under_mpi_starts_nothing():
+def test_start_without_gpus_or_under_mpi_starts_nothing(monkeypatch):
     assert warmup.start(_request(devices="cpu")) is None
     assert warmup.start(_request(comm=object())) is None
+    monkeypatch.setattr(sys, "executable", "")            # an embedding interpreter: no helper to start
+    assert warmup.start(_request()) is None
 
 
 def test_close_ends_a_helper_that_still_runs():
