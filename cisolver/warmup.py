@@ -18,7 +18,9 @@ process finds them before it would compile them:
   run's H is, whose lowest eigenvalues lie apart so that its columns converge one by one.
 A process of its own: the same stand-ins on threads of the run's process took the interpreter lock from its host
 build (the GPU build started up to 1.2 s later) and would have shared its CUDA state. What the helper computes
-is dropped, and it writes nothing but CuPy's cache. Its failures cost only the time it would have saved.
+is dropped, and it writes nothing but CuPy's cache. Its failures cost only the time it would have saved: on a
+GPU in exclusive-process compute mode it cannot open the device, which the run's process holds by then (``start``
+reads the GPU's free memory before it launches the helper), and it ends at once.
 ``Warmup.close`` (spectrum.run calls it before it returns, also on an exception) ends a helper still running.
 
 2 x H100, 48Cr gxpf1a float32 ``--devices all``, an empty cache each run, with and without the helper in turn
