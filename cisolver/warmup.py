@@ -82,11 +82,16 @@ class Warmup:
         return self.process.wait()
 
 
+def _applies(rq):
+    """A run in one process on GPUs, the helper not turned off by $CISOLVER_WARMUP."""
+    return rq.devices != "cpu" and rq.comm is None and os.environ.get(ENV, "").strip() != "0"
+
+
 def plan(rq, spare):
     """The helper's task for the run ``rq`` (spectrum.prepare's request) as a JSON-ready dict, or None when
     there is nothing to gain (see the module's notes). ``spare``: the first GPU's free bytes less the run's
     estimate there."""
-    if rq.devices == "cpu" or rq.comm is not None or os.environ.get(ENV, "").strip() == "0":
+    if not _applies(rq):
         return None
     b = rq.block_size or rq.nev + 3
     rows = min(rq.counts.dimension, STAND_IN_ROWS)
@@ -105,7 +110,7 @@ def plan(rq, spare):
 def start(rq):
     """Launch the helper for the run ``rq``; a Warmup, or None (``plan``). Call it before cuda_modules.prepare:
     a unit compiled by then would read as cached."""
-    if rq.devices == "cpu" or rq.comm is not None or not sys.executable:   # (an embedding interpreter: none)
+    if not _applies(rq) or not sys.executable:      # (an embedding interpreter names none)
         return None
     import cupy
     from . import cuda_modules
