@@ -250,13 +250,22 @@ def _compile(cupy, code, names):
     16 cores, against 2.3-2.6 s, the largest unit's own time, with NVRTC called directly; NVRTC 13.0). Where
     NVRTC cannot compile for the architecture, CuPy's path takes over (it then makes PTX for the driver)."""
     nvrtc = _nvrtc(cupy)
-    arch = None if nvrtc is None else int(cupy.cuda.Device().compute_capability)
-    if arch is None or arch not in getattr(nvrtc, "getSupportedArchs", tuple)():
+    arch = _cubin_arch(cupy, nvrtc)
+    if arch is None:
         module = cupy.RawModule(code=code, options=OPTIONS)
     else:
         module = cupy.RawModule(path=_cubin(nvrtc, code, arch))
     module.get_function(names[0])          # compiles and loads it here
     return module
+
+
+def _cubin_arch(cupy, nvrtc, device=None):
+    """The architecture (e.g. 90) of ``device`` (None: the current one) when NVRTC compiles cubins for it, else
+    None (``nvrtc`` None: a stand-in ``cupy``, whose devices are not asked)."""
+    if nvrtc is None:
+        return None
+    arch = int(cupy.cuda.Device(device).compute_capability)
+    return arch if arch in getattr(nvrtc, "getSupportedArchs", tuple)() else None
 
 
 def _nvrtc(cupy):
@@ -291,10 +300,8 @@ def cached(cupy, dtype, device):
     machine that ran cisolver on such a GPU in this dtype before). False where NVRTC cannot compile for the
     architecture (CuPy's own path then keeps the PTX) or ``cupy`` is a stand-in. No GPU work."""
     nvrtc = _nvrtc(cupy)
-    if nvrtc is None:
-        return False
-    arch = int(cupy.cuda.Device(device).compute_capability)
-    if arch not in getattr(nvrtc, "getSupportedArchs", tuple)():
+    arch = _cubin_arch(cupy, nvrtc, device)
+    if arch is None:
         return False
     return all(_cached_path(_cubin_name(nvrtc, code, arch)[0]) is not None for _, code, _ in units(dtype))
 

@@ -85,23 +85,15 @@ def test_cached_reads_the_cache(tmp_path, monkeypatch):
     assert not cuda_modules.cached(cupy, np.float32, 0)
 
 
-def test_spectrum_with_the_helper_matches_one_without(tmp_path):
+def test_spectrum_with_the_helper_matches_one_without(tmp_path, monkeypatch):
     from cisolver import compute_spectrum
     args = ("usdb", 4, 4)
     kw = dict(nev=3, devices="0", dtype="float64")
-    env_before = os.environ.get("CUPY_CACHE_DIR")
-    os.environ["CUPY_CACHE_DIR"] = str(tmp_path / "kernels")    # the helper starts: nothing cached there
-    try:
+    with monkeypatch.context() as m:
+        m.setenv("CUPY_CACHE_DIR", str(tmp_path / "kernels"))    # the helper starts: nothing cached there
         with_helper = compute_spectrum(*args, **kw)
-    finally:
-        if env_before is None:
-            del os.environ["CUPY_CACHE_DIR"]
-        else:
-            os.environ["CUPY_CACHE_DIR"] = env_before
-    os.environ["CISOLVER_WARMUP"] = "0"
-    try:
+    with monkeypatch.context() as m:
+        m.setenv("CISOLVER_WARMUP", "0")
         without = compute_spectrum(*args, **kw)
-    finally:
-        del os.environ["CISOLVER_WARMUP"]
     assert np.allclose(with_helper["energies"], without["energies"], rtol=0, atol=1e-8)
     assert with_helper["j"] == without["j"]
