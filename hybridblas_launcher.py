@@ -7,16 +7,21 @@ The installed scripts (flapw, cisolver, hybridblas-tune) call ``flapw()``, ``cis
 outside the packages and imports only the standard library, so nothing heavy loads before its guard is up.
 ``python3 -m flapw`` imports the package before its ``__main__``; the packages wrap their own imports in
 ``loading(__name__)``, which acts only for the tool's own ``python -m`` run and does nothing for a library user.
+Both also start CUDA's driver and the contexts of the GPUs that ``--devices`` names beside those imports
+(hybridblas_cuda_start).
 """
 import importlib
 import os
 import sys
+
+import hybridblas_cuda_start
 
 __all__ = ["interrupted", "launch", "end_mpi_run", "loading", "flapw", "cisolver", "hybridblas_tune"]
 
 # the package `python -m` runs -> (the tool's name, its module with main())
 TOOLS = {"flapw": ("flapw", "flapw.cli"), "cisolver": ("cisolver", "cisolver.cli"),
          "hybridblas.tuning": ("hybridblas-tune", "hybridblas.tuning.cli")}
+ONE_GPU_PER_RANK = {"cisolver"}          # under MPI each rank takes one GPU of --devices (local rank -> GPU)
 
 
 def interrupted(prog):
@@ -29,6 +34,7 @@ def launch(package):
     """Import the tool of ``package`` (a key of TOOLS) and return what its ``main()`` returns, or 130 after
     `interrupted` for a Ctrl-C that comes before main() handles its own."""
     prog, module = TOOLS[package]
+    hybridblas_cuda_start.start(sys.argv[1:], one_per_rank=package in ONE_GPU_PER_RANK)
     try:
         code = importlib.import_module(module).main()
     except KeyboardInterrupt:
@@ -95,6 +101,8 @@ class loading:
         name = name.removesuffix(".__main__") if name else None
         inside = name in TOOLS and (name == package or name.startswith(package + "."))
         self.prog = TOOLS[name][0] if inside else None
+        if inside:
+            hybridblas_cuda_start.start(sys.argv[1:], one_per_rank=name in ONE_GPU_PER_RANK)
 
     def __enter__(self):
         return self

@@ -15,6 +15,7 @@ import threading
 from numbers import Integral
 
 import numpy as np
+from hybridblas_cuda_start import MPI_VARIABLES
 
 from . import workers
 from .problem import array_module
@@ -23,10 +24,7 @@ __all__ = ["world", "local_rank", "block_range", "allreduce", "allgather_rows", 
            "device_collectives", "prepare_collectives", "gram", "node_context", "rank_print"]
 
 
-# set in every rank's environment by the MPI launchers: Open MPI, MPICH/Hydra and Intel MPI (and srun's PMI-1/2),
-# PMIx (srun --mpi=pmix, prterun), MVAPICH, Cray ALPS
-LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "PMIX_RANK",
-                      "MV2_COMM_WORLD_SIZE", "ALPS_APP_PE")
+LAUNCHER_VARIABLES = MPI_VARIABLES     # set in every rank's environment by the MPI launchers
 
 
 def world():
