@@ -3,8 +3,9 @@
 # from start to exit, python3 -m benchmarks.cli) and the GPU test suite.
 #   usage (device machine, repo root):  OUT=dir bash benchmarks/campaign_e2e.sh [stage ...]
 # Stages: ci48 (48Cr with the CLI defaults: the first run of a fresh machine is the cold one), ciprof (where
-# a warm 48Cr run spends its time, cProfile), cimpi (two ranks, between two one-process runs), flapwquick (the
-# rows of the FLAPW table and the 8 k-points), flapw (the FLAPW builds of docs/performance.md,
+# a warm 48Cr run spends its time, cProfile), cimpi (two ranks, between two one-process runs), cipairs (one
+# process and two ranks in turn, $PAIRS times, then again with bytecode as an installed package has it),
+# flapwquick (the rows of the FLAPW table and the 8 k-points), flapw (the FLAPW builds of docs/performance.md,
 # device and host arrays, one and two GPUs, 8 k-points), flapwpeak (TiO2 Kmax 4.0's BLAS part against Σ device
 # cuBLAS zherk), gputests. MPI: the machine's own mpiexec when it has
 # one, else the mpich and mpi4py wheels carried in .whl/.
@@ -31,6 +32,18 @@ cimpi)
   $B --json $OUT/ci48.json --label 48Cr-f32-1process-before -- $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all
   $B --json $OUT/ci48.json --label 48Cr-f32-2ranks -- mpiexec $BIND -n 2 $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all
   $B --json $OUT/ci48.json --label 48Cr-f32-1process-after -- $CI --interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all ;;
+cipairs)    # one process and two ranks in turn, PAIRS times; then as an installed package runs: with bytecode
+  mpi_setup; A="--interaction gxpf1a --protons 4 --neutrons 4 --dtype float32 --tol 1e-5 --devices all"
+  for i in $(seq ${PAIRS:-5}); do
+    $B --json $OUT/ci48.json --label 48Cr-f32-1process -- $CI $A
+    $B --json $OUT/ci48.json --label 48Cr-f32-2ranks -- mpiexec $BIND -n 2 $CI $A
+  done
+  (export PYTHONPYCACHEPREFIX=/tmp/pycache-campaign; unset PYTHONDONTWRITEBYTECODE   # pip compiles at install
+   $CI $A > /dev/null; mpiexec $BIND -n 2 $CI $A > /dev/null                         # the first runs write it
+   for i in $(seq ${PAIRS:-5}); do
+     $B --json $OUT/ci48.json --label 48Cr-f32-1process-bytecode -- $CI $A
+     $B --json $OUT/ci48.json --label 48Cr-f32-2ranks-bytecode -- mpiexec $BIND -n 2 $CI $A
+   done) ;;
 flapwquick)
   python3 -m flapw build -q --system NaCl --kmax 2.5 --devices all --interstitial --solve 5 > /dev/null   # CuPy's kernels
   for sys in "TiO2 3.0" "TiO2 4.0" "AuAg 4.0"; do set -- $sys
