@@ -174,8 +174,10 @@ def prepare(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=None
     if comm is not None:
         from hybridblas.distributed import local_rank
         rank_on_node, local_ranks = local_rank(comm)
-        if gpus != "cpu":              # one GPU per rank: local rank -> device
-            gpus = [gpus[rank_on_node % len(gpus)]]
+        if gpus != "cpu":              # one GPU per rank: local rank -> device, current on this thread from now
+            gpus = [gpus[rank_on_node % len(gpus)]]     # (no context on another rank's GPU when a device
+            import cupy                                   # switch inside the run switches back)
+            cupy.cuda.Device(gpus[0]).use()
     on_gpus = _builds_on_gpus(counts, gpus, dt, comm, layout, precond, block_size, nev)
     mem = estimate.memory(counts, nev=nev, block_size=block_size or nev + 3, dtype=dt, storage=storage,
                           gpus=() if gpus == "cpu" else tuple(gpus), ranks=ranks, layout=layout,

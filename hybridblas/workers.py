@@ -15,13 +15,19 @@ the running ones have ended the exception of the earliest item is raised. A ``Gr
 of threads that share one queue, for work whose concurrency must be bounded across all callers at once
 (the host copies of every GPU of a node: more threads only add contention there); its ``map`` hands every
 item to the group and waits.
+
+A job runs with its submitter's current CUDA device, where the submitter has a CUDA context current: a
+``with cupy.cuda.Device(d)`` inside the job then returns the worker to that device, not to the runtime's
+default device 0, whose context (half a GiB, and in exclusive-process mode a GPU another process holds)
+a run on other GPUs must never make.
 """
 import queue
+import sys
 import threading
 
 import numpy as np
 
-__all__ = ["Job", "Group", "start", "map", "idle_threads"]
+__all__ = ["Job", "Group", "start", "map", "idle_threads", "current_device"]
 
 _idle = queue.SimpleQueue()
 _count_lock = threading.Lock()
@@ -67,8 +73,9 @@ class _Worker:
 
     def _loop(self):
         while True:
-            fn, args, done = self.jobs.get()
+            fn, args, done, device = self.jobs.get()
             try:
+                _use(device)
                 done._result = fn(*args)
             except BaseException as exc:      # kept for result(); nothing may kill the worker
                 done._error = exc
@@ -85,8 +92,30 @@ def start(fn, *args, name="worker"):
     except queue.Empty:
         worker = _Worker(name)
     done = Job()
-    worker.jobs.put((fn, args, done))
+    worker.jobs.put((fn, args, done, current_device()))
     return done
+
+
+def current_device():
+    """The calling thread's current CUDA device when CuPy is loaded and a CUDA context is current on the thread,
+    else None (no CUDA state to hand on: the thread has not used a GPU)."""
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return None
+    try:
+        if not cupy.cuda.driver.ctxGetCurrent():
+            return None
+        return cupy.cuda.runtime.getDevice()
+    except Exception:         # a stand-in or a CuPy without a driver: nothing to hand on
+        return None
+
+
+def _use(device):
+    """Make ``device`` (from current_device; None: leave it) current on this worker thread."""
+    if device is not None:
+        runtime = sys.modules["cupy"].cuda.runtime
+        if runtime.getDevice() != device:
+            runtime.setDevice(device)
 
 
 def map(fn, items, threads, progress=None):    # noqa: A001  (the name says what it does, like the builtin)
@@ -157,8 +186,9 @@ class Group:
             job = self._jobs.get()
             if job is None:
                 return
-            fn, x, done, slot, out = job
+            fn, x, done, slot, out, device = job
             try:
+                _use(device)
                 out[slot] = (True, fn(x))
             except BaseException as exc:
                 out[slot] = (False, exc)
@@ -173,8 +203,9 @@ class Group:
         items = list(items)
         out = [None] * len(items)
         done = threading.Semaphore(0)
+        device = current_device()
         for i, x in enumerate(items):
-            self._jobs.put((fn, x, done, i, out))
+            self._jobs.put((fn, x, done, i, out, device))
         waited = 0
         try:
             for _ in items:

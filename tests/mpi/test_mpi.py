@@ -73,6 +73,12 @@ def test_triangular_layout_lobpcg(ranks):
 
 @pytest.mark.mpi
 @pytest.mark.multi_gpu
+def test_ranks_make_contexts_on_their_own_gpus_only():
+    out = run_mpi("gpu_contexts_job.py", 2)
+    assert "gpu contexts OK on 2 ranks: [[0], [1]]" in out
+
+
+@pytest.mark.multi_gpu
 def test_distributed_lobpcg_one_gpu_per_rank():
     out = run_mpi("lobpcg_gpu_job.py", 2)
     assert "lobpcg gpu OK on 2 ranks" in out

@@ -1,0 +1,47 @@
+"""A process that works on GPU 1 alone, its device switches on hybridblas's worker threads included, makes no
+CUDA context on GPU 0 (the driver's primary-context state, in a fresh process)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CODE = r"""
+import ctypes
+import cupy
+from hybridblas import workers
+
+def active():
+    cuda = ctypes.CDLL("libcuda.so.1")
+    out = []
+    for ordinal in range(cupy.cuda.runtime.getDeviceCount()):
+        device, flags, on = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+        cuda.cuDeviceGet(ctypes.byref(device), ordinal)
+        cuda.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(on))
+        if on.value:
+            out.append(ordinal)
+    return out
+
+def on_one(_=None):
+    with cupy.cuda.Device(1):
+        return float(cupy.arange(4.0).sum())
+
+cupy.cuda.Device(1).use()
+assert on_one() == 6.0
+assert workers.start(on_one).result() == 6.0
+assert workers.map(on_one, range(8), 4) == [6.0] * 8
+group = workers.Group(2)
+assert group.map(on_one, range(4)) == [6.0] * 4
+group.close()
+print("active", active())
+"""
+
+
+@pytest.mark.multi_gpu
+def test_work_on_gpu_1_makes_no_context_on_gpu_0():
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "active [1]" in proc.stdout, proc.stdout
