@@ -65,10 +65,14 @@ def start(argv, one_per_rank=False):
     named = named_gpus(argv)
     if named is None or _started is not None:
         return None
-    _started = threading.Thread(target=_run, args=(named, one_per_rank), name="cuda-start", daemon=True)
-    _started.start()
-    atexit.register(_started.join, EXIT_WAIT)   # a quick exit (--help, bad input) waits for it: never unload the
-    return _started                             # driver's library under a call in flight
+    thread = threading.Thread(target=_run, args=(named, one_per_rank), name="cuda-start", daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:                      # no thread to be had: CuPy starts CUDA in its time, as without this
+        return None
+    _started = thread
+    atexit.register(thread.join, EXIT_WAIT)   # a quick exit (--help, bad input) waits for it: never unload the
+    return thread                             # driver's library under a call in flight
 
 
 def _run(named, one_per_rank):

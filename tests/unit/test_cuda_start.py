@@ -121,6 +121,20 @@ def test_start_runs_once_and_only_for_gpus(no_mpi):
     assert cs.start(["--devices", "0"]) is None                           # once per process
 
 
+def test_start_without_a_thread_to_be_had_leaves_cuda_to_the_tool(no_mpi):
+    no_mpi.setattr(cs, "_started", None)
+
+    class NoThread:
+        def __init__(self, **kw):
+            pass
+
+        def start(self):
+            raise RuntimeError("can't start new thread")
+    no_mpi.setattr(cs.threading, "Thread", NoThread)
+    assert cs.start(["--devices", "all"]) is None
+    assert cs._started is None
+
+
 @pytest.mark.parametrize("package, per_rank", [("cisolver", True), ("flapw", False)])
 def test_launch_starts_cuda_before_the_tool_loads(monkeypatch, package, per_rank):
     import hybridblas_launcher as launcher
