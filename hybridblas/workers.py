@@ -27,7 +27,7 @@ import threading
 
 import numpy as np
 
-__all__ = ["Job", "Group", "start", "map", "idle_threads", "current_device"]
+__all__ = ["Job", "Group", "start", "map", "idle_threads"]
 
 _idle = queue.SimpleQueue()
 _count_lock = threading.Lock()
