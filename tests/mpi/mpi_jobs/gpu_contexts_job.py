@@ -3,7 +3,8 @@ threads) makes a CUDA context on this rank's GPU alone, none on another rank's (
 the driver reports it)."""
 import ctypes
 
-from cisolver.distributed import local_rank, world
+from cisolver.distributed import world
+from hybridblas.distributed import local_rank
 from cisolver.spectrum import compute_spectrum
 
 
