@@ -89,15 +89,15 @@ def _run(named, one_per_rank):
                     and cuda.cuDeviceGetAttribute(ctypes.byref(mode), COMPUTE_MODE, device) == 0
                     and mode.value == 0):
                 cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
-    except (OSError, AttributeError):       # no driver library: the tool reports what it needs
+    except Exception:                       # no driver library, or a call that fails: the tool starts CUDA
         return
 
 
 def _devices(named, count, one_per_rank):
     """The GPU ordinals to make contexts on: the named ones that exist, or this rank's one."""
     ids = list(range(count)) if named == "every" else [i for i in named if i < count]
-    if not any(v in os.environ for v in MPI_VARIABLES):
-        return ids
+    if os.environ.get("HYBRIDBLAS_MPI") != "1" and not any(v in os.environ for v in MPI_VARIABLES):
+        return ids                            # one process (HYBRIDBLAS_MPI=1: MPI under another launcher)
     local = next((os.environ[v] for v in LOCAL_RANK_VARIABLES if v in os.environ), "")
     if not (one_per_rank and ids and local.isdigit()):
         return []

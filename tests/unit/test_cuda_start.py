@@ -1,5 +1,7 @@
 """hybridblas_cuda_start: which GPUs a tool's command line names, which contexts a process or an MPI rank makes
 at start-up, and that a missing or failing driver changes nothing (a stand-in libcuda records the calls)."""
+import ctypes
+
 import pytest
 
 import hybridblas_cuda_start as cs
@@ -27,7 +29,7 @@ def test_named_gpus(argv, named):
 
 @pytest.fixture
 def no_mpi(monkeypatch):
-    for name in cs.MPI_VARIABLES + cs.LOCAL_RANK_VARIABLES:
+    for name in cs.MPI_VARIABLES + cs.LOCAL_RANK_VARIABLES + ("HYBRIDBLAS_MPI",):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -51,6 +53,13 @@ def test_mpi_rank_without_a_known_local_rank_or_rule_makes_no_context(no_mpi):
     assert cs._devices("every", 2, one_per_rank=True) == []               # no local rank in the environment
     no_mpi.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1")
     assert cs._devices("every", 2, one_per_rank=False) == []              # a tool that spreads GPUs otherwise
+    assert cs._devices("every", 2, one_per_rank=True) == [1]
+
+
+def test_hybridblas_mpi_counts_as_mpi(no_mpi):
+    no_mpi.setenv("HYBRIDBLAS_MPI", "1")                                   # a launcher hybridblas does not know
+    assert cs._devices("every", 2, one_per_rank=True) == []
+    no_mpi.setenv("SLURM_LOCALID", "1")
     assert cs._devices("every", 2, one_per_rank=True) == [1]
 
 
@@ -100,6 +109,17 @@ def test_run_stops_when_the_driver_does_not_start(no_mpi):
     assert fake.calls == [("init",)]
 
 
+def test_run_swallows_a_failing_call(no_mpi):
+    fake = FakeCuda()
+
+    def broken(out):
+        raise ctypes.ArgumentError("bad argument")
+    fake.cuDeviceGetCount = broken
+    _with_driver(no_mpi, fake)
+    cs._run("every", one_per_rank=True)                                    # no exception, no context
+    assert fake.calls == [("init",)]
+
+
 def test_run_without_a_driver_library_does_nothing(no_mpi):
     def missing(name):
         raise OSError(f"{name}: cannot open shared object file")
@@ -138,6 +158,7 @@ def test_start_without_a_thread_to_be_had_leaves_cuda_to_the_tool(no_mpi):
 @pytest.mark.parametrize("package, per_rank", [("cisolver", True), ("flapw", False)])
 def test_launch_starts_cuda_before_the_tool_loads(monkeypatch, package, per_rank):
     import hybridblas_launcher as launcher
+    monkeypatch.delitem(launcher.sys.modules, "mpi4py.MPI", raising=False)   # no MPI exit path in pytest
     seen = []
     monkeypatch.setattr(cs, "start", lambda argv, one_per_rank=False: seen.append((list(argv), one_per_rank)))
     monkeypatch.setattr(launcher.sys, "argv", [package, "build", "--devices", "all"])
