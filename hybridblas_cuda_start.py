@@ -19,7 +19,7 @@ import ctypes
 import os
 import threading
 
-__all__ = ["start", "named_gpus"]
+__all__ = ["start", "named_gpus", "under_mpi"]
 
 # set in every rank's environment by the MPI launchers: Open MPI, MPICH/Hydra and Intel MPI (and srun's PMI-1/2),
 # PMIx (srun --mpi=pmix, prterun), MVAPICH, Cray ALPS; then each one's local rank (and Slurm's, Cray PALS')
@@ -32,6 +32,12 @@ COMPUTE_MODE = 20                     # CU_DEVICE_ATTRIBUTE_COMPUTE_MODE; 0: def
 EXIT_WAIT = 10.0                      # seconds a normal exit waits for the thread
 
 _started = None
+
+
+def under_mpi():
+    """Whether an MPI launcher started this process (one of MPI_VARIABLES is set) or HYBRIDBLAS_MPI=1 says so
+    (a launcher not in the list). Nothing is imported."""
+    return os.environ.get("HYBRIDBLAS_MPI") == "1" or any(v in os.environ for v in MPI_VARIABLES)
 
 
 def named_gpus(argv):
@@ -96,8 +102,8 @@ def _run(named, one_per_rank):
 def _devices(named, count, one_per_rank):
     """The GPU ordinals to make contexts on: the named ones that exist, or this rank's one."""
     ids = list(range(count)) if named == "every" else [i for i in named if i < count]
-    if os.environ.get("HYBRIDBLAS_MPI") != "1" and not any(v in os.environ for v in MPI_VARIABLES):
-        return ids                            # one process (HYBRIDBLAS_MPI=1: MPI under another launcher)
+    if not under_mpi():
+        return ids
     local = next((os.environ[v] for v in LOCAL_RANK_VARIABLES if v in os.environ), "")
     if not (one_per_rank and ids and local.isdigit()):
         return []

@@ -10,12 +10,11 @@ The pattern is MFDn's: vectors are distributed by rows, a Gram matrix is a local
 product over the local rows followed by one Allreduce. Arrays are numpy or cupy arrays (TypeError
 otherwise); the collectives must be called by every rank of ``comm``.
 """
-import os
 import threading
 from numbers import Integral
 
 import numpy as np
-from hybridblas_cuda_start import MPI_VARIABLES
+from hybridblas_cuda_start import MPI_VARIABLES, under_mpi
 
 from . import workers
 from .problem import array_module
@@ -31,7 +30,7 @@ def world():
     """mpi4py's COMM_WORLD when running under MPI with more than one rank, else None. mpi4py (0.6 s to import
     and initialise MPI on a GPU node) is imported only when an MPI launcher started this process (one of
     LAUNCHER_VARIABLES is set) or HYBRIDBLAS_MPI=1 asks for it."""
-    if os.environ.get("HYBRIDBLAS_MPI") != "1" and not any(v in os.environ for v in LAUNCHER_VARIABLES):
+    if not under_mpi():
         return None
     try:
         from mpi4py import MPI
