@@ -286,6 +286,8 @@ def _side_by_side(args, backend, largest, nb, n_kpoints, ranks=1):
 def _plan(args, comm):
     """Every check before the build; returns what the build needs. Raises on a bad option (exit 2)."""
     spec = parallel.check_devices(args.devices, comm)
+    if comm is None:
+        console.use_first_gpu(spec.gpus)     # a run on --devices 1 makes no context on GPU 0
     if args.arrays == "device" and args.blas != "hybridblas":
         raise ValueError(f"--arrays device needs --blas hybridblas (cuBLASXt takes host arrays), "
                          f"got --blas {args.blas}")
@@ -598,29 +600,10 @@ def _body(args):
 
 def main(argv=None):
     """``flapw build ...``; returns the exit code (0 done, 1 failed, 2 bad input or refused, 130 Ctrl-C). The
-    caller's current GPU is current again on return (a build makes its GPUs current while it runs)."""
-    before = _current_gpu()
-    try:
+    caller's current GPU is current again on return (a build makes its GPUs current while it runs;
+    console.gpu_kept)."""
+    with console.gpu_kept():
         return console.run_main(PROG, _body, argv, _parser())
-    finally:
-        after = _current_gpu()
-        if before is not None and after is not None and after != before:
-            try:
-                sys.modules["cupy"].cuda.Device(before).use()
-            except Exception:          # the driver went away meanwhile: nothing to give back
-                pass
-
-
-def _current_gpu():
-    """The calling thread's current CUDA device: 0 (CUDA's default) until CuPy has been imported; None where
-    CuPy has no usable GPU or driver."""
-    cupy = sys.modules.get("cupy")
-    if cupy is None:
-        return 0
-    try:
-        return cupy.cuda.runtime.getDevice()
-    except Exception:                  # CuPy without a driver or a GPU
-        return None
 
 
 if __name__ == "__main__":

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from hybridblas_launcher import interrupted
 
+from . import workers
 from ._version import __version__
 
 __all__ = ["tool_parser", "add_common_options", "configure_logging", "progress", "check_output_path", "run_main",
-           "positive_int", "nonnegative_int", "positive_float", "CLIError"]
+           "gpu_kept", "use_first_gpu", "positive_int", "nonnegative_int", "positive_float", "CLIError"]
 
 
 class CLIError(Exception):
@@ -139,6 +140,40 @@ def _typed(kind, test, what):
 positive_int = _typed(int, lambda v: v >= 1, "an integer >= 1")
 nonnegative_int = _typed(int, lambda v: v >= 0, "an integer >= 0")
 positive_float = _typed(float, lambda v: v > 0 and v == v and v != float("inf"), "a finite number > 0")
+
+
+class gpu_kept:
+    """Around a tool's ``main()``: the calling thread's current GPU, where it had one (CuPy loaded and a CUDA
+    context current), is current again on exit, whatever the run made current. A thread without one is left as
+    the run leaves it: switching it to CUDA's default device 0 would make a context on a GPU the run may not
+    have used (a CUDA context holds about 500 MiB of that GPU until the process ends)."""
+
+    def __enter__(self):
+        self.before = workers.current_device()
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        now = workers.current_device()
+        if self.before is not None and now is not None and now != self.before:
+            try:
+                sys.modules["cupy"].cuda.Device(self.before).use()
+            except Exception:          # the driver went away meanwhile: nothing to give back
+                pass
+        return False
+
+
+def use_first_gpu(gpus):
+    """Make the first of ``gpus`` (GPU ids) current on the calling thread, at the start of a tool's run on them.
+    The run's device switches (``with cupy.cuda.Device(i)``) switch back to the current device; on a thread that
+    has none that is CUDA's default device 0, whose context a run on GPU 1 alone would then make. Nothing where
+    ``gpus`` is empty; where CuPy, the driver or the GPU is missing, the tool's own checks report it."""
+    if not gpus:
+        return
+    try:
+        import cupy
+        cupy.cuda.Device(gpus[0]).use()
+    except Exception:                  # no CuPy, driver or such GPU: left to the tool's checks
+        return
 
 
 def run_main(prog, body, argv=None, parser=None):

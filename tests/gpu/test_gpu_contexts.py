@@ -1,5 +1,6 @@
-"""A process that works on GPU 1 alone, its device switches on hybridblas's worker threads included, makes no
-CUDA context on GPU 0 (the driver's primary-context state, in a fresh process)."""
+"""A process that works on GPU 1 alone makes no CUDA context on GPU 0 (the driver's primary-context state, in a
+fresh process): device switches on hybridblas's worker threads, and the tools' runs on --devices 1, which give a
+caller that worked on GPU 0 its GPU back."""
 import os
 import subprocess
 import sys
@@ -45,3 +46,51 @@ def test_work_on_gpu_1_makes_no_context_on_gpu_0():
     proc = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "active [1]" in proc.stdout, proc.stdout
+
+
+TOOL = r"""
+import ctypes, sys
+import cupy
+from cisolver import cli as cisolver_cli
+from flapw import cli as flapw_cli
+
+def active():
+    cuda = ctypes.CDLL("libcuda.so.1")
+    out = []
+    for ordinal in range(cupy.cuda.runtime.getDeviceCount()):
+        device, flags, on = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+        cuda.cuDeviceGet(ctypes.byref(device), ordinal)
+        cuda.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(on))
+        if on.value:
+            out.append(ordinal)
+    return out
+
+if sys.argv[1] == "kept":
+    cupy.cuda.Device(0).use()                        # the caller works on GPU 0: it is current again after
+tools = {"cisolver": (cisolver_cli, ["spectrum", "--interaction", "usdb", "--protons", "2", "--neutrons", "3",
+                                     "--nev", "3", "--devices", "1", "--quiet"]),
+         "flapw": (flapw_cli, ["build", "--system", "NaCl", "--kmax", "2.0", "--devices", "1", "--quiet"])}
+module, argv = tools[sys.argv[2]]
+assert module.main(argv) == 0
+print("active", active(), "current", cupy.cuda.runtime.getDevice())
+"""
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("tool", ["cisolver", "flapw"])
+def test_a_tool_on_gpu_1_makes_no_context_on_gpu_0(tool):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", TOOL, "fresh", tool], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "active [1] current 1" in proc.stdout, proc.stdout
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("tool", ["cisolver", "flapw"])
+def test_a_tool_gives_its_caller_back_its_gpu(tool):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", TOOL, "kept", tool], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "active [0, 1] current 0" in proc.stdout, proc.stdout

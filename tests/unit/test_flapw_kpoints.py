@@ -403,9 +403,12 @@ def test_cli_in_process_with_cupy_but_no_driver_finishes(monkeypatch, capsys):
 
     def no_driver():
         raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
-    fake = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDevice=no_driver)))
+    fake = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDevice=no_driver),
+                                                driver=SimpleNamespace(ctxGetCurrent=no_driver)))
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    assert cli._current_gpu() is None
+    from hybridblas import console
+    with console.gpu_kept() as kept:
+        assert kept.before is None
     rc = cli.main(["build", "--system", "NaCl", "--kmax", "1.5", "--devices", "cpu", "--quiet"])
     assert rc == 0, capsys.readouterr().err
 
