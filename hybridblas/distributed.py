@@ -302,11 +302,15 @@ def gram(s_local, comm, *, other=None, context=None):
 
 def node_context(comm, devices="all", **kwargs):
     """A hybridblas Context for this rank: its share of the node's GPUs (local rank -> device) and cores.
-    ``devices``: "all", "gpu" or "cpu"; ``kwargs`` go to Context (cpu_threads defaults to the rank's share)."""
+    ``devices``: "all", "gpu" or "cpu"; ``kwargs`` go to Context (cpu_threads defaults to the rank's share).
+    The rank's first GPU becomes current on the calling thread first, so that device switches (the Context's own
+    included) come back to it: on a thread with no current GPU they would come back to device 0 and make a CUDA
+    context (about 500 MiB) on another rank's GPU."""
     if devices not in ("all", "gpu", "cpu"):
         raise ValueError(f"devices must be 'all', 'gpu' or 'cpu', got {devices!r}")
     import hybridblas as hb
     from .blas_threads import available_cores
+    from .console import use_first_gpu
     from .devspec import gpu_count
     lrank, lsize = local_rank(comm)
     n_gpu = gpu_count() if devices in ("all", "gpu") else 0
@@ -316,6 +320,7 @@ def node_context(comm, devices="all", **kwargs):
     if n_gpu:
         mine = [g for g in range(n_gpu) if g % lsize == lrank] or [lrank % n_gpu]
         specs += [f"cuda:{g}" for g in mine]
+        use_first_gpu(mine)
     if not specs:
         specs = ["cpu"]
     kwargs.setdefault("cpu_threads", max(1, available_cores() // lsize))

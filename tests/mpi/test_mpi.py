@@ -78,6 +78,13 @@ def test_ranks_make_contexts_on_their_own_gpus_only():
     assert "gpu contexts OK on 2 ranks: [[0], [1]]" in out
 
 
+@pytest.mark.mpi
+@pytest.mark.multi_gpu
+def test_flapw_ranks_make_contexts_on_their_own_gpus_only():
+    out = run_mpi("flapw_gpu_contexts_job.py", 2)
+    assert "flapw gpu contexts OK on 2 ranks: [[0], [1]]" in out
+
+
 @pytest.mark.multi_gpu
 def test_distributed_lobpcg_one_gpu_per_rank():
     out = run_mpi("lobpcg_gpu_job.py", 2)
