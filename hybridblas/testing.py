@@ -1,4 +1,5 @@
-"""Tools for testing code built on hybridblas: inject a device fault into a Context.
+"""Tools for testing code built on hybridblas: inject a device fault into a Context; see which GPUs a process
+holds a CUDA context on.
 
     with hybridblas.testing.inject_fault(ctx, device_index=1, after_tiles=3) as fault:
         c = hb.herk(1.0, a, context=ctx)       # cuda:1 raises on its 4th tile; the others finish the call
@@ -11,9 +12,10 @@ that device's unfinished tiles on the others and leaves the device out of the Co
 across every call made through the Context while the fault is armed; it fires once.
 """
 import contextlib
+import ctypes
 import threading
 
-__all__ = ["inject_fault", "FaultPlan"]
+__all__ = ["inject_fault", "FaultPlan", "gpus_with_contexts"]
 
 
 class FaultPlan:
@@ -71,3 +73,23 @@ def inject_fault(context, device_index, after_tiles=0, exc=RuntimeError):
     finally:
         with context._fault_lock:
             context._faults.pop(name, None)
+
+
+def gpus_with_contexts():
+    """The GPU ordinals on which this process's primary CUDA context is active, as the driver reports it (ctypes,
+    libcuda): a run on GPU 1 that lists 0 as well made a context on GPU 0 (about 500 MiB held there until the
+    process ends). [] where there is no driver or no GPU."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return []
+    count = ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return []
+    active = []
+    for ordinal in range(count.value):
+        device, flags, on = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
+        if (cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0
+                and cuda.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(on)) == 0 and on.value):
+            active.append(ordinal)
+    return active

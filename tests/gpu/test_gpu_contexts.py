@@ -10,20 +10,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CODE = r"""
-import ctypes
 import cupy
 from hybridblas import workers
+from hybridblas.testing import gpus_with_contexts as active
 
-def active():
-    cuda = ctypes.CDLL("libcuda.so.1")
-    out = []
-    for ordinal in range(cupy.cuda.runtime.getDeviceCount()):
-        device, flags, on = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
-        cuda.cuDeviceGet(ctypes.byref(device), ordinal)
-        cuda.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(on))
-        if on.value:
-            out.append(ordinal)
-    return out
 
 def on_one(_=None):
     with cupy.cuda.Device(1):
@@ -49,21 +39,12 @@ def test_work_on_gpu_1_makes_no_context_on_gpu_0():
 
 
 TOOL = r"""
-import ctypes, sys
+import sys
 import cupy
 from cisolver import cli as cisolver_cli
 from flapw import cli as flapw_cli
+from hybridblas.testing import gpus_with_contexts as active
 
-def active():
-    cuda = ctypes.CDLL("libcuda.so.1")
-    out = []
-    for ordinal in range(cupy.cuda.runtime.getDeviceCount()):
-        device, flags, on = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
-        cuda.cuDeviceGet(ctypes.byref(device), ordinal)
-        cuda.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(on))
-        if on.value:
-            out.append(ordinal)
-    return out
 
 if sys.argv[1] == "kept":
     cupy.cuda.Device(0).use()                        # the caller works on GPU 0: it is current again after

@@ -171,3 +171,34 @@ def test_launch_starts_cuda_before_the_tool_loads(monkeypatch, package, per_rank
     monkeypatch.setattr(launcher.importlib, "import_module", lambda name: Tool)
     assert launcher.launch(package) == 0
     assert seen == [(["build", "--devices", "all"], per_rank)]
+
+
+class ContextState(FakeCuda):
+    """The stand-in driver with primary-context states: ``active`` lists the ordinals whose context is active."""
+
+    def __init__(self, active, **kw):
+        super().__init__(**kw)
+        self.active = active
+
+    def cuDevicePrimaryCtxGetState(self, device, flags, on):
+        on._obj.value = int(device.value in self.active)
+        return 0
+
+
+@pytest.mark.parametrize("fake, expected", [
+    (ContextState([1]), [1]), (ContextState([0, 1]), [0, 1]), (ContextState([]), []),
+    (ContextState([0], init=100), []),                      # CUDA_ERROR_NO_DEVICE: no GPU, no context
+])
+def test_gpus_with_contexts_reads_the_drivers_state(monkeypatch, fake, expected):
+    from hybridblas import testing
+    monkeypatch.setattr(testing.ctypes, "CDLL", lambda name: fake if name == "libcuda.so.1" else pytest.fail(name))
+    assert testing.gpus_with_contexts() == expected
+
+
+def test_gpus_with_contexts_without_a_driver(monkeypatch):
+    from hybridblas import testing
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+    monkeypatch.setattr(testing.ctypes, "CDLL", missing)
+    assert testing.gpus_with_contexts() == []
