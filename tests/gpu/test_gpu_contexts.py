@@ -59,19 +59,13 @@ print("active", active(), "current", cupy.cuda.runtime.getDevice())
 
 @pytest.mark.multi_gpu
 @pytest.mark.parametrize("tool", ["cisolver", "flapw"])
-def test_a_tool_on_gpu_1_makes_no_context_on_gpu_0(tool):
+@pytest.mark.parametrize("caller, expected", [
+    ("fresh", "active [1] current 1"),           # a run on GPU 1 alone: no context on GPU 0
+    ("kept", "active [0, 1] current 0"),         # a caller that worked on GPU 0 gets it back
+])
+def test_a_tool_on_gpu_1(tool, caller, expected):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", TOOL, "fresh", tool], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-c", TOOL, caller, tool], capture_output=True, text=True, env=env,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "active [1] current 1" in proc.stdout, proc.stdout
-
-
-@pytest.mark.multi_gpu
-@pytest.mark.parametrize("tool", ["cisolver", "flapw"])
-def test_a_tool_gives_its_caller_back_its_gpu(tool):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", TOOL, "kept", tool], capture_output=True, text=True, env=env,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "active [0, 1] current 0" in proc.stdout, proc.stdout
+    assert expected in proc.stdout, proc.stdout
