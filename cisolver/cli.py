@@ -126,8 +126,6 @@ def _body(args):
     output = _check_output(args.output)
     comm = world()
     rank = comm.Get_rank() if comm is not None else 0
-    if comm is None:
-        _use_first_gpu(spectrum, args.devices)
     request = spectrum.prepare(args.interaction, args.protons, args.neutrons, args.nev, twice_m=args.twice_m,
                                tol=args.tol, maxiter=args.maxiter, devices=args.devices, dtype=args.dtype,
                                storage=args.storage, precond=args.precond, block_size=args.block_size,
@@ -155,20 +153,9 @@ def _body(args):
     return code
 
 
-def _use_first_gpu(spectrum, devices):
-    """One process on GPUs: the first GPU of ``devices`` current from the start (console.use_first_gpu), so that
-    a run on --devices 1 makes no context on GPU 0. Under MPI spectrum.prepare makes each rank's GPU current; a
-    value the check refuses is left to spectrum.prepare to report."""
-    try:
-        gpus = spectrum.parse_devices(devices)
-    except (TypeError, ValueError):
-        return
-    if gpus != "cpu":
-        console.use_first_gpu(gpus)
-
-
 def main(argv=None):
     """``cisolver spectrum|plot ...``; returns the exit code (0 converged, 1 not converged or failed, 2 bad input
-    or refused, 130 Ctrl-C). The caller's current GPU is current again on return (console.gpu_kept)."""
+    or refused, 130 Ctrl-C). A caller's current GPU is current again on return; a caller that had none keeps the
+    first GPU of the run (console.gpu_kept)."""
     with console.gpu_kept():
         return console.run_main(PROG, _body, argv, _parser())

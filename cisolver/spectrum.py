@@ -178,6 +178,8 @@ def prepare(interaction, n_protons, n_neutrons, nev=5, *, twice_m=None, tol=None
             gpus = [gpus[rank_on_node % len(gpus)]]     # (no context on another rank's GPU when a device
             import cupy                                   # switch inside the run switches back)
             cupy.cuda.Device(gpus[0]).use()
+    elif gpus != "cpu":                # one process: a thread without a current GPU starts on the first (a run
+        hb.console.use_first_gpu(gpus)   # on GPU 1 then makes no context on device 0)
     on_gpus = _builds_on_gpus(counts, gpus, dt, comm, layout, precond, block_size, nev)
     mem = estimate.memory(counts, nev=nev, block_size=block_size or nev + 3, dtype=dt, storage=storage,
                           gpus=() if gpus == "cpu" else tuple(gpus), ranks=ranks, layout=layout,

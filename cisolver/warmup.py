@@ -177,10 +177,10 @@ def _observables(task, part, stand_in):
 def _guarded(task, fn, *args):
     import cupy
     try:
-        with cupy.cuda.Device(task["device"]):
-            out = fn(task, *args)
-            cupy.cuda.get_current_stream().synchronize()
-            return out
+        cupy.cuda.Device(task["device"]).use()     # the thread's GPU for good: leaving a `with` block would switch
+        out = fn(task, *args)                       # it to device 0 and make that GPU's context (~500 MiB)
+        cupy.cuda.get_current_stream().synchronize()
+        return out
     except Exception:       # noqa: BLE001 (only time is lost: the run meets those kernels itself)
         return None
 

@@ -286,8 +286,6 @@ def _side_by_side(args, backend, largest, nb, n_kpoints, ranks=1):
 def _plan(args, comm):
     """Every check before the build; returns what the build needs. Raises on a bad option (exit 2)."""
     spec = parallel.check_devices(args.devices, comm)
-    if comm is None:
-        console.use_first_gpu(spec.gpus)     # a run on --devices 1 makes no context on GPU 0
     if args.arrays == "device" and args.blas != "hybridblas":
         raise ValueError(f"--arrays device needs --blas hybridblas (cuBLASXt takes host arrays), "
                          f"got --blas {args.blas}")
@@ -329,6 +327,8 @@ def _plan(args, comm):
         raise ValueError(f"--max-temp-gib {args.max_temp_gib} is below one atom's {args.method} buffers "
                          f"({hb.memory.format_bytes(per_atom)} at N_G = {largest.n_g})")
     nb = _batch_size(largest, args.method, args.batch_atoms, max_bytes)
+    if comm is None:                         # no current GPU yet: the first (--devices 1 makes no context on GPU 0)
+        console.use_first_gpu(spec.gpus)
     backend = make_backend(args.blas, spec, args.strategy, comm, _emulation(args))
     workers, nb = _side_by_side(args, backend, largest, nb, len(mine), parallel.ranks_on_node(comm))
     arrays = "device" if workers and args.arrays != "host" else args.arrays
@@ -599,9 +599,9 @@ def _body(args):
 
 
 def main(argv=None):
-    """``flapw build ...``; returns the exit code (0 done, 1 failed, 2 bad input or refused, 130 Ctrl-C). The
-    caller's current GPU is current again on return (a build makes its GPUs current while it runs;
-    console.gpu_kept)."""
+    """``flapw build ...``; returns the exit code (0 done, 1 failed, 2 bad input or refused, 130 Ctrl-C). A
+    caller's current GPU is current again on return (a build makes its GPUs current while it runs); a caller that
+    had none keeps the GPU the build left current (console.gpu_kept)."""
     with console.gpu_kept():
         return console.run_main(PROG, _body, argv, _parser())
 

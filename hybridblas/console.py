@@ -144,9 +144,9 @@ positive_float = _typed(float, lambda v: v > 0 and v == v and v != float("inf"),
 
 class gpu_kept:
     """Around a tool's ``main()``: the calling thread's current GPU, where it had one (CuPy loaded and a CUDA
-    context current), is current again on exit, whatever the run made current. A thread without one is left as
-    the run leaves it: switching it to CUDA's default device 0 would make a context on a GPU the run may not
-    have used (a CUDA context holds about 500 MiB of that GPU until the process ends)."""
+    context current), is current again on exit, whatever the run made current. A thread without one keeps the
+    GPU the run left current (the first it ran on): switching it to CUDA's default device 0 would make a context
+    on a GPU the run may not have used (a CUDA context holds about 500 MiB of that GPU until the process ends)."""
 
     def __enter__(self):
         self.before = workers.current_device()
@@ -163,16 +163,18 @@ class gpu_kept:
 
 
 def use_first_gpu(gpus):
-    """Make the first of ``gpus`` (GPU ids) current on the calling thread, at the start of a tool's run on them.
-    The run's device switches (``with cupy.cuda.Device(i)``) switch back to the current device; on a thread that
-    has none that is CUDA's default device 0, whose context a run on GPU 1 alone would then make. Nothing where
-    ``gpus`` is empty; where CuPy, the driver or the GPU is missing, the tool's own checks report it."""
-    if not gpus:
+    """Make the first of ``gpus`` (GPU ids) current on the calling thread where the thread has no current GPU yet,
+    at the start of a run on them. The run's device switches (``with cupy.cuda.Device(i)``) switch back to the
+    current device; on a thread that has none that is CUDA's default device 0, whose context (about 500 MiB) a run
+    on GPU 1 alone would then make. A thread that has a current GPU keeps it (the switches come back to a GPU it
+    holds a context on already). Nothing where ``gpus`` is empty; where CuPy, the driver or the GPU is missing,
+    the caller's own checks report it."""
+    if not gpus or workers.current_device() is not None:
         return
     try:
         import cupy
         cupy.cuda.Device(gpus[0]).use()
-    except Exception:                  # no CuPy, driver or such GPU: left to the tool's checks
+    except Exception:                  # no CuPy, driver or such GPU: left to the caller's checks
         return
 
 

@@ -303,9 +303,9 @@ def gram(s_local, comm, *, other=None, context=None):
 def node_context(comm, devices="all", **kwargs):
     """A hybridblas Context for this rank: its share of the node's GPUs (local rank -> device) and cores.
     ``devices``: "all", "gpu" or "cpu"; ``kwargs`` go to Context (cpu_threads defaults to the rank's share).
-    The rank's first GPU becomes current on the calling thread first, so that device switches (the Context's own
-    included) come back to it: on a thread with no current GPU they would come back to device 0 and make a CUDA
-    context (about 500 MiB) on another rank's GPU."""
+    Where the calling thread has no current GPU, the rank's first GPU becomes current first (console.use_first_gpu),
+    so that device switches (the Context's own included) come back to it, not to device 0, where they would make a
+    CUDA context (about 500 MiB) on a GPU that is not the rank's (rank 0's, for rank 1 of two)."""
     if devices not in ("all", "gpu", "cpu"):
         raise ValueError(f"devices must be 'all', 'gpu' or 'cpu', got {devices!r}")
     import hybridblas as hb

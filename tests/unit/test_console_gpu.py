@@ -40,6 +40,12 @@ def test_the_first_gpu_is_current_and_switches_come_back_to_it(cupy):
     assert cupy.made == [1, 0, 1]
 
 
+def test_a_thread_with_a_current_gpu_keeps_it(cupy):
+    cupy.set(0)                                          # the caller works on GPU 0: its switches come back there
+    console.use_first_gpu([1])
+    assert cupy.get() == 0 and cupy.made == [0]
+
+
 def test_no_gpu_or_a_missing_one_changes_nothing(cupy):
     console.use_first_gpu([])
     console.use_first_gpu(())

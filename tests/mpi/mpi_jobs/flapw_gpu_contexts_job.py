@@ -10,8 +10,10 @@ comm = world()
 code = cli.main(["build", "--system", "NaCl", "--kmax", "2.0", "--kpoints", "2", "--devices", "gpu", "--quiet"])
 assert code == 0, code
 active = gpus_with_contexts()
-mine = local_rank(comm)[0] % gpu_count()
-assert active == [mine], f"rank {comm.Get_rank()}: contexts on GPUs {active}, its GPU is {mine}"
+lrank, lsize = local_rank(comm)
+n = gpu_count()
+mine = [g for g in range(n) if g % lsize == lrank] or [lrank % n]          # node_context's share of the GPUs
+assert active == mine, f"rank {comm.Get_rank()}: contexts on GPUs {active}, its GPUs are {mine}"
 everyone = comm.allgather(active)
 if comm.Get_rank() == 0:
     print(f"flapw gpu contexts OK on {comm.Get_size()} ranks: {everyone}")
