@@ -1,35 +1,8 @@
 """console.use_first_gpu and console.gpu_kept (a stand-in CuPy that keeps a device and a context per thread):
 a tool's run on GPU 1 starts on GPU 1, so its device switches come back there and never make device 0's
 context; a caller that had a GPU current gets it back, a caller that had none is not switched to device 0."""
-import types
-
-import pytest
-
 from hybridblas import console
-from test_workers_device import StandIn
-
-
-class WithDevice(StandIn):
-    """The stand-in with ``cupy.cuda.Device(i).use()``, failing for a GPU that is not there."""
-
-    def __init__(self, count=2):
-        super().__init__()
-        self.count = count
-        self.cuda.Device = self.device
-
-    def device(self, index):
-        def use():
-            if index >= self.count:
-                raise RuntimeError(f"cudaErrorInvalidDevice: {index}")
-            self.set(index)
-        return types.SimpleNamespace(use=use)
-
-
-@pytest.fixture
-def cupy(monkeypatch):
-    fake = WithDevice()
-    monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
-    return fake
+from test_workers_device import cupy  # noqa: F401  (the fixture: a stand-in CuPy with a device per thread)
 
 
 def test_the_first_gpu_is_current_and_switches_come_back_to_it(cupy):

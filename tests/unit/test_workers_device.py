@@ -10,12 +10,21 @@ from hybridblas import workers
 
 
 class StandIn:
-    """CuPy's runtime and driver as workers use them: a current device per thread, a context once it is set."""
+    """CuPy's runtime and driver as workers use them: a current device per thread, a context once it is set;
+    ``cuda.Device(i).use()`` as well, failing for a GPU beyond ``count``."""
 
-    def __init__(self):
-        self.local, self.made = threading.local(), []
+    def __init__(self, count=2):
+        self.local, self.made, self.count = threading.local(), [], count
         self.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=self.get, setDevice=self.set),
-                                          driver=types.SimpleNamespace(ctxGetCurrent=self.context))
+                                          driver=types.SimpleNamespace(ctxGetCurrent=self.context),
+                                          Device=self.device)
+
+    def device(self, index):
+        def use():
+            if index >= self.count:
+                raise RuntimeError(f"cudaErrorInvalidDevice: {index}")
+            self.set(index)
+        return types.SimpleNamespace(use=use)
 
     def get(self):
         return getattr(self.local, "device", 0)
