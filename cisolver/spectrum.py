@@ -230,6 +230,15 @@ def run(request, progress=None):
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
     rq = request
+    if rq.devices == "cpu" or rq.comm is not None:     # a rank's GPU: made current by prepare and _rank_gpu
+        return _run_warmed(rq, progress)
+    import cupy
+    with hb.console.gpu_kept():         # one process: the run's first GPU is current during the run (the arrays
+        cupy.cuda.Device(rq.devices[0]).use()   # the solve makes land on it, whatever GPU the caller had current);
+        return _run_warmed(rq, progress)        # a caller's own current GPU is current again after it
+
+
+def _run_warmed(rq, progress):
     warm = None
     if rq.devices != "cpu":             # cisolver's CUDA units compile (or load) while the host plans H
         import cupy

@@ -51,14 +51,19 @@ if sys.argv[1] == "kept":
 tools = {"cisolver": (cisolver_cli, ["spectrum", "--interaction", "usdb", "--protons", "2", "--neutrons", "3",
                                      "--nev", "3", "--devices", "1", "--quiet"]),
          "flapw": (flapw_cli, ["build", "--system", "NaCl", "--kmax", "2.0", "--devices", "1", "--quiet"])}
-module, argv = tools[sys.argv[2]]
-assert module.main(argv) == 0
+if sys.argv[2] == "cisolver-api":                   # the Python API: the solve's arrays on GPU 1 all the same
+    from cisolver import compute_spectrum
+    out = compute_spectrum("usdb", 2, 3, 3, devices=[1])
+    assert out["converged"], out
+else:
+    module, argv = tools[sys.argv[2]]
+    assert module.main(argv) == 0
 print("active", active(), "current", cupy.cuda.runtime.getDevice())
 """
 
 
 @pytest.mark.multi_gpu
-@pytest.mark.parametrize("tool", ["cisolver", "flapw"])
+@pytest.mark.parametrize("tool", ["cisolver", "cisolver-api", "flapw"])
 @pytest.mark.parametrize("caller, expected", [
     ("fresh", "active [1] current 1"),           # a run on GPU 1 alone: no context on GPU 0
     ("kept", "active [0, 1] current 0"),         # a caller that worked on GPU 0 gets it back

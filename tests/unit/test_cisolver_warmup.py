@@ -87,7 +87,9 @@ def test_run_closes_the_helper_when_the_run_fails(monkeypatch):
         def close(self):
             closed.append(True)
     monkeypatch.setattr(spectrum.warmup, "start", lambda rq: Fake())
-    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace())
+    used = []
+    device = lambda i: SimpleNamespace(use=lambda: used.append(i))      # noqa: E731
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(Device=device)))
     monkeypatch.setattr(spectrum, "_run", lambda rq, progress: (_ for _ in ()).throw(RuntimeError("boom")))
     from cisolver import cuda_modules
     monkeypatch.setattr(cuda_modules, "prepare", lambda *a: None)
@@ -95,3 +97,4 @@ def test_run_closes_the_helper_when_the_run_fails(monkeypatch):
     with pytest.raises(RuntimeError, match="boom"):
         spectrum.run(_request())
     assert closed == [True]
+    assert used == [1]              # one process: the run's first GPU is current during the run
