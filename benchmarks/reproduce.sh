@@ -85,7 +85,8 @@ run_stage() {
                     --setting outer band_plan.OUTER_GAIN=10.0 band_plan.OUTER_MAX_K=32768 --calls 4 \
                     --json $O/band-settings-24576.json &&
                 $BLAS band-settings --sizes 32768 --routines zherk zgemmt --setting default --calls 3 \
-                    --json $O/band-settings-32768.json ;;
+                    --json $O/band-settings-32768.json &&
+                $BLAS band-replay --sizes 8192 16384 --json $O/band-replay.json ;;
   emulation)    $BLAS emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --cublas-emulation \
                     --out $O/emulation ;;
   emulation-flapw) mkdir -p $O/emulation; for emulate in "" --emulate; do

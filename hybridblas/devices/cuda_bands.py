@@ -200,7 +200,7 @@ class _Gpu:
         self.blocks = layout.blocks[slot]
         self.state = ["pending"] * len(self.blocks)     # -> "touched" (copy into C begun) -> "written"
         self.stats = {"bytes_from_host": 0, "bytes_from_peer": 0, "bytes_to_host": 0}
-        self.kernel_events = []                  # (start, end, class, flops) of each product
+        self.kernel_events = []                  # (start, end, class, flops, task over its k range) of each product
         self.upload_events = None                # (start, end) around this GPU's uploads of pieces
         self.copy_events = []                    # (start, end) around each block's copy into C (DMA)
         self.open_event = None
@@ -495,7 +495,7 @@ class _Call:
                 compute_block(backend, p, part, out, beta, factors=operands)
         gpu.marks.setdefault("host_first_product_s", time.perf_counter() - self.t0)
         label = f"{phase}-{'diag' if task.diag else 'rect'}"
-        gpu.kernel_events.append((start, _event(cp, gpu.s_comp, timing=True), label, part.flops))
+        gpu.kernel_events.append((start, _event(cp, gpu.s_comp, timing=True), label, part.flops, part))
 
     def _add_old(self, gpu, b, block, stepped):
         """box[block] (+)= beta * C's old values, on s_comp once they have landed."""
@@ -561,9 +561,9 @@ class _Call:
         return box[task.i0 - r0:task.i1 - r0, task.j0 - c0:task.j1 - c0]
 
     def _record_stats(self, t0):
-        """cuda.last_stats per GPU (bytes moved, kernel time by class, GPU idle before, between and after the
-        kernels, host seconds from the call's start to its worker, first upload and first product queued) and the
-        calibration of this GPU's rates (``calibrated``)."""
+        """cuda.last_stats per GPU (bytes moved, kernel time by class and of each product with its block of C and k
+        range, GPU idle before, between and after the kernels, host seconds from the call's start to its worker,
+        first upload and first product queued) and the calibration of this GPU's rates (``calibrated``)."""
         wall = time.perf_counter() - t0
         elapsed = self.cp.cuda.get_elapsed_time
         for gpu in self.gpus:
@@ -572,19 +572,22 @@ class _Call:
                       final_k=self.layout.final[1] - self.layout.final[0], blocks=len(gpu.blocks))
             ev = gpu.kernel_events
             if ev:
-                times = [elapsed(a, b) / 1e3 for a, b, _, _ in ev]
+                times = [elapsed(a, b) / 1e3 for a, b, *_ in ev]
                 kernel = sum(times)
                 lead = elapsed(gpu.open_event, ev[0][0]) / 1e3
                 span = elapsed(ev[0][0], ev[-1][1]) / 1e3
                 classes = {}
-                for (_, _, label, flops), t in zip(ev, times):
+                for (_, _, label, flops, _), t in zip(ev, times):
                     c = classes.setdefault(label, [0.0, 0.0])
                     c[0] += t
                     c[1] += flops
                 st.update(kernel_s=kernel, lead_s=lead, gaps_s=span - kernel, tail_s=wall - lead - span,
-                          kernels={k: {"s": t, "tflops": f / max(t, 1e-12) / 1e12} for k, (t, f) in classes.items()})
+                          kernels={k: {"s": t, "tflops": f / max(t, 1e-12) / 1e12} for k, (t, f) in classes.items()},
+                          products=[(x.i0, x.i1, x.j0, x.j1, x.k0, x.k1, bool(x.diag), t)
+                                    for (*_, x), t in zip(ev, times)])
                 if _warm(gpu.device, self.problem.kind):     # a GPU's first call loads its kernels: not its rate
-                    _calibrate(gpu.device, "flops", self.problem.kind, sum(f for *_, f in ev) / max(kernel, 1e-12))
+                    _calibrate(gpu.device, "flops", self.problem.kind,
+                               sum(f for _, _, _, f, _ in ev) / max(kernel, 1e-12))
             lay = self.layout       # the links' rates: each copy's bytes over the share its segments reach
             if gpu.upload_events is not None and all(self.direct):
                 t = max(elapsed(*gpu.upload_events) / 1e3, 1e-12)

@@ -92,6 +92,18 @@ def test_bands_match_the_reference(name, dtype, trans, lower, beta, gpus, small_
     host_pinning.wait_ready()
     _run(name, dtype, trans, lower, beta, ctx, rng)      # page-locked by now: DMA both ways
     assert _path(ctx) == {"bands"}
+    _products_cover(ctx, 517 + 7 if name == "gemm" else 517, 517, 301, name != "gemm")
+
+
+def _products_cover(ctx, m, n, k, triangular):
+    """The call's products (last_stats, each with its block of C and k range) add up to all of C over all of k,
+    each with a time."""
+    from hybridblas.devices.cuda import last_stats
+    products = [x for d in ctx.devices for x in last_stats[d.name]["products"]]
+    cells = sum(((i1 - i0) * (i1 - i0 + 1) // 2 if diag else (i1 - i0) * (j1 - j0)) * (k1 - k0)
+                for i0, i1, j0, j1, k0, k1, diag, _t in products)
+    assert cells == (n * (n + 1) // 2 if triangular else m * n) * k
+    assert all(t > 0 for *_, t in products)
 
 
 @pytest.mark.gpu

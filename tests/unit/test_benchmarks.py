@@ -192,3 +192,26 @@ def test_band_settings_parse_module_constants_and_the_one_gpu_item():
     assert parse_setting(["k", "band_plan.OUTER_GAIN=0", "one-gpu", "band_outer.CORNER_FIRST=512"]) == (
         "k", {("band_plan", "OUTER_GAIN"): 0, ("band_outer", "CORNER_FIRST"): 512}, True)
     assert parse_setting(["default"]) == ("default", {}, False)
+
+
+def test_band_replay_rates_by_class_and_its_refusal_without_two_gpus(capsys):
+    from benchmarks.measure.blas_band_replay import _rates
+    from hybridblas import problem as P
+    a = np.zeros((8, 6), np.complex128, order="F")
+    prob = P.build_problem("gemmt", 1.0, [a, a.copy()], 0.0, None, [P.C, P.N], True, None)
+    products = [(0, 4, 0, 4, 0, 8, True, 0.0), (4, 6, 0, 4, 0, 8, False, 0.0), (4, 6, 4, 6, 0, 8, True, 0.0)]
+    out = _rates(prob, products, [1e-9, 2e-9, 1e-9])          # 8 flops an entry per k: 640, 512, 192 flops
+    assert out["diag"] == {"tflops": round(832 / 2e-9 / 1e12, 2), "ms": round(2e-9 * 1e3, 3)}
+    assert out["rect"]["tflops"] == round(512 / 2e-9 / 1e12, 2)
+    assert out["all"]["tflops"] == round(1344 / 4e-9 / 1e12, 2)
+    if _cupy_gpus() < 2:
+        assert main("blas", blas.__doc__, blas.COMMANDS, ["band-replay", "--sizes", "64"]) == 2
+        assert "band-replay compares two GPUs" in capsys.readouterr().err
+
+
+def _cupy_gpus():
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:      # noqa: BLE001 - no CuPy or no driver
+        return 0
