@@ -206,24 +206,27 @@ def pieces(layout, shared, speeds, piece_cls, k0, k1, uploaded, clock):
             st.append(t)
             t += share * sum(x.flops for x in tasks) / max(speeds[g], 1.0)
         starts.append(st)
-    segments = []                    # (need time, unique factor, o0, o1, {GPU: need time})
+    segments = []                    # (need time, unique factor, o0, o1, {GPU: need time}, {GPU: its first block})
     for u in range(len(layout.uniques)):
         cuts = sorted({x for r in reads for blk in r for lo, hi in blk[u] for x in (lo, hi)})
-        for a, b in zip(cuts, cuts[1:]):
-            first = {}
-            for g, r in enumerate(reads):
-                for bi, blk in enumerate(r):
-                    if any(lo <= a and b <= hi for lo, hi in blk[u]):
-                        first[g] = starts[g][bi]
-                        break
-            if first:
-                segments.append((min(first.values()), u, a, b, first))
+        at = {x: i for i, x in enumerate(cuts)}
+        firsts = [{} for _ in cuts[1:]]      # per span between cuts: GPU -> the first of its blocks that reads it
+        for g, r in enumerate(reads):
+            for bi, blk in enumerate(r):
+                for lo, hi in blk[u]:
+                    for i in range(at[lo], at[hi]):
+                        firsts[i].setdefault(g, bi)
+        for (a, b), block_of in zip(zip(cuts, cuts[1:]), firsts):
+            if block_of:
+                first = {g: starts[g][bi] for g, bi in block_of.items()}
+                segments.append((min(first.values()), u, a, b, first, block_of))
     segments.sort(key=lambda s: (s[0], s[1], s[2]))
     rows_cap = max(1, PIECE_BYTES // max(span * item, 1))
     base = len(layout.pieces)
     busy = [g for g in range(layout.slots) if layout.band_tasks[g]]     # a GPU of an empty band holds nothing
     out = []
-    for _t, u, a, b, first in segments:
+    per_block = [[[] for _ in r] for r in reads]     # a piece is gathered by the first block of a GPU that reads it
+    for _t, u, a, b, first, block_of in segments:
         step = -(-(b - a) // -(-(b - a) // rows_cap))
         for o0 in range(a, b, step):
             o1 = min(b, o0 + step)
@@ -232,17 +235,11 @@ def pieces(layout, shared, speeds, piece_cls, k0, k1, uploaded, clock):
                 choice = busy if shared else needers     # with peer access: any GPU that holds the factors
                 owner = min(choice, key=lambda g: (uploaded[g], first.get(g, math.inf), g))
                 uploaded[owner] += nbytes
-                out.append(piece_cls(base + len(out), u, o0, o1, k0, k1, owner,
-                                     tuple(g for g in needers if g != owner), nbytes))
-    per_block = []
-    for g, r in enumerate(reads):
-        seen, lists = set(), []
-        for blk in r:
-            mine = [x.index for x in out if (x.owner == g or g in x.readers) and x.index not in seen
-                    and any(lo <= x.o0 and x.o1 <= hi for lo, hi in blk[x.factor])]
-            seen.update(mine)
-            lists.append(mine)
-        per_block.append(lists)
+                index = base + len(out)
+                out.append(piece_cls(index, u, o0, o1, k0, k1, owner, tuple(g for g in needers if g != owner),
+                                     nbytes))
+                for g in needers:
+                    per_block[g][block_of[g]].append(index)
     return out, per_block
 
 

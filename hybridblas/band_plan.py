@@ -219,13 +219,17 @@ class BandLayout:
             raise ValueError(f"final_start must be a unit's start {starts}, got {only!r}")
         pick = max(1, -(-len(starts) // OUTER_STARTS))
         best = None
+        made = {}                   # the blocks depend on the start only through the ramp (start 0 or not)
         for start in [only] if only is not None else sorted(set(starts[::pick]) | {0}):
             self.final_start = start
             uploaded = [0] * self.slots
             self.pieces = self._pieces(shared, [u for u in self.units if u[1] <= start], uploaded)
             self.steps = self._steps()
-            self.blocks = [band_outer.blocks(p, g0, g1, count, ALIGN, ramp=band_outer.RAMP if start == 0 else (),
-                                             corner=self.corner) for g0, g1 in self.bands]
+            if (start == 0) not in made:
+                made[start == 0] = [band_outer.blocks(p, g0, g1, count, ALIGN, corner=self.corner,
+                                                      ramp=band_outer.RAMP if start == 0 else ())
+                                    for g0, g1 in self.bands]
+            self.blocks = made[start == 0]
             clock = [sum(t.flops for t in self.band_tasks[g]) * start / p.k / max(speeds[g], 1.0)
                      for g in range(self.slots)]                    # the steps' compute (flops linear in k)
             final, self.block_pieces = band_outer.pieces(self, shared, speeds, Piece, start, p.k, uploaded, clock)

@@ -68,11 +68,17 @@ def test_final_pieces_cross_pcie_once_and_cover_the_blocks(case):
                 seen = [i for lst in lay.block_pieces[g] for i in lst]
                 assert len(seen) == len(set(seen))
                 assert all(lay.pieces[i].owner == g or g in lay.pieces[i].readers for i in seen)
+                listed = set()
                 for b, tasks in enumerate(lay.blocks[g]):
                     got = [lay.pieces[i] for lst in lay.block_pieces[g][:b + 1] for i in lst]
-                    for u, ranges in enumerate(O.needs(prob, lay.factor_of, len(lay.uniques), tasks)):
+                    reads = O.needs(prob, lay.factor_of, len(lay.uniques), tasks)
+                    for u, ranges in enumerate(reads):
                         mine = [(p.o0, p.o1) for p in got if p.factor == u]
                         assert all(covers(mine, lo, hi) for lo, hi in ranges), (g, b, u, ranges, mine)
+                    first = [p.index for p in final if (p.owner == g or g in p.readers) and p.index not in listed
+                             and any(lo <= p.o0 and p.o1 <= hi for lo, hi in reads[p.factor])]
+                    assert lay.block_pieces[g][b] == first        # each piece at the first block that reads it
+                    listed.update(first)
 
 
 def test_two_gpus_upload_about_as_much():
