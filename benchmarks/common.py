@@ -100,3 +100,15 @@ def full_from_upper(hu):
 def refuse(message):
     """Bad input found after parsing: one line, exit code 2."""
     raise CLIError(message)
+
+
+def two_gpus(command):
+    """CuPy, where it sees at least two GPUs; else the command is refused (exit 2) saying how many it sees."""
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception:                   # noqa: BLE001 - no CuPy, or no CUDA driver
+        count = 0
+    if count < 2:
+        refuse(f"{command} compares two GPUs: this node has {count} that CuPy can use")
+    return cupy

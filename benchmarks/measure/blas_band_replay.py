@@ -21,7 +21,7 @@ from hybridblas.console import check_output_path, positive_int
 from hybridblas.devices import cuda_direct
 from hybridblas.kernels import compute_block
 
-from benchmarks.common import command_line, refuse, write_json
+from benchmarks.common import command_line, refuse, two_gpus, write_json
 from benchmarks.measure.blas_gpu import call_device, call_hybrid, make_host, operands, timed
 
 
@@ -93,13 +93,7 @@ def _rates(problem, products, seconds):
 def run(args):
     if args.json:
         check_output_path(args.json, "--json")
-    try:
-        import cupy as cp
-        count = cp.cuda.runtime.getDeviceCount()
-    except Exception:                   # noqa: BLE001 - no CuPy, or no CUDA driver
-        count = 0
-    if count < 2:
-        refuse(f"band-replay compares two GPUs: this node has {count} that CuPy can use")
+    cp = two_gpus("band-replay")
     from hybridblas.devices.cuda import CUDADevice, last_stats
     ctx = hb.Context(devices=[CUDADevice(0), CUDADevice(1)])
     doc = {"benchmark": "bench_band_replay", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),

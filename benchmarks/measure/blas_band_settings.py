@@ -21,7 +21,7 @@ from hybridblas import band_outer, band_plan, host_pinning
 from hybridblas.console import check_output_path, positive_int
 from hybridblas.devices import cuda_bands
 
-from benchmarks.common import command_line, refuse, write_json
+from benchmarks.common import command_line, refuse, two_gpus, write_json
 from benchmarks.measure.blas_gpu import call_device, call_hybrid, make_host, operands, timed
 
 MODULES = {"band_plan": band_plan, "band_outer": band_outer, "cuda_bands": cuda_bands}
@@ -87,13 +87,7 @@ def run(args):
         settings = [parse_setting(s) for s in (args.setting or [["default"], ["default-again"]])]
     except ValueError as exc:
         refuse(str(exc))
-    try:
-        import cupy as cp
-        count = cp.cuda.runtime.getDeviceCount()
-    except Exception:                   # noqa: BLE001 - no CuPy, or no CUDA driver
-        count = 0
-    if count < 2:
-        refuse(f"band-settings compares two GPUs: this node has {count} that CuPy can use")
+    cp = two_gpus("band-settings")
     from hybridblas.devices.cuda import CUDADevice, last_stats
     ctx = {False: hb.Context(devices=[CUDADevice(0), CUDADevice(1)]), True: hb.Context(devices=[CUDADevice(0)])}
     defaults = {key: getattr(MODULES[key[0]], key[1]) for _, values, _ in settings for key in values}
