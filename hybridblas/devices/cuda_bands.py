@@ -587,7 +587,7 @@ class _Call:
                                     for (*_, x), t in zip(ev, times)])
                 if _warm(gpu.device, self.problem.kind):     # a GPU's first call loads its kernels: not its rate
                     _calibrate(gpu.device, "flops", self.problem.kind,
-                               sum(f for _, _, _, f, _ in ev) / max(kernel, 1e-12))
+                               sum(f for _, f in classes.values()) / max(kernel, 1e-12))
             lay = self.layout       # the links' rates: each copy's bytes over the share its segments reach
             if gpu.upload_events is not None and all(self.direct):
                 t = max(elapsed(*gpu.upload_events) / 1e3, 1e-12)
