@@ -5,6 +5,7 @@ wrote, the plot commands read the JSON kept in benchmarks/results, and reproduce
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -215,3 +216,16 @@ def _cupy_gpus():
         return cupy.cuda.runtime.getDeviceCount()
     except Exception:      # noqa: BLE001 - no CuPy or no driver
         return 0
+
+
+def test_band_replay_clocks_average_a_window_or_say_none():
+    from benchmarks.measure.blas_band_replay import _Clocks
+    clocks = _Clocks(2)
+    if clocks.nvml is None:                      # no NVML on this machine: no clocks to report
+        assert clocks.mean([(0.0, float("inf"))]) is None
+    else:
+        t0 = time.perf_counter()
+        time.sleep(0.05)
+        mhz = clocks.mean([(t0, time.perf_counter())])
+        assert len(mhz) == 2 and all(m > 0 for m in mhz)
+    clocks.stop.set()
