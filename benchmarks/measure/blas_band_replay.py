@@ -19,11 +19,11 @@ import time
 import numpy as np
 
 import hybridblas as hb
-from hybridblas import cublas, host_pinning, plan
+from hybridblas import cublas, host_pinning, plan, workers
 from hybridblas import problem as P
 from hybridblas.console import check_output_path, positive_int
 from hybridblas.devices import cuda_direct
-from hybridblas.kernels import compute_block
+from hybridblas.devices.cuda_bands import queue_product
 
 from benchmarks.common import command_line, refuse, two_gpus, write_json
 from benchmarks.measure.blas_gpu import call_device, call_hybrid, make_host, operands, timed
@@ -95,18 +95,13 @@ class _Replay:
         with cp.cuda.Device(self.g), self.stream:
             backend = cublas.Backend(cp.cuda.device.get_cublas_handle(), self.stream)
             factors = list(prob.factors)
-            kind, coef, x, y = cuda_direct.rank_kx(prob, factors, beta=1.0)
+            kx = cuda_direct.rank_kx(prob, factors, beta=1.0)
             events = []
             for i0, i1, j0, j1, k0, k1, diag, _t in self.products:
                 start, end = cp.cuda.Event(), cp.cuda.Event()
                 start.record(self.stream)
-                out = self.c[i0:i1, j0:j1]
-                if diag:
-                    cuda_direct.gemmt_kx(backend, kind, coef, x.block(i0, i1, k0, k1), y.block(k0, k1, i0, i1), out,
-                                         True, 0.0)
-                else:
-                    compute_block(backend, prob, plan.make_task(prob, i0, i1, j0, j1, k0, k1), out, 0.0,
-                                  factors=factors)
+                queue_product(backend, prob, factors, kx, plan.make_task(prob, i0, i1, j0, j1, k0, k1, diag=diag),
+                              self.c[i0:i1, j0:j1], 0.0)
                 end.record(self.stream)
                 events.append((start, end))
             self.stream.synchronize()
@@ -154,18 +149,12 @@ def _rates(problem, products, seconds):
 
 def _on_both(replays, before=None):
     """Both GPUs' replays at once (``before(g)`` queued first on GPU g's thread); their seconds and the window."""
-    out = [None, None]
-
     def one(g):
         if before is not None:
             before(g)
-        out[g] = replays[g].run()
-    threads = [threading.Thread(target=one, args=(g,)) for g in (0, 1)]
+        return replays[g].run()
     t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out = workers.map(one, (0, 1), 2)
     return out, (t0, time.perf_counter())
 
 

@@ -487,12 +487,7 @@ class _Call:
         out = self._view(gpu, gpu.box, task)
         start = _event(cp, gpu.s_comp, timing=True)
         with gpu.s_comp:
-            if task.diag and kx is not None:
-                kind, coef, x, y = kx
-                cuda_direct.gemmt_kx(backend, kind, coef, x.block(task.i0, task.i1, k0, k1),
-                                     y.block(k0, k1, task.i0, task.i1), out, p.lower, beta)
-            else:
-                compute_block(backend, p, part, out, beta, factors=operands)
+            queue_product(backend, p, operands, kx, part, out, beta)
         gpu.marks.setdefault("host_first_product_s", time.perf_counter() - self.t0)
         label = f"{phase}-{'diag' if task.diag else 'rect'}"
         gpu.kernel_events.append((start, _event(cp, gpu.s_comp, timing=True), label, part.flops, part))
@@ -652,6 +647,18 @@ _idle_sets = {}            # GPU index -> [(s_in, s_peer, s_comp, s_out)] not he
 _idle_lock = threading.Lock()
 _unsettled = []            # sets whose work may not have finished: kept (a destroyed stream's handle could come
                            # back for a new stream, with the arena of blocks that work may still use)
+
+
+def queue_product(backend, problem, factors, kx, task, out, beta):
+    """out (+)= ``task``'s product on ``backend``'s stream, as a band call queues it: a diagonal block of a gemmt
+    as one cuBLAS herkx/syrkx (``kx`` from cuda_direct.rank_kx over ``factors``; None for other kinds), anything
+    else by kernels.compute_block."""
+    if task.diag and kx is not None:
+        kind, coef, x, y = kx
+        cuda_direct.gemmt_kx(backend, kind, coef, x.block(task.i0, task.i1, task.k0, task.k1),
+                             y.block(task.k0, task.k1, task.i0, task.i1), out, problem.lower, beta)
+    else:
+        compute_block(backend, problem, task, out, beta, factors=factors)
 
 
 def _take_streams(cp, index):
