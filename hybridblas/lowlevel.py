@@ -267,9 +267,11 @@ def prepare_kernels(dtype, devices, *, emulation_bits=None, k=None):
     ``dtype`` use on the GPUs ``devices`` (indices), in the background, so that a program can overlap the
     compilation (about a second per module with an empty cache) with its own work: the tall-skinny float32
     products summed in double, or with ``emulation_bits`` (a Context's, when it has emulation="int8") the
-    float64/complex128 products emulated on INT8 tensor cores at inner dimension ``k``; and for float32 and
-    float64 the kernels of ``grams``. Each module compiles on a thread of its own, the devices one after the
-    other. Returns the background work (``join()`` waits for all of it), or None when there is nothing to do."""
+    float64/complex128 products emulated on INT8 tensor cores at inner dimension ``k``; for float32 and
+    float64 the kernels of ``grams``; and for float64 and complex128 the kernel that stores the diagonal blocks
+    of a band call's C into page-locked host memory (devices.cuda_tri_store). Each module compiles on a thread
+    of its own, the devices one after the other. Returns the background work (``join()`` waits for all of it),
+    or None when there is nothing to do."""
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be one of float32, float64, complex64, complex128, got {dtype}")
@@ -287,9 +289,11 @@ def prepare_kernels(dtype, devices, *, emulation_bits=None, k=None):
         if k is None:
             raise ValueError("k must be a positive integer with emulation_bits, got None")
     import cupy
-    from .devices import cuda_ozaki, cuda_skinny
+    from .devices import cuda_ozaki, cuda_skinny, cuda_tri_store
     if emulation_bits is not None and dtype in cuda_ozaki.EMULATED:
         products = cuda_ozaki.prepare(cupy, dtype, devices, int(emulation_bits), int(k))
     else:
         products = cuda_skinny.prepare(cupy, dtype, devices)
-    return cuda_compile.together(products, cuda_grams.prepare(cupy, dtype, devices))
+    stores = cuda_tri_store.prepare(cupy, devices) if dtype in (np.dtype(np.float64), np.dtype(np.complex128)) \
+        else None
+    return cuda_compile.together(products, cuda_grams.prepare(cupy, dtype, devices), stores)

@@ -1,8 +1,9 @@
 """Settings of the band path (host operands on several GPUs, hybridblas.devices.cuda_bands) side by side in one
-process: each setting sets module constants of hybridblas.band_plan, band_outer or devices.cuda_bands, and the
-same host operands run through it for ``--calls`` calls after two warm-up calls (page-locked by then); ratios
-are to the sum of device-resident cuBLAS on each GPU alone, measured in the same process. Each setting starts
-from a fresh layout cache; the GPUs' calibrated rates carry over, so a setting listed twice shows the drift.
+process: each setting sets module constants of hybridblas.band_plan, band_outer, devices.cuda_bands or
+devices.cuda_tri_store, and the same host operands run through it for ``--calls`` calls after two warm-up calls
+(page-locked by then); ratios are to the sum of device-resident cuBLAS on each GPU alone, measured in the same
+process. Each setting starts from a fresh layout cache; the GPUs' calibrated rates carry over, so a setting listed
+twice shows the drift.
 
     python3 -m benchmarks.blas band-settings --sizes 8192 16384 --routines zherk zher2k \\
         --setting k band_plan.OUTER_GAIN=0 --setting outer band_plan.OUTER_GAIN=10 --calls 6 --json out.json
@@ -19,12 +20,12 @@ import numpy as np
 import hybridblas as hb
 from hybridblas import band_outer, band_plan, host_pinning
 from hybridblas.console import check_output_path, positive_int
-from hybridblas.devices import cuda_bands
+from hybridblas.devices import cuda_bands, cuda_tri_store
 
 from benchmarks.common import command_line, refuse, two_gpus, write_json
 from benchmarks.measure.blas_gpu import call_device, call_hybrid, make_host, operands, timed
 
-MODULES = {"band_plan": band_plan, "band_outer": band_outer, "cuda_bands": cuda_bands}
+MODULES = {"band_plan": band_plan, "band_outer": band_outer, "cuda_bands": cuda_bands, "cuda_tri_store": cuda_tri_store}
 ROUTINES = ("zherk", "zher2k", "zgemmt")
 STATS = ("order", "steps", "blocks", "kernel_s", "lead_s", "gaps_s", "tail_s", "wall_s", "host_worker_s",
          "host_first_upload_s", "host_first_product_s", "kernels", "upload_gbps", "writeback_gbps")

@@ -15,8 +15,9 @@ Per GPU of the call three jobs run:
   then queues the band's products step by step on ``s_comp``, and in the final range block by block, each
   after the pieces it reads (all of them before the first block in the k order; the outer order's blocks
   start while later pieces are still coming: band_outer), each handed to the writer;
-- the writer copies each finished block into the caller's C (``s_out``: DMA straight into a page-locked C,
-  the diagonal blocks' triangles by 128-column panels; else through the staging ring), and marks it written.
+- the writer copies each finished block into the caller's C (``s_out``: DMA straight into a page-locked C, the
+  diagonal blocks' triangles stored by a kernel straight into it where the GPU can reach it (cuda_tri_store),
+  else by 128-column panels; C not page-locked: through the staging ring), and marks it written.
 
 The four streams of a GPU are a set that serves one call at a time and is kept for the next one: the pool's
 arena of its compute stream keeps the call's arrays' blocks, so a call of the same shapes allocates no GPU
@@ -45,7 +46,7 @@ from ..band_plan import device_bytes, layout_for, padded_rows, region, upload_by
 from ..faults import DeviceFailure, DeviceFailureWarning
 from ..kernels import compute_block
 from ..problem import Operand
-from . import cuda, cuda_direct
+from . import cuda, cuda_direct, cuda_tri_store
 
 ENABLED = True            # module switch (benchmarks compare the tiled run on the same inputs)
 POLL = 0.05               # s: how often a wait looks whether the call is being stopped
@@ -537,7 +538,11 @@ class _Call:
                     if not direct:
                         cuda_transfer.download(dst, src, gpu.ring_out, gpu.s_out, tri if t.diag else None)
                     elif t.diag:
-                        finish.append(downloads.queue_triangle(dst, src, p.lower, gpu.s_out))
+                        where = cuda_tri_store.address(self.cp, dst)
+                        if where is None:
+                            finish.append(downloads.queue_triangle(dst, src, p.lower, gpu.s_out))
+                        else:
+                            cuda_tri_store.queue(self.cp, dst, where, src, p.lower, gpu.s_out)
                     else:
                         downloads.queue_full(dst, src, gpu.s_out)
                     rows = t.i1 - t.i0

@@ -264,8 +264,9 @@ def test_prepare_kernels_refuses_bad_emulation_arguments():
 
 
 class _CompilingCupy:
-    """What the kernels' compilation (cuda_skinny, cuda_grams, cuda_ozaki) uses of CuPy: RawModule (recording the
-    device it loads on and the first line of the code), Device."""
+    """What the kernels' compilation (cuda_skinny, cuda_grams, cuda_ozaki, cuda_tri_store) uses of CuPy: RawModule
+    and RawKernel (recording the device each loads on and the first line of the code, or the kernel's name),
+    Device."""
 
     def __init__(self):
         fake, self.loaded, self.device = self, [], 0
@@ -287,7 +288,12 @@ class _CompilingCupy:
             def __exit__(self, *exc):
                 fake.device = self.prev
 
+        class RawKernel:
+            def __init__(self, code, name):
+                fake.loaded.append((fake.device, name))
+
         self.RawModule = RawModule
+        self.RawKernel = RawKernel
         self.cuda = SimpleNamespace(Device=Device)
 
 
@@ -324,9 +330,10 @@ def test_gram_kernels_prepared_once_per_device_dtype_and_constants(monkeypatch):
 
 
 def test_prepare_kernels_starts_the_gram_kernels_for_float32_and_float64(monkeypatch):
-    from hybridblas.devices import cuda_grams, cuda_skinny
+    from hybridblas.devices import cuda_grams, cuda_skinny, cuda_tri_store
     monkeypatch.setattr(cuda_grams, "_modules", {})
     monkeypatch.setattr(cuda_skinny, "_modules", {})
+    monkeypatch.setattr(cuda_tri_store, "_kernels", {})
     cp = _CompilingCupy()
     monkeypatch.setitem(sys.modules, "cupy", cp)
     both = lowlevel.prepare_kernels(np.float32, [0])         # the skinny products' module and the Grams', side by side
@@ -334,12 +341,12 @@ def test_prepare_kernels_starts_the_gram_kernels_for_float32_and_float64(monkeyp
     assert sorted(cp.loaded) == [(0, "typedef float T;")] * 2
     assert list(cuda_grams._modules) == [(0, np.dtype(np.float32), cuda_grams._constants())]
     assert list(cuda_skinny._modules) == [(0, np.dtype(np.float32))]
-    assert lowlevel.prepare_kernels(np.float64, [0]).join(5) is True       # the Grams' alone
-    assert cp.loaded[2:] == [(0, "typedef double T;")]
+    assert lowlevel.prepare_kernels(np.float64, [0]).join(5) is True       # the Grams' and the band triangle store
+    assert sorted(cp.loaded[2:]) == [(0, "tri_store"), (0, "typedef double T;")]
     assert (0, np.dtype(np.float64), cuda_grams._constants()) in cuda_grams._modules
     for dtype in (np.float32, np.float64, np.complex64, np.complex128):
         assert lowlevel.prepare_kernels(dtype, [0]) is None                 # compiled, or none to compile
-    assert len(cp.loaded) == 3
+    assert len(cp.loaded) == 4
 
 
 @pytest.mark.gpu

@@ -1,0 +1,101 @@
+"""One triangle of a square GPU block stored straight into page-locked host memory by a kernel: each column's
+part inside the triangle (the diagonal included) is written over PCIe by the GPU's threads, nothing else of the
+host array is touched, and no host step follows.
+
+The band call's write-back (devices.cuda_bands) stores its diagonal blocks so. A DMA copy cannot stop at the
+diagonal: downloads.queue_triangle sends each 128-column panel's part below its diagonal block by DMA and the
+diagonal blocks through a page-locked buffer, then copies their triangles on the host once they have landed,
+a step that held the last block's write-back of a call back by 1-2 ms on 2 x H100 (zgemmt n = 8192, where the
+host threads that queue the call's work take turns for the interpreter).
+
+Host memory is reachable from the GPU where the device can use the host pointer of registered memory
+(cudaDevAttrCanUseHostPointerForRegisteredMem) and CUDA gives a device address for it (cudaHostGetDevicePointer):
+``address`` returns it, or None where either fails (then the caller copies by DMA). The kernel works in
+8-byte words (a complex128 entry is two), so the host array needs 8-byte alignment only.
+"""
+import ctypes
+import threading
+
+from .. import host_pinning
+from ..problem import leading_dim
+
+ENABLED = True            # module switch (benchmarks.blas band-settings compares the DMA panels on the same inputs)
+THREADS = 128             # threads per column of the triangle
+CAN_USE_HOST_POINTER = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
+
+_SOURCE = r"""
+extern "C" __global__ void tri_store(unsigned long long src_addr, long long lds,
+                                     unsigned long long dst_addr, long long ldd,
+                                     int n, int words, int lower)
+{
+    // column j of an n x n block whose entries are `words` doubles each: rows [j, n) (lower) or [0, j] (upper)
+    int j = blockIdx.x;
+    long long r0 = lower ? (long long) j * words : 0;
+    long long r1 = lower ? (long long) n * words : (long long) (j + 1) * words;
+    const double* s = (const double*) src_addr + (long long) j * lds;
+    double* d = (double*) dst_addr + (long long) j * ldd;
+    for (long long r = r0 + threadIdx.x; r < r1; r += blockDim.x)
+        d[r] = s[r];
+}
+"""
+_kernels = {}
+_usable = {}
+_lock = threading.Lock()
+
+
+def _kernel(cupy):
+    key = cupy.cuda.Device().id
+    with _lock:
+        if key not in _kernels:
+            _kernels[key] = cupy.RawKernel(_SOURCE, "tri_store")
+        return _kernels[key]
+
+
+def prepare(cupy, devices):
+    """Compile (or load from CuPy's kernel cache) the kernel on ``devices`` (indices) in the background; the
+    background work, or None when every device has it."""
+    from . import cuda_compile
+    with _lock:
+        todo = [d for d in dict.fromkeys(int(d) for d in devices) if d not in _kernels]
+    return cuda_compile.in_background(cupy, todo, lambda: _kernel(cupy))
+
+
+def _device_ok(cupy):
+    key = cupy.cuda.Device().id
+    with _lock:
+        if key not in _usable:
+            try:
+                _usable[key] = cupy.cuda.runtime.deviceGetAttribute(CAN_USE_HOST_POINTER, key) == 1
+            except Exception:            # noqa: BLE001 - an attribute this runtime lacks: DMA copies
+                _usable[key] = False
+        return _usable[key]
+
+
+def address(cupy, dst):
+    """The device address of host array ``dst``'s first entry on the current GPU (page-locked memory the GPU can
+    reach), or None."""
+    lib = host_pinning.cudart() if ENABLED else None
+    if lib is None or not _device_ok(cupy) or dst.ctypes.data % 8:
+        return None
+    out = ctypes.c_void_p()
+    fn = lib.cudaHostGetDevicePointer
+    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_uint]
+    if fn(ctypes.byref(out), ctypes.c_void_p(dst.ctypes.data), 0) != 0:
+        lib.cudaGetLastError()           # not registered memory: clear the error, the caller copies by DMA
+        return None
+    return out.value
+
+
+def queue(cupy, dst, dst_address, src, lower, stream):
+    """dst[tri] <- src[tri] on ``stream`` (the lower triangle with ``lower``, else the upper; the diagonal
+    included): ``src`` a column-major square cupy view of float64 or complex128, ``dst`` a column-major host view
+    of the same shape and dtype whose first entry has device address ``dst_address`` (``address``)."""
+    import numpy as np
+    n = src.shape[0]
+    if n == 0:
+        return
+    words = src.dtype.itemsize // 8
+    _kernel(cupy)((n,), (THREADS,),
+                  (np.uint64(src.data.ptr), np.int64(leading_dim(src) * words), np.uint64(dst_address),
+                   np.int64(leading_dim(dst) * words), np.int32(n), np.int32(words), np.int32(bool(lower))),
+                  stream=stream)
