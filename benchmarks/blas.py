@@ -8,6 +8,7 @@ cuBLASXt on GPUs, small calls, host-to-GPU staging, the static split's ratios, t
     python3 -m benchmarks.blas band-settings --sizes 8192 --routines zherk --setting k band_plan.OUTER_GAIN=0 \
         --setting outer band_plan.OUTER_GAIN=10 --json out.json
     python3 -m benchmarks.blas band-replay --sizes 8192 16384 --json out.json
+    python3 -m benchmarks.blas band-trace --sizes 8192 --json out.json --plot out.png
 """
 if not __package__:                      # run as a file: start again as a module of the repository
     import os, runpy, sys                # noqa: E401
@@ -27,6 +28,7 @@ COMMANDS = {
     "staging": ("blas_staging", "host-to-GPU paths: copy threads, staging ring, registered DMA"),
     "band-settings": ("blas_band_settings", "the band path's layout settings side by side on two GPUs, host operands"),
     "band-replay": ("blas_band_replay", "a two-GPU band call's products replayed on device operands, no transfers"),
+    "band-trace": ("blas_band_trace", "a two-GPU band call's timeline (uploads, copies, products) and its model"),
     "sweep-ratio": ("blas_sweep_ratio", "hand sweep of the static split's ratios against the calibrated profile"),
     "kernels": ("blas_kernels", "the float32 tall-skinny Gram kernel at several launch sizes against cupy"),
     "emulation": ("blas_emulation", "FP64 products emulated on INT8 tensor cores against cuBLAS: time and accuracy"),

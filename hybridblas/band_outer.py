@@ -243,31 +243,45 @@ def pieces(layout, shared, speeds, piece_cls, k0, k1, uploaded, clock):
     return out, per_block
 
 
-def simulate(layout, speeds, h2d, d2h, peer=PEER_RATE):
+def simulate(layout, speeds, h2d, d2h, peer=PEER_RATE, trace=None):
     """Modelled seconds of ``layout``'s call: each GPU uploads the pieces it owns in order at ``h2d`` bytes/s
     (times dma_share of their segments), copies the others' in order at ``peer``, runs its steps and then its
     blocks in order at ``speeds`` flop/s, each once the pieces it reads are in, and writes its blocks back in
-    order at ``d2h`` (times dma_share of their column segments)."""
+    order at ``d2h`` (times dma_share of their column segments). A list ``trace`` gets the modelled timeline:
+    (GPU slot, what, index, start, end), what "upload" or "peer" (index: the piece), "compute" (index: its place
+    in layout.schedule) or "write" (the same index)."""
     link = [0.0] * layout.slots
     landed = {}
     for x in layout.pieces:
+        start = link[x.owner]
         link[x.owner] += layout.link_bytes(x) / h2d
         landed[x.index] = link[x.owner]
+        if trace is not None:
+            trace.append((x.owner, "upload", x.index, start, link[x.owner]))
     end = 0.0
     for g in range(layout.slots):
         comp = copy = out = 0.0
         byindex = layout.pieces
-        for gather, flops, written in layout.schedule(g):
+        for i, (gather, flops, written) in enumerate(layout.schedule(g)):
             ready = 0.0
-            for i in gather:
-                x = byindex[i]
+            for j in gather:
+                x = byindex[j]
                 if x.owner == g:
-                    ready = max(ready, landed[i])
+                    ready = max(ready, landed[j])
                 else:
-                    copy = max(copy, landed[i]) + x.nbytes / peer
+                    start = max(copy, landed[j])
+                    copy = start + x.nbytes / peer
                     ready = max(ready, copy)
-            comp = max(comp, ready) + flops / max(speeds[g], 1.0)
+                    if trace is not None:
+                        trace.append((g, "peer", j, start, copy))
+            start = max(comp, ready)
+            comp = start + flops / max(speeds[g], 1.0)
+            if trace is not None:
+                trace.append((g, "compute", i, start, comp))
             if written:
-                out = max(out, comp) + written / d2h
+                start = max(out, comp)
+                out = start + written / d2h
+                if trace is not None:
+                    trace.append((g, "write", i, start, out))
         end = max(end, out, comp)
     return end

@@ -54,6 +54,8 @@ UPLOAD_SHARE = 0.8        # bands only where the uploads take at most this share
 ONE_GPU_MODEL = 1.25      # on one GPU, bands where their modelled time is within this many times the compute
 SHARED_SHARE = 1.25       # the same on several GPUs that share pieces over peer access (the tiles' GPUs each
                           # upload what they read: 2 x H100, zgemmt 8192, bands 45 ms against tiles 59)
+TRACE = False             # each call's timeline in cuda.last_stats (_timeline): timing events around every upload
+                          # and peer copy (benchmarks.blas band-trace)
 _DOUBLE = (np.dtype(np.float64), np.dtype(np.complex128))
 
 
@@ -203,7 +205,10 @@ class _Gpu:
         self.stats = {"bytes_from_host": 0, "bytes_from_peer": 0, "bytes_to_host": 0}
         self.kernel_events = []                  # (start, end, class, flops, task over its k range) of each product
         self.upload_events = None                # (start, end) around this GPU's uploads of pieces
-        self.copy_events = []                    # (start, end) around each block's copy into C (DMA)
+        self.copy_events = []                    # (start, end, block) around each block's copy into C (DMA)
+        self.piece_events = []                   # ("upload" | "peer", piece index, start, end, host seconds after the
+                                                 # call began when queued) of each piece it moved
+        self.queued = []                         # host seconds after the call began when each product was queued
         self.open_event = None
         self.marks = {}                          # host seconds after the call began: first upload, first product
         self.writes = queue.Queue()
@@ -407,10 +412,14 @@ class _Call:
                 raise _Stop()
             rows, cols = region(lay, piece.factor, piece.o0, piece.o1, piece.k0, piece.k1)
             src = p.factors[lay.uniques[piece.factor]].base[rows, cols]
+            start = _event(self.cp, gpu.s_in, timing=True) if TRACE else None
             self._upload(gpu, gpu.factors[piece.factor][rows, cols], src, self.direct[piece.factor])
             gpu.marks.setdefault("host_first_upload_s", time.perf_counter() - self.t0)
             gpu.stats["bytes_from_host"] += piece.nbytes
-            self.board.post(piece.index, _event(self.cp, gpu.s_in))
+            end = _event(self.cp, gpu.s_in, timing=TRACE)
+            if TRACE:
+                gpu.piece_events.append(("upload", piece.index, start, end, time.perf_counter() - self.t0))
+            self.board.post(piece.index, end)
         if owned:
             gpu.upload_events = (first, _event(self.cp, gpu.s_in, timing=True))
         if gpu.old is None:
@@ -440,6 +449,7 @@ class _Call:
         self._check(gpu)
         self._allocate(gpu)
         gpu.open_event = _event(cp, gpu.s_comp, timing=True)
+        gpu.marks["host_open_s"] = time.perf_counter() - self.t0
         backend = cublas.Backend(cp.cuda.device.get_cublas_handle(), gpu.s_comp)
         operands = [Operand(gpu.factors[lay.factor_of[f]], fac.op) for f, fac in enumerate(p.factors)]
         kx = cuda_direct.rank_kx(p, operands, beta=1.0) if p.kind == "gemmt" else None
@@ -473,6 +483,7 @@ class _Call:
             rows, cols = region(lay, piece.factor, piece.o0, piece.o1, piece.k0, piece.k1)
             owner = self.gpus[piece.owner]
             gpu.s_peer.wait_event(ev)
+            start = _event(self.cp, gpu.s_peer, timing=True) if TRACE else None
             dst, src = gpu.factors[piece.factor][rows, cols], owner.factors[piece.factor][rows, cols]
             if dst.flags.f_contiguous and src.flags.f_contiguous:          # one linear copy (copy engines)
                 rt = self.cp.cuda.runtime
@@ -480,7 +491,10 @@ class _Call:
             else:
                 cuda_transfer.copy_2d(dst, src, gpu.s_peer)
             gpu.stats["bytes_from_peer"] += piece.nbytes
-            gpu.s_comp.wait_event(_event(self.cp, gpu.s_peer))
+            end = _event(self.cp, gpu.s_peer, timing=TRACE)
+            if TRACE:
+                gpu.piece_events.append(("peer", piece.index, start, end, time.perf_counter() - self.t0))
+            gpu.s_comp.wait_event(end)
 
     def _product(self, gpu, backend, operands, kx, task, k0, k1, beta, phase):
         cp, p = self.cp, self.problem
@@ -492,6 +506,7 @@ class _Call:
         gpu.marks.setdefault("host_first_product_s", time.perf_counter() - self.t0)
         label = f"{phase}-{'diag' if task.diag else 'rect'}"
         gpu.kernel_events.append((start, _event(cp, gpu.s_comp, timing=True), label, part.flops, part))
+        gpu.queued.append(time.perf_counter() - self.t0)
 
     def _add_old(self, gpu, b, block, stepped):
         """box[block] (+)= beta * C's old values, on s_comp once they have landed."""
@@ -548,7 +563,7 @@ class _Call:
                     rows = t.i1 - t.i0
                     gpu.stats["bytes_to_host"] += (rows * (rows + 1) // 2 if t.diag else src.size) * src.itemsize
                 if direct:
-                    gpu.copy_events.append((copy_start, _event(self.cp, gpu.s_out, timing=True)))
+                    gpu.copy_events.append((copy_start, _event(self.cp, gpu.s_out, timing=True), b))
                 for fn in finish:
                     fn()
             finally:
@@ -588,6 +603,8 @@ class _Call:
                 if _warm(gpu.device, self.problem.kind):     # a GPU's first call loads its kernels: not its rate
                     _calibrate(gpu.device, "flops", self.problem.kind,
                                sum(f for _, f in classes.values()) / max(kernel, 1e-12))
+            if TRACE:
+                st["timeline"] = _timeline(self.cp, gpu)
             lay = self.layout       # the links' rates: each copy's bytes over the share its segments reach
             if gpu.upload_events is not None and all(self.direct):
                 t = max(elapsed(*gpu.upload_events) / 1e3, 1e-12)
@@ -595,7 +612,7 @@ class _Call:
                 link = sum(lay.link_bytes(x) for x in lay.uploads(gpu.slot)) / t
                 _calibrate(gpu.device, "h2d_pinned", None, link)
             if gpu.copy_events:
-                t = max(sum(elapsed(a, b) for a, b in gpu.copy_events) / 1e3, 1e-12)
+                t = max(sum(elapsed(a, b) for a, b, _ in gpu.copy_events) / 1e3, 1e-12)
                 st["writeback_gbps"] = gpu.stats["bytes_to_host"] / t / 1e9
                 link = sum(lay.write_bytes(task) for block in gpu.blocks for task in block) / t
                 _calibrate(gpu.device, "d2h_pinned", None, link)
@@ -664,6 +681,24 @@ def queue_product(backend, problem, factors, kx, task, out, beta):
                              y.block(task.k0, task.k1, task.i0, task.i1), out, problem.lower, beta)
     else:
         compute_block(backend, problem, task, out, beta, factors=factors)
+
+
+def _timeline(cp, gpu):
+    """GPU ``gpu``'s work in the call: [(what, index, start, end, queued)], start and end in seconds from its first
+    event on s_comp (recorded marks["host_open_s"] after the call began), ``queued`` host seconds after the call
+    began when it was queued. ``what``: "upload" or "peer" (index: the piece), "product-<phase>-<class>"
+    (index: its place among the GPU's products) or "write" (index: the block; queued: None)."""
+    if gpu.open_event is None:
+        return []
+
+    def rel(ev):
+        return round(cp.cuda.get_elapsed_time(gpu.open_event, ev) / 1e3, 7)
+
+    out = [(what, i, rel(a), rel(b), round(q, 7)) for what, i, a, b, q in gpu.piece_events]
+    out += [(f"product-{label}", i, rel(a), rel(b), round(q, 7))
+            for i, ((a, b, label, *_), q) in enumerate(zip(gpu.kernel_events, gpu.queued))]
+    out += [("write", blk, rel(a), rel(b), None) for a, b, blk in gpu.copy_events]
+    return sorted(out, key=lambda r: r[2])
 
 
 def _take_streams(cp, index):

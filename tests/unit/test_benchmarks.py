@@ -212,6 +212,34 @@ def test_band_replay_rates_by_class_and_its_refusal_without_two_gpus(capsys, mon
     assert "band-replay compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
 
 
+def test_band_trace_summary_plot_and_refusal_without_two_gpus(capsys, monkeypatch, tmp_path):
+    from benchmarks.measure import blas_band_trace as T
+    timeline = [("upload", 0, 0.0, 1e-3, 0.5e-3), ("product-final-rect", 0, 1e-3, 2e-3, 0.9e-3),
+                ("product-final-diag", 1, 2e-3, 3e-3, 2.6e-3), ("write", 0, 2e-3, 2.5e-3, None),
+                ("write", 1, 3e-3, 3.4e-3, None)]
+    s = T.summary(timeline, open_s=0.1e-3)          # queued at 0.8 and 2.5 ms on the GPU's clock
+    assert s == {"products": 2, "late": 1, "late_s": pytest.approx(0.5e-3), "busy_s": pytest.approx(2e-3),
+                 "first_product_s": 1e-3, "last_write_end_s": 3.4e-3}
+    if _has_matplotlib():
+        row = {"n": 64, "calls_s": [0.01], "modelled_s": 0.009, "model": [[0, "compute", 0, 0.0, 1e-3],
+                                                                           [1, "compute", 0, 0.0, 2e-3]],
+               "gpus": {"0": {"timeline": timeline}, "1": {"timeline": timeline[:2]}}}
+        out = T.plot(row, str(tmp_path / "trace.png"))
+        assert (tmp_path / "trace.png").stat().st_size > 0 and out.endswith("trace.png")
+    one_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 1)))
+    monkeypatch.setitem(sys.modules, "cupy", one_gpu)
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["band-trace", "--sizes", "64"]) == 2
+    assert "band-trace compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
+
+
+def _has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def test_band_replay_clocks_average_a_window_or_say_none():
     from benchmarks.measure.blas_band_replay import _Clocks
     clocks = _Clocks(2)
