@@ -41,7 +41,9 @@ RAMP = (0.25, 0.5)        # the first blocks' flops, as shares of an equal block
 PIECE_BYTES = 64 << 20    # a piece is cut into parts of at most this many bytes
 PEER_RATE = 250e9         # bytes/s of a copy between GPUs (NVLink) the model takes
 TALL_BYTES = 32 << 10     # an upper triangle's rectangle goes in row blocks of at least this many bytes a column
-CORNER_FIRST = 256        # rows of the corner order's first strips
+CORNER_FIRST = 512        # rows of the corner order's first strips: 2 x H100, zgemmt n = k = 8192, 31.4 ms a call
+                          # (median of 20) against 33-36 with 256 (more and smaller products, queued late);
+                          # 16384 and 24576 no slower
 CORNER_GROW = 0.25        # a later strip: this share of the corner rectangle's longer side so far
 SEGMENTS = ((8 << 10, 0.55), (64 << 10, 0.7))  # a 2D copy whose segments are shorter than this many bytes runs
                           # at this share of the link. 2 x H100, page-locked, in a band call beside the peer
