@@ -1,7 +1,7 @@
 """The layout of one call on host operands over GPUs that each compute one band of C (devices.cuda_bands).
 
-    layout = layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None)
-    layout = BandLayout(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, order="k")
+    layout = layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None)
+    layout = BandLayout(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, order="k", mixes=None)
 
 - Bands: GPU g computes rows [g0, g1) of a lower triangle with every column left of g1 (an upper triangle:
   columns [g0, g1) with every row above g1; gemm's C: columns [g0, g1), every row), the flops of the bands
@@ -70,7 +70,7 @@ class BandLayout:
     """Bands, factor pieces, k steps and final blocks of ``problem`` over GPUs with flop rates ``rates``."""
 
     def __init__(self, problem, rates, writeback_rate, upload_rate=None, shared=True, unit_bytes=None,
-                 blocks=None, speeds=None, order="k", final_start=None):
+                 blocks=None, speeds=None, order="k", final_start=None, mixes=None):
         if order not in ("k", "outer") or (order == "outer" and not problem.triangular):
             raise ValueError(f"order must be 'k', or 'outer' for a triangle, got {order!r}")
         self.problem = problem
@@ -87,7 +87,7 @@ class BandLayout:
         self.corner = problem.kind == "gemmt" and len(set(self.factor_of)) == 2
         self._set_bands(aligned_edges(size, list(speeds or rates), tri))
         if order == "outer" and self.corner and self.slots > 1:
-            self._set_bands(aligned_edges(size, self._corner_speeds(speeds or rates), tri))
+            self._set_bands(aligned_edges(size, self._corner_speeds(speeds or rates, mixes), tri))
         self.needs = [self._needs(tasks) for tasks in self.band_tasks]
         self.units = self._units(UNIT_BYTES if unit_bytes is None else unit_bytes)
         if order == "outer":
@@ -150,15 +150,20 @@ class BandLayout:
         self.boxes = [self._box(g0, g1) for g0, g1 in self.bands]
         self.band_tasks = [plan.band(self.problem, g0, g1) for g0, g1 in self.bands]
 
-    def _corner_speeds(self, speeds):
+    def _corner_speeds(self, speeds, mixes=None):
         """The GPUs' speeds less what the corner order's diagonal blocks cost on each band: those run at
-        CORNER_DIAG of the rest's rate, and the band that is all triangle has the most of them."""
+        CORNER_DIAG of the rest's rate, and the band that is all triangle has the most of them. ``mixes``: per
+        GPU (its diagonal blocks' rate over its other products', the diagonal blocks' share of its flops) in the
+        corner-order call that measured its speed; that call's cost of them is taken out of the speed first (a
+        measured speed already pays for its band's diagonal blocks), and the ratio replaces CORNER_DIAG."""
         out = []
         for g, (g0, g1) in enumerate(self.bands):
+            ratio, share = mixes[g] if mixes else (CORNER_DIAG, 0.0)
             tasks = [t for blk in band_outer.blocks(self.problem, g0, g1, 1, ALIGN, corner=True) for t in blk]
             flops = sum(t.flops for t in tasks)
             diag = sum(t.flops for t in tasks if t.diag)
-            out.append(speeds[g] * flops / (flops - diag + diag / CORNER_DIAG) if flops else speeds[g])
+            plain = speeds[g] * (1.0 - share + share / ratio)
+            out.append(plain * flops / (flops - diag + diag / ratio) if flops else speeds[g])
         return out
 
     def _box(self, g0, g1):
@@ -371,7 +376,7 @@ def _area(t):
     return rows * (rows + 1) // 2 if t.diag else rows * cols
 
 
-def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None):
+def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None):
     """The BandLayout of the order (k, or outer for a triangle with beta = 0: C's old values are uploaded
     after the operands) whose modelled time is least, the outer order only where it is OUTER_GAIN faster
     (OUTER_GAIN_ONE_GPU on one GPU).
@@ -380,19 +385,19 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
     rates move from call to call). A layout from here holds no reference to the call's arrays (``problem`` is
     None)."""
     speeds = list(speeds or rates)
-    values = list(rates) + speeds + [writeback_rate, upload_rate]
-    key = (_signature(problem), bool(shared), len(rates))
+    values = list(rates) + speeds + [writeback_rate, upload_rate] + [x for m in mixes or () for x in m]
+    key = (_signature(problem), bool(shared), len(values))
     with _cache_lock:
         for known, lay in _cache.get(key, []):
             if all(abs(a - b) <= RATE_SLACK * b for a, b in zip(values, known)):
                 _cache.move_to_end(key)
                 return lay
-    best = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds)
+    best = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds, mixes=mixes)
     best.modelled = band_outer.simulate(best, speeds, upload_rate, writeback_rate)
     one_factor = problem.kind in ("herk", "syrk")
     if problem.triangular and problem.beta == 0 and (not one_factor or problem.k <= OUTER_MAX_K):
         outer = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds,
-                           order="outer")
+                           order="outer", mixes=mixes)
         if outer.modelled < (OUTER_GAIN if len(rates) > 1 else OUTER_GAIN_ONE_GPU) * best.modelled:
             best = outer
     best.problem = None

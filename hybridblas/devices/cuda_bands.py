@@ -54,6 +54,8 @@ UPLOAD_SHARE = 0.8        # bands only where the uploads take at most this share
 ONE_GPU_MODEL = 1.25      # on one GPU, bands where their modelled time is within this many times the compute
 SHARED_SHARE = 1.25       # the same on several GPUs that share pieces over peer access (the tiles' GPUs each
                           # upload what they read: 2 x H100, zgemmt 8192, bands 45 ms against tiles 59)
+MIXES = True              # the corner order's bands from speeds less the diagonal blocks' cost their call measured
+                          # (_mixes; benchmarks.blas band-settings compares CORNER_DIAG alone on the same inputs)
 TRACE = False             # each call's timeline in cuda.last_stats (_timeline): timing events around every upload
                           # and peer copy (benchmarks.blas band-trace)
 _DOUBLE = (np.dtype(np.float64), np.dtype(np.complex128))
@@ -88,7 +90,7 @@ def _layout(problem, devices, rates, ctx):
     shared = _peer_access([d.index for d in devices])
     speeds = _speeds(problem, devices, rates, ctx)
     lay = layout_for(problem, list(rates), _rate(ctx, devices, "d2h_pinned"), _rate(ctx, devices, "h2d_pinned"),
-                     shared=shared, speeds=speeds)
+                     shared=shared, speeds=speeds, mixes=_mixes(problem, devices, ctx))
     return lay, shared, speeds
 
 
@@ -140,6 +142,17 @@ def _speeds(problem, devices, rates, ctx):
     if any(m is None for d, m in zip(devices, measured) if d.name not in ctx.rates):
         return list(rates)
     return [r if m is None else m for r, m in zip(rates, measured)]
+
+
+def _mixes(problem, devices, ctx):
+    """Per GPU (its diagonal blocks' rate over its other products', their share of its flops) as the last
+    corner-order call measured them where every GPU's speed is a measured one (_speeds), else None."""
+    if not MIXES or any(d.name in ctx.rates for d in devices):
+        return None
+    mixes = [calibrated(d, ("mix", problem.kind)) for d in devices]
+    if any(m is None or calibrated(d, problem.kind) is None for d, m in zip(devices, mixes)):
+        return None
+    return mixes
 
 
 def _fits(problem, devices, layout):
@@ -603,6 +616,9 @@ class _Call:
                 if _warm(gpu.device, self.problem.kind):     # a GPU's first call loads its kernels: not its rate
                     _calibrate(gpu.device, "flops", self.problem.kind,
                                sum(f for _, f in classes.values()) / max(kernel, 1e-12))
+                    mix = _mix(classes)
+                    if mix is not None and self.layout.corner and self.layout.order == "outer":
+                        _calibrate(gpu.device, "mix", self.problem.kind, mix)
             if TRACE:
                 st["timeline"] = _timeline(self.cp, gpu)
             lay = self.layout       # the links' rates: each copy's bytes over the share its segments reach
@@ -681,6 +697,16 @@ def queue_product(backend, problem, factors, kx, task, out, beta):
                              y.block(task.k0, task.k1, task.i0, task.i1), out, problem.lower, beta)
     else:
         compute_block(backend, problem, task, out, beta, factors=factors)
+
+
+def _mix(classes):
+    """(the diagonal blocks' flop/s over the other products', the diagonal blocks' share of the flops) of a call's
+    kernel classes ({label: [seconds, flops]}), or None where either kind of product is missing."""
+    diag = [sum(v[i] for k, v in classes.items() if k.endswith("-diag")) for i in (0, 1)]
+    rest = [sum(v[i] for k, v in classes.items() if not k.endswith("-diag")) for i in (0, 1)]
+    if min(diag + rest) <= 0:
+        return None
+    return (diag[1] / diag[0]) / (rest[1] / rest[0]), diag[1] / (diag[1] + rest[1])
 
 
 def _timeline(cp, gpu):
@@ -771,9 +797,10 @@ _calibration_lock = threading.Lock()
 
 
 def calibrated(device, what):
-    """What earlier band calls measured on ``device``: a transfer rate ('h2d_pinned', 'd2h_pinned') or, given a
-    routine kind, its kernels' flop/s; None before the first such call."""
-    key = what if what in ("h2d_pinned", "d2h_pinned") else ("flops", what)
+    """What earlier band calls measured on ``device``: a transfer rate ('h2d_pinned', 'd2h_pinned'), given a
+    routine kind its kernels' flop/s, given ("mix", kind) the corner order's (diagonal blocks' rate over the
+    other products', their share of the flops) (_mix); None before the first such call."""
+    key = what if what in ("h2d_pinned", "d2h_pinned") or isinstance(what, tuple) else ("flops", what)
     with _calibration_lock:
         return _calibration.get(device.name, {}).get(key)
 
@@ -790,9 +817,13 @@ def _warm(device, kind):
 
 def _calibrate(device, what, kind, value):
     """Fold one call's measurement into the device's rates: a faster reading at once, a slower one a tenth at a
-    time (a call that shared the links or the GPU with another must not turn the bands off for good)."""
-    key = ("flops", kind) if what == "flops" else what
+    time (a call that shared the links or the GPU with another must not turn the bands off for good). A mix
+    ("mix": _mix) is the last call's."""
+    key = ("flops", kind) if what == "flops" else ("mix", kind) if what == "mix" else what
     with _calibration_lock:
         rates = _calibration.setdefault(device.name, {})
+        if what == "mix":
+            rates[key] = value
+            return
         old = rates.get(key)
         rates[key] = value if old is None else max(value, 0.9 * old + 0.1 * value)

@@ -182,6 +182,30 @@ def test_corner_order_for_two_distinct_factors_and_faster_in_the_model(monkeypat
     assert corner.modelled < 0.85 * columns.modelled
 
 
+def test_corner_bands_count_the_diagonal_blocks_once():
+    """Speeds measured by a corner-order call already pay for its band's diagonal blocks: given that call's
+    mixes, the bands come out where the GPUs' plain speeds put them (not moved again toward the other GPU), and
+    a measured ratio replaces CORNER_DIAG."""
+    wb, up, plain = 45e9, 54e9, [5.2e13, 5.2e13]
+    gemmt = build("gemmt", "CN", 8192, 8192, Z, True, "F")
+    ref = B.BandLayout(gemmt, plain, wb, up, order="outer")
+    mixes, measured = [], []
+    for g, (g0, g1) in enumerate(ref.bands):
+        tasks = [t for blk in O.blocks(gemmt, g0, g1, 1, B.ALIGN, corner=True) for t in blk]
+        share = sum(t.flops for t in tasks if t.diag) / sum(t.flops for t in tasks)
+        mixes.append((B.CORNER_DIAG, share))
+        measured.append(plain[g] / (1 - share + share / B.CORNER_DIAG))    # what such a GPU measures
+    assert measured[0] < measured[1]
+    again = B.BandLayout(gemmt, measured, wb, up, order="outer", mixes=mixes)
+    assert again.edges == ref.edges
+    twice = B.BandLayout(gemmt, measured, wb, up, order="outer")           # the diagonal blocks counted twice
+    assert twice.edges[1] < ref.edges[1]
+    slow = B.BandLayout(gemmt, plain, wb, up, order="outer", mixes=[(0.5, 0.0), (0.5, 0.0)])
+    assert slow.edges[1] < ref.edges[1]                                    # slower diagonal blocks: less for GPU 0
+    lay = B.layout_for(gemmt, measured, wb, up, mixes=mixes)
+    assert B.layout_for(gemmt, measured, wb, up) is not lay                 # kept apart in the cache
+
+
 def test_layout_for_picks_the_order_of_least_modelled_time():
     speeds, wb, up = [5.2e13, 5.2e13], 45e9, 50e9
     gemmt = build("gemmt", "CN", 8192, 8192, Z, True, "F")

@@ -81,6 +81,29 @@ def test_measured_speeds_only_where_every_gpu_has_one(fresh):
     assert cuda_bands._speeds(prob, [a, b], [40e12, 7e12], explicit) == [51e12, 7e12]
 
 
+def test_a_corner_calls_mix_is_its_diagonal_blocks_rate_and_share(fresh):
+    """_mix: (diagonal blocks' flop/s over the rest's, their share of the flops) from a call's kernel classes;
+    kept per GPU and routine as the last call's, handed to the layout only where every GPU has one and a
+    measured speed."""
+    classes = {"final-rect": [2.0, 100.0], "step-rect": [1.0, 50.0], "final-diag": [1.0, 30.0]}
+    ratio, share = cuda_bands._mix(classes)
+    assert ratio == pytest.approx((30 / 1) / (150 / 3)) and share == pytest.approx(30 / 180)
+    assert cuda_bands._mix({"final-rect": [1.0, 10.0]}) is None
+    a, b = SimpleNamespace(name="cuda:0"), SimpleNamespace(name="cuda:1")
+    prob = _problem("gemmt", 1024)
+    cuda_bands._calibrate(a, "mix", "gemmt", (0.6, 0.2))
+    cuda_bands._calibrate(a, "mix", "gemmt", (0.8, 0.1))
+    assert cuda_bands.calibrated(a, ("mix", "gemmt")) == (0.8, 0.1) and cuda_bands.calibrated(a, "gemmt") is None
+    assert cuda_bands._mixes(prob, [a, b], fresh) is None
+    cuda_bands._calibrate(b, "mix", "gemmt", (0.9, 0.05))
+    assert cuda_bands._mixes(prob, [a, b], fresh) is None                  # no measured speeds yet
+    for d in (a, b):
+        cuda_bands._calibrate(d, "flops", "gemmt", 50e12)
+    assert cuda_bands._mixes(prob, [a, b], fresh) == [(0.8, 0.1), (0.9, 0.05)]
+    explicit = hb.Context("cpu", profile=False, rates={"cuda:1": 7e12})
+    assert cuda_bands._mixes(prob, [a, b], explicit) is None
+
+
 def test_calibrated_rates_decide_once_measured(fresh):
     """One GPU, zgemmt at 4096 goes by tiles at the default rates (PINNED_RATE each way, 40 TF/s), and still with
     a GPU measured ten times faster; with transfers measured five times faster and the GPU back at 40 TF/s, by
