@@ -193,13 +193,19 @@ def add_arguments(ap):
 
 
 def merge_and_plot(files, out):
-    """Merge result files of several runs into out/bench_blas_gpu.json and draw their plots."""
+    """Merge result files of several runs into out/bench_blas_gpu.json and draw their plots; a later file's result
+    replaces an earlier one of the same routine, size, implementation, mode and GPUs (a newer run of a case)."""
     docs = []
     for f in files:
         with open(f) as fh:
             docs.append(json.load(fh))
-    doc = dict(docs[0], results=[r for d in docs for r in d["results"]],
-               commands=[d["command"] for d in docs], dates=[d["date"] for d in docs])
+    merged = {}
+    for d in docs:
+        for r in d["results"]:
+            merged[(r["routine"], r["n"], r["impl"], r["mode"], tuple(r["gpus"]))] = r
+    commands = [c for d in docs for c in d.get("commands", [d["command"]])]
+    dates = [x for d in docs for x in d.get("dates", [d["date"]])]
+    doc = dict(docs[0], results=list(merged.values()), commands=commands, dates=dates)
     os.makedirs(out, exist_ok=True)
     write_json(os.path.join(out, "bench_blas_gpu.json"), doc)
     plot(doc, os.path.join(out, "bench_blas_gpu.png"))

@@ -142,11 +142,17 @@ STORED = ROOT / "benchmarks" / "results"
 def test_blas_plot_merges_stored_runs(tmp_path):
     pytest.importorskip("matplotlib")
     files = [STORED / "h100x2-2026-11-26" / "blas-host" / "bench_blas_gpu.json",
-             STORED / "h100-2026-11-22" / "blas-16384-24576" / "bench_blas_gpu.json"]
+             STORED / "h100x2-2026-11-26" / "blas-host-late" / "bench_blas_gpu.json"]
     assert main("blas", blas.__doc__, blas.COMMANDS, ["plot", *map(str, files), "--out", str(tmp_path)]) == 0
     merged = json.loads((tmp_path / "bench_blas_gpu.json").read_text())
-    rows = [json.loads(f.read_text())["results"] for f in files]
-    assert merged["results"] == rows[0] + rows[1] and len(merged["commands"]) == 2
+    docs = [json.loads(f.read_text()) for f in files]
+
+    def case(r):
+        return r["routine"], r["n"], r["impl"], r["mode"], tuple(r["gpus"])
+    later = {case(r): r for r in docs[1]["results"]}
+    want = [later.pop(case(r), r) for r in docs[0]["results"]] + list(later.values())
+    assert merged["results"] == want and len(want) < len(docs[0]["results"]) + len(docs[1]["results"])
+    assert merged["commands"] == docs[0]["commands"] + [docs[1]["command"]]
     assert (tmp_path / "bench_blas_gpu.png").stat().st_size > 0
     assert (tmp_path / "bench_blas_gpu_scaling.png").stat().st_size > 0     # 1 and 2 GPUs in the runs
 
@@ -251,3 +257,25 @@ def test_band_replay_clocks_average_a_window_or_say_none():
         mhz = clocks.mean([(t0, time.perf_counter())])
         assert len(mhz) == 2 and all(m > 0 for m in mhz)
     clocks.stop.set()
+
+
+def test_blas_plot_merge_lets_a_later_run_replace_the_same_case(tmp_path):
+    from benchmarks.measure import blas_gpu
+
+    def run_doc(command, rows):
+        return {"benchmark": "bench_blas_gpu", "date": command, "command": command, "gpus": ["GPU"] * 2,
+                "results": [dict(routine="zgemmt", n=n, impl=impl, mode="host" if impl != "cublas" else "device",
+                                 gpus=gpus, tflops=t, best_s=1.0) for n, impl, gpus, t in rows]}
+    old = run_doc("old", [(8192, "cublas", [0], 50.0), (8192, "hb-static", [0, 1], 70.0),
+                          (2048, "hb-static", [0, 1], 3.0)])
+    new = run_doc("new", [(8192, "cublas", [0], 52.0), (8192, "hb-static", [0, 1], 75.0)])
+    files = []
+    for name, doc in (("a.json", old), ("b.json", new)):
+        (tmp_path / name).write_text(json.dumps(doc))
+        files.append(str(tmp_path / name))
+    merged = blas_gpu.merge_and_plot(files, str(tmp_path / "out"))
+    got = {(r["n"], r["impl"]): r["tflops"] for r in merged["results"]}
+    assert got == {(8192, "cublas"): 52.0, (8192, "hb-static"): 75.0, (2048, "hb-static"): 3.0}
+    assert merged["commands"] == ["old", "new"]
+    again = blas_gpu.merge_and_plot([str(tmp_path / "out" / "bench_blas_gpu.json")], str(tmp_path / "again"))
+    assert again["commands"] == ["old", "new"] and len(again["results"]) == 3
