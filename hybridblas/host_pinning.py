@@ -81,6 +81,7 @@ def cudart():
             lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
             lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
             lib.cudaGetLastError.argtypes = []
+            lib.cudaHostGetDevicePointer.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_uint]
             _cudart = lib
             break
         else:

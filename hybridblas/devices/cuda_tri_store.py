@@ -78,9 +78,7 @@ def address(cupy, dst):
     if lib is None or not _device_ok(cupy) or dst.ctypes.data % 8:
         return None
     out = ctypes.c_void_p()
-    fn = lib.cudaHostGetDevicePointer
-    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_uint]
-    if fn(ctypes.byref(out), ctypes.c_void_p(dst.ctypes.data), 0) != 0:
+    if lib.cudaHostGetDevicePointer(ctypes.byref(out), ctypes.c_void_p(dst.ctypes.data), 0) != 0:
         lib.cudaGetLastError()           # not registered memory: clear the error, the caller copies by DMA
         return None
     return out.value
