@@ -222,6 +222,7 @@ class _Gpu:
         self.piece_events = []                   # ("upload" | "peer", piece index, start, end, host seconds after the
                                                  # call began when queued) of each piece it moved
         self.queued = []                         # host seconds after the call began when each product was queued
+                                                 # (TRACE)
         self.open_event = None
         self.marks = {}                          # host seconds after the call began: first upload, first product
         self.writes = queue.Queue()
@@ -519,7 +520,8 @@ class _Call:
         gpu.marks.setdefault("host_first_product_s", time.perf_counter() - self.t0)
         label = f"{phase}-{'diag' if task.diag else 'rect'}"
         gpu.kernel_events.append((start, _event(cp, gpu.s_comp, timing=True), label, part.flops, part))
-        gpu.queued.append(time.perf_counter() - self.t0)
+        if TRACE:
+            gpu.queued.append(time.perf_counter() - self.t0)
 
     def _add_old(self, gpu, b, block, stepped):
         """box[block] (+)= beta * C's old values, on s_comp once they have landed."""
