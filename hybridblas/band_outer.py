@@ -22,6 +22,10 @@ compute), that tail is a third of the call; the outer order overlaps the three.
   entries computable then grow like the square of the uploaded bytes with no half lost to the diagonal until
   the rectangle meets it: modelled on 2 x H100 at n = k = 8192, 25.6 ms against 31.3 ms for the column
   blocks (where compute after the last upload is a quarter of the triangle's).
+  A strip that crosses the diagonal ends where its diagonal block's herkx fills its waves of tiles on the GPUs'
+  SMs (complex data, diag_width), and no strip leaves a thin rest at the band's end (CORNER_REST): 2 x H100,
+  zgemmt n = k = 8192, 29.0-29.3 ms a call against 29.1-30.4 with the widths as grown; 16384 the same within
+  the noise.
 - Pieces: each unique factor's outer index over the final range, cut where a block's reads start or end and
   into at most PIECE_BYTES, queued in the order of the expected start of the first block that reads them;
   each crosses PCIe once, uploaded by the GPU that has uploaded the fewest bytes so far (with peer access
@@ -45,6 +49,15 @@ CORNER_FIRST = 512        # rows of the corner order's first strips: 2 x H100, z
                           # (median of 20) against 33-36 with 256 (more and smaller products, queued late);
                           # 16384 and 24576 no slower
 CORNER_GROW = 0.25        # a later strip: this share of the corner rectangle's longer side so far
+CORNER_REST = 512         # a strip that would leave fewer rows than this to its band's end takes them: a thin last
+                          # strip's herkx costs about a wide one's (1 x H100, k = 8192: 192 wide 0.37 ms, 704 0.45)
+DIAG_TILE = 64            # cuBLAS zherkx covers a triangle of width w in t (t + 1) / 2 tiles, t = ceil(w / 64), one per
+                          # SM a wave: 1 x H100 (132 SMs), k = 8192, its time steps where they pass a multiple of 132
+                          # (960 wide 0.76 ms, 1024 1.29; 1408 1.32, 1472 1.87; 1728 1.93, 1792 2.47; 2048 2.53, 2112
+                          # 3.16; benchmarks.blas herkx-widths)
+DIAG_WASTE = 0.1          # a diagonal block whose tiles leave more than this share of their waves' slots idle ...
+DIAG_SLACK = 0.25         # ... moves its strip's edge by at most this share of its width to the nearest width that
+                          # leaves less (diag_width)
 SEGMENTS = ((8 << 10, 0.55), (64 << 10, 0.7))  # a 2D copy whose segments are shorter than this many bytes runs
                           # at this share of the link. 2 x H100, page-locked, in a band call beside the peer
                           # copies: 1-13 KiB segments 27-34 GB/s, 32 KiB 37-40, 176 KiB and whole 46-54 GB/s
@@ -59,16 +72,19 @@ def dma_share(segment):
     return 1.0
 
 
-def blocks(problem, g0, g1, count, align, ramp=RAMP, corner=False):
+def blocks(problem, g0, g1, count, align, ramp=RAMP, corner=False, sms=None):
     """[[Task over all of k]] of band [g0, g1), in compute order, C's entries of a block by whole columns as far
     as the triangle lets (column-major C: long DMA segments in the write-back; see the module's docstring);
-    ``corner``: grown from the band's corner (two distinct factors)."""
+    ``corner``: grown from the band's corner (two distinct factors), its diagonal blocks at widths that suit
+    GPUs of ``sms`` SMs (complex data; None: as grown)."""
     if g1 <= g0:
         return []
     if corner:
         mk, k = plan.make_task, problem.k
         flip = (lambda r: r) if problem.lower else (lambda r: (r[2], r[3], r[0], r[1], r[4]))
-        return [[mk(problem, *flip(r)[:4], 0, k, diag=r[4]) for r in blk] for blk in corner_strips(g0, g1, align)]
+        sms = sms if problem.complex else None
+        return [[mk(problem, *flip(r)[:4], 0, k, diag=r[4]) for r in blk]
+                for blk in corner_strips(g0, g1, align, sms=sms)]
     rect = (g1 - g0) * g0
     tri = (g1 - g0) * (g1 - g0 + 1) / 2
     n_rect = max(1, round(count * rect / (rect + tri))) if rect else 0
@@ -99,12 +115,14 @@ def blocks(problem, g0, g1, count, align, ramp=RAMP, corner=False):
     return out
 
 
-def corner_strips(g0, g1, align, first=None, grow=None):
+def corner_strips(g0, g1, align, first=None, grow=None, sms=None):
     """The corner order of lower band [g0, g1) (an upper band: the same with rows and columns swapped): blocks
     as lists of (r0, r1, c0, c1, diag). State: the left factor's rows [top, g1) and the right factor's
     [0, v) are in, every entry (i, j) with i >= top, j < v, j <= i computed. A block is a row strip (top moves
     up) or a column strip (v moves right), the one with more entries per row; strip edges on multiples of
-    align (or g0, g1)."""
+    align (or g0, g1). Given ``sms``, a strip that crosses the diagonal moves its edge so that its diagonal
+    block's width is diag_width's; a strip that would leave fewer than CORNER_REST rows to the band's end takes
+    them."""
     first = CORNER_FIRST if first is None else first
     grow = CORNER_GROW if grow is None else grow
     top, v, out = g1, 0, []
@@ -113,10 +131,16 @@ def corner_strips(g0, g1, align, first=None, grow=None):
         best = None
         if top > g0:
             a = max(g0, (top - w) // align * align)
+            if v > a:                       # its diagonal block is [a, min(v, top))
+                a = max(g0, min(v, top) - diag_width(min(v, top) - a, sms, align))
+            a = g0 if a - g0 < CORNER_REST else a
             rects = _row_strip(a, top, v)
             best = (_cells(rects) / (top - a), "row", a, rects)
         if v < g1:
             b = min(g1, -(-(v + w) // align) * align)
+            if top < b:                     # its diagonal block is [max(v, top), b)
+                b = min(g1, max(v, top) + diag_width(b - max(v, top), sms, align))
+            b = g1 if g1 - b < CORNER_REST else b
             rects = _column_strip(v, b, top, g1)
             gain = _cells(rects) / (b - v)
             if best is None or gain > best[0] or (gain == best[0] and g1 - top >= v):
@@ -129,6 +153,25 @@ def corner_strips(g0, g1, align, first=None, grow=None):
         if rects:
             out.append(rects)
     return out
+
+
+def diag_width(width, sms, align):
+    """``width`` where its herkx wastes at most DIAG_WASTE of its waves (its t (t + 1) / 2 tiles, t = ceil(w /
+    DIAG_TILE), in waves of ``sms``), else the nearest width within DIAG_SLACK (a multiple of ``align``) that
+    does; ``width`` itself where none does or without ``sms``."""
+    if not sms or width <= align or _waste(width, sms) <= DIAG_WASTE:
+        return width
+    lo = max(align, -(-int(width * (1 - DIAG_SLACK)) // align) * align)
+    fits = [w for w in range(lo, int(width * (1 + DIAG_SLACK)) + 1, align) if _waste(w, sms) <= DIAG_WASTE]
+    return min(fits, key=lambda w: (abs(w - width), w)) if fits else width
+
+
+def _waste(width, sms):
+    """The share of its waves' tile slots a triangle of ``width`` leaves idle on ``sms`` SMs."""
+    t = -(-width // DIAG_TILE)
+    tiles = t * (t + 1) // 2
+    slots = -(-tiles // sms) * sms
+    return (slots - tiles) / slots
 
 
 def _row_strip(a, b, v):

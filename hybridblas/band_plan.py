@@ -1,7 +1,8 @@
 """The layout of one call on host operands over GPUs that each compute one band of C (devices.cuda_bands).
 
-    layout = layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None)
-    layout = BandLayout(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, order="k", mixes=None)
+    layout = layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None, sms=None)
+    layout = BandLayout(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, order="k", mixes=None,
+                        sms=None)
 
 - Bands: GPU g computes rows [g0, g1) of a lower triangle with every column left of g1 (an upper triangle:
   columns [g0, g1) with every row above g1; gemm's C: columns [g0, g1), every row), the flops of the bands
@@ -70,11 +71,12 @@ class BandLayout:
     """Bands, factor pieces, k steps and final blocks of ``problem`` over GPUs with flop rates ``rates``."""
 
     def __init__(self, problem, rates, writeback_rate, upload_rate=None, shared=True, unit_bytes=None,
-                 blocks=None, speeds=None, order="k", final_start=None, mixes=None):
+                 blocks=None, speeds=None, order="k", final_start=None, mixes=None, sms=None):
         if order not in ("k", "outer") or (order == "outer" and not problem.triangular):
             raise ValueError(f"order must be 'k', or 'outer' for a triangle, got {order!r}")
         self.problem = problem
         self.order = order
+        self.sms = sms            # the GPUs' fewest SMs: the corner order's diagonal widths (band_outer.diag_width)
         self.modelled = None      # seconds band_outer.simulate gave at the rates it was laid out for (if run)
         self._upload_share = None
         self.slots = len(rates)
@@ -159,7 +161,8 @@ class BandLayout:
         out = []
         for g, (g0, g1) in enumerate(self.bands):
             ratio, share = mixes[g] if mixes else (CORNER_DIAG, 0.0)
-            tasks = [t for blk in band_outer.blocks(self.problem, g0, g1, 1, ALIGN, corner=True) for t in blk]
+            tasks = [t for blk in band_outer.blocks(self.problem, g0, g1, 1, ALIGN, corner=True, sms=self.sms)
+                     for t in blk]
             flops = sum(t.flops for t in tasks)
             diag = sum(t.flops for t in tasks if t.diag)
             plain = speeds[g] * (1.0 - share + share / ratio)
@@ -232,7 +235,7 @@ class BandLayout:
             self.steps = self._steps()
             if (start == 0) not in made:
                 made[start == 0] = [band_outer.blocks(p, g0, g1, count, ALIGN, corner=self.corner,
-                                                      ramp=band_outer.RAMP if start == 0 else ())
+                                                      ramp=band_outer.RAMP if start == 0 else (), sms=self.sms)
                                     for g0, g1 in self.bands]
             self.blocks = made[start == 0]
             clock = [sum(t.flops for t in self.band_tasks[g]) * start / p.k / max(speeds[g], 1.0)
@@ -376,7 +379,7 @@ def _area(t):
     return rows * (rows + 1) // 2 if t.diag else rows * cols
 
 
-def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None):
+def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None, sms=None):
     """The BandLayout of the order (k, or outer for a triangle with beta = 0: C's old values are uploaded
     after the operands) whose modelled time is least, the outer order only where it is OUTER_GAIN faster
     (OUTER_GAIN_ONE_GPU on one GPU).
@@ -386,7 +389,7 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
     None)."""
     speeds = list(speeds or rates)
     values = list(rates) + speeds + [writeback_rate, upload_rate] + [x for m in mixes or () for x in m]
-    key = (_signature(problem), bool(shared), len(values))
+    key = (_signature(problem), bool(shared), len(values), sms)
     with _cache_lock:
         for known, lay in _cache.get(key, []):
             if all(abs(a - b) <= RATE_SLACK * b for a, b in zip(values, known)):
@@ -397,7 +400,7 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
     one_factor = problem.kind in ("herk", "syrk")
     if problem.triangular and problem.beta == 0 and (not one_factor or problem.k <= OUTER_MAX_K):
         outer = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds,
-                           order="outer", mixes=mixes)
+                           order="outer", mixes=mixes, sms=sms)
         if outer.modelled < (OUTER_GAIN if len(rates) > 1 else OUTER_GAIN_ONE_GPU) * best.modelled:
             best = outer
     best.problem = None

@@ -56,6 +56,8 @@ SHARED_SHARE = 1.25       # the same on several GPUs that share pieces over peer
                           # upload what they read: 2 x H100, zgemmt 8192, bands 45 ms against tiles 59)
 MIXES = True              # the corner order's bands from speeds less the diagonal blocks' cost their call measured
                           # (_mixes; benchmarks.blas band-settings compares CORNER_DIAG alone on the same inputs)
+DIAG_WIDTHS = True        # the corner order's diagonal blocks at widths whose herkx fills whole waves of the GPUs' SMs
+                          # (band_outer.diag_width; benchmarks.blas band-settings compares the widths as grown)
 TRACE = False             # each call's timeline in cuda.last_stats (_timeline): timing events around every upload
                           # and peer copy (benchmarks.blas band-trace)
 _DOUBLE = (np.dtype(np.float64), np.dtype(np.complex128))
@@ -90,7 +92,8 @@ def _layout(problem, devices, rates, ctx):
     shared = _peer_access([d.index for d in devices])
     speeds = _speeds(problem, devices, rates, ctx)
     lay = layout_for(problem, list(rates), _rate(ctx, devices, "d2h_pinned"), _rate(ctx, devices, "h2d_pinned"),
-                     shared=shared, speeds=speeds, mixes=_mixes(problem, devices, ctx))
+                     shared=shared, speeds=speeds, mixes=_mixes(problem, devices, ctx),
+                     sms=_sms(devices) if DIAG_WIDTHS else None)
     return lay, shared, speeds
 
 
@@ -131,6 +134,21 @@ def uploads_hide(problem, n_gpu, shared, speeds, h2d, d2h):
     compute = problem.flops() / sum(speeds)
     writeback = c_bytes / n_gpu / d2h
     return upload <= (SHARED_SHARE if n_gpu > 1 and shared else UPLOAD_SHARE) * (compute + writeback)
+
+
+def _sms(devices):
+    """The fewest streaming multiprocessors among the GPUs ``devices`` (None where CUDA does not say)."""
+    import cupy
+    counts = []
+    for d in devices:
+        with _sms_lock:
+            if d.index not in _sm_counts:
+                try:
+                    _sm_counts[d.index] = cupy.cuda.runtime.deviceGetAttribute(MULTIPROCESSOR_COUNT, d.index)
+                except Exception:       # noqa: BLE001 - a runtime without the attribute: the widths as grown
+                    _sm_counts[d.index] = None
+            counts.append(_sm_counts[d.index])
+    return None if not counts or None in counts else min(counts)
 
 
 def _speeds(problem, devices, rates, ctx):
@@ -793,6 +811,9 @@ PINNED_RATE = 50e9         # bytes/s a page-locked copy each way is taken to rea
                            # 5.0 x16, H100 and H200: 54-55 up, 43-56 down). At policy.TRANSFER_RATE (25e9, which
                            # counts staging) the first measured calls moved it past RATE_SLACK: each rebuilt the
                            # layout (9-21 ms on 2 x H100 at n = 8192)
+MULTIPROCESSOR_COUNT = 16  # cudaDevAttrMultiProcessorCount
+_sm_counts = {}            # GPU index -> its SMs
+_sms_lock = threading.Lock()
 _calibration = {}          # device name -> {"h2d_pinned": bytes/s, "d2h_pinned": bytes/s, ("flops", kind): flop/s,
                            # "warm": the kinds that ran here before}
 _calibration_lock = threading.Lock()

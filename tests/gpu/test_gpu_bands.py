@@ -40,14 +40,14 @@ def small_units(request, monkeypatch):
     monkeypatch.setattr(cuda_bands, "ONE_GPU_MODEL", float("inf"))
     order = request.param
 
-    def forced(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None):
+    def forced(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None, sms=None):
         lay = band_plan.BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds,
-                                   mixes=mixes)
+                                   mixes=mixes, sms=sms)
         if order == "k" or not problem.triangular or problem.beta != 0:
             return lay
         start = lay.units[len(lay.units) // 2][0] if order == "outer-steps" else 0
         return band_plan.BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds,
-                                    order="outer", blocks=5, final_start=start, mixes=mixes)
+                                    order="outer", blocks=5, final_start=start, mixes=mixes, sms=sms)
     monkeypatch.setattr(cuda_bands, "layout_for", forced)
 
 

@@ -135,9 +135,10 @@ def test_every_product_reads_only_what_has_landed(kind, trans, how, gpus, lower,
                             assert have[lay.factor_of[f]][rows].all(), (g, k0, k1, t, f)
 
 
+@pytest.mark.parametrize("sms", [None, 132, 7])
 @pytest.mark.parametrize("g0,g1", [(0, 1), (0, 65), (0, 5824), (64, 130), (5824, 8192), (3000, 3001), (448, 7011)])
-def test_corner_strips_cover_the_band_once_growing_from_its_corner(g0, g1):
-    strips = O.corner_strips(g0, g1, B.ALIGN)
+def test_corner_strips_cover_the_band_once_growing_from_its_corner(g0, g1, sms):
+    strips = O.corner_strips(g0, g1, B.ALIGN, sms=sms)
     seen = np.zeros((g1, g1), int)
     top, v = g1, 0
     for blk in strips:
@@ -163,6 +164,53 @@ def test_corner_strips_cover_the_band_once_growing_from_its_corner(g0, g1):
     assert np.array_equal(seen[g0:g1], np.tril(np.ones((g1, g1), int))[g0:g1])
     first = strips[0]
     assert max(r1 - r0 for r0, r1, *_ in first) <= O.CORNER_FIRST + B.ALIGN
+    if g1 - g0 > O.CORNER_FIRST:            # no strip leaves a thin rest: every diagonal block is wide
+        assert min(r1 - r0 for blk in strips for r0, r1, _, _, d in blk if d) >= min(
+            O.CORNER_REST, B.ALIGN * 2)
+
+
+def waste(w, sms):
+    """The share of its waves' slots that a triangle of width w in 64 x 64 tiles leaves idle on sms SMs."""
+    t = -(-w // O.DIAG_TILE)
+    tiles = t * (t + 1) // 2
+    return 1 - tiles / (-(-tiles // sms) * sms)
+
+
+def test_diagonal_widths_fill_their_waves():
+    """herkx's time steps where its 64 x 64 tiles pass a multiple of the SMs (1 x H100: 960 wide 0.76 ms, 1152
+    1.32 ms): a width that leaves more than DIAG_WASTE of its waves idle moves to the nearest that does not,
+    within DIAG_SLACK; one that fills them, or has no such width near, stays."""
+    assert [O.diag_width(w, 132, 64) for w in (1024, 1088, 1792, 1472, 2112, 2304)] == [960, 960, 1728, 1408, 2048,
+                                                                                        2240]
+    assert [O.diag_width(w, 132, 64) for w in (960, 2496, 2688, 3072, 448)] == [960, 2496, 2688, 3072, 448]
+    for sms in (132, 114, 78):
+        for w in range(128, 4096, 64):
+            got = O.diag_width(w, sms, 64)
+            assert got % 64 == 0 and abs(got - w) <= O.DIAG_SLACK * w
+            if waste(w, sms) <= O.DIAG_WASTE:
+                assert got == w
+            else:
+                assert got == w or waste(got, sms) <= O.DIAG_WASTE
+    assert O.diag_width(1024, None, 64) == 1024 and O.diag_width(64, 132, 64) == 64
+
+
+def test_corner_layout_picks_wave_filling_diagonal_blocks_given_the_sms():
+    """zgemmt n = 8192 on two GPUs of 132 SMs: the diagonal blocks of strips that cross the diagonal waste less of
+    their waves than the widths as grown, and the model takes them at about the same time; real data (whose
+    herkx tiles were not measured) keeps the widths as grown."""
+    gemmt = build("gemmt", "CN", 8192, 8192, Z, True, "F")
+    speeds, wb, up = [4.6e13, 5.4e13], 3.5e10, 5.1e10
+    grown = B.BandLayout(gemmt, speeds, wb, up, order="outer")
+    snapped = B.BandLayout(gemmt, speeds, wb, up, order="outer", sms=132)
+
+    def idle(lay):
+        return sum(waste(t.i1 - t.i0, 132) * (t.i1 - t.i0) for blocks in lay.blocks for blk in blocks for t in blk
+                   if t.diag)
+    assert idle(snapped) < 0.7 * idle(grown)
+    assert snapped.modelled < 1.02 * grown.modelled
+    real = build("syrk", "T", 7011, 3136, np.float64, True, "F")
+    assert O.blocks(real, 0, 7011, 12, B.ALIGN, corner=True, sms=132) == O.blocks(real, 0, 7011, 12, B.ALIGN,
+                                                                                   corner=True)
 
 
 def test_corner_order_for_two_distinct_factors_and_faster_in_the_model(monkeypatch):
