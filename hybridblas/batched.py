@@ -207,7 +207,7 @@ def _strided_batched(alpha, a, view_a, b, view_b, beta, c, view_c):
     dt = c.dtype
     s = cublas._Scalars()
     i, i64 = ctypes.c_int, ctypes.c_longlong
-    handle = cupy.cuda.device.get_cublas_handle()
+    handle = cublas.handle()
     cublas.call(f"cublas{cublas._PREFIX[dt]}gemmStridedBatched", handle, cupy.cuda.get_current_stream().ptr,
                 i(op1), i(op2), i(rows), i(cols), i(k), s(alpha, dt),
                 ctypes.c_void_p(first[0].data.ptr), i(first[2]), i64(first[3]),

@@ -44,6 +44,31 @@ def check(status, name):
         raise kind(f"{name} failed with cublasStatus {status} ({STATUS.get(status, 'unknown')})")
 
 
+def handle():
+    """CuPy's cuBLAS handle of the calling thread on the current GPU. Making one allocates GPU memory outside
+    CuPy's pool; where cuBLAS cannot (CUBLAS_STATUS_ALLOC_FAILED), the pool releases the free blocks it keeps (a
+    band call's stream set keeps its arrays' blocks for the next call) and it is tried once more, then a
+    CublasAllocError (a MemoryError)."""
+    import cupy
+    try:
+        return cupy.cuda.device.get_cublas_handle()
+    except Exception as exc:            # noqa: BLE001 - CuPy's CUBLASError, by name: its module may move
+        if not _alloc_failed(exc):
+            raise
+    cupy.get_default_memory_pool().free_all_blocks()
+    try:
+        return cupy.cuda.device.get_cublas_handle()
+    except Exception as exc:            # noqa: BLE001 - as above
+        if not _alloc_failed(exc):
+            raise
+        raise CublasAllocError(f"cublasCreate failed on GPU {cupy.cuda.Device().id} with cublasStatus 3 "
+                               f"(ALLOC_FAILED) after the memory pool released its free blocks") from exc
+
+
+def _alloc_failed(exc):
+    return type(exc).__name__ == "CUBLASError" and getattr(exc, "status", None) == 3
+
+
 def library_path():
     """Path of the libcublas CuPy has loaded (read from /proc/self/maps), or None."""
     import cupy
@@ -253,7 +278,7 @@ def conj_transpose_into(dst, src):
     s = _Scalars()
     op = 2 if dt.kind == "c" else 1
     # beta = 0 with B = C: cuBLAS's in-place form (ldb = ldc, transb N); C is only written
-    call(f"cublas{_PREFIX[dt]}geam", cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream().ptr,
+    call(f"cublas{_PREFIX[dt]}geam", handle(), cupy.cuda.get_current_stream().ptr,
          _i(op), _i(0), _i(m), _i(n), s(1.0, dt), _ptr(src), _i(leading_dim(src)),
          s(0.0, dt), _ptr(dst), _i(leading_dim(dst)), _ptr(dst), _i(leading_dim(dst)))
     return dst

@@ -140,7 +140,7 @@ def device_gemm(out, a, b, beta=0.0, alpha=1.0):
     problem = _gemm_problem(out, a, b, beta, alpha)
     if problem is not None:
         import cupy
-        cublas.gemm(cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream().ptr, *problem)
+        cublas.gemm(cublas.handle(), cupy.cuda.get_current_stream().ptr, *problem)
     return out
 
 

@@ -200,7 +200,7 @@ class _CUDARun(DeviceRun):
             for ev in problem.run.caller_events:   # the caller's queued work comes first
                 self.s_in.wait_event(ev)
                 self.s_comp.wait_event(ev)
-            self.handle = cp.cuda.device.get_cublas_handle()
+            self.handle = cublas.handle()
             if cuda_ozaki.wanted(problem):
                 self.backend = cuda_ozaki.Backend(self.handle, self.s_comp, problem.run.emulation)
             else:

@@ -482,7 +482,7 @@ class _Call:
         self._allocate(gpu)
         gpu.open_event = _event(cp, gpu.s_comp, timing=True)
         gpu.marks["host_open_s"] = time.perf_counter() - self.t0
-        backend = cublas.Backend(cp.cuda.device.get_cublas_handle(), gpu.s_comp)
+        backend = cublas.Backend(cublas.handle(), gpu.s_comp)
         operands = [Operand(gpu.factors[lay.factor_of[f]], fac.op) for f, fac in enumerate(p.factors)]
         kx = cuda_direct.rank_kx(p, operands, beta=1.0) if p.kind == "gemmt" else None
         for n_step, (k0, k1) in enumerate(lay.steps):

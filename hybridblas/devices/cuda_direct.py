@@ -49,7 +49,7 @@ def applies(problem, device, ctx=None):
 def run(problem, device):
     import cupy
     with cupy.cuda.Device(device.index):
-        backend = cublas.Backend(cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream())
+        backend = cublas.Backend(cublas.handle(), cupy.cuda.get_current_stream())
         if problem.kind == "gemm":
             rect_block(backend, problem.terms(), 0, problem.m, 0, problem.n, 0, problem.k, problem.c, problem.beta)
         elif problem.kind == "gemmt":

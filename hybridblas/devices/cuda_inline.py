@@ -58,7 +58,7 @@ def run(problem, device):
         if cuda_skinny.applies(problem):       # float32 row-major tall blocks: one pass, summed in double
             cuda_skinny.run(problem)
             return
-        backend = cublas.Backend(cupy.cuda.device.get_cublas_handle(), cupy.cuda.get_current_stream())
+        backend = cublas.Backend(cublas.handle(), cupy.cuda.get_current_stream())
         if problem.dtype in _WIDE:
             _store(cupy, problem, problem.c, _chunked_full(backend, problem))
         elif problem.kind == "gemm":
