@@ -29,6 +29,7 @@ COMMANDS = {
     "band-settings": ("blas_band_settings", "the band path's layout settings side by side on two GPUs, host operands"),
     "band-replay": ("blas_band_replay", "a two-GPU band call's products replayed on device operands, no transfers"),
     "band-trace": ("blas_band_trace", "a two-GPU band call's timeline (uploads, copies, products) and its model"),
+    "herkx-widths": ("blas_herkx_widths", "a band call's diagonal-block herkx on one GPU against its width and k"),
     "sweep-ratio": ("blas_sweep_ratio", "hand sweep of the static split's ratios against the calibrated profile"),
     "kernels": ("blas_kernels", "the float32 tall-skinny Gram kernel at several launch sizes against cupy"),
     "emulation": ("blas_emulation", "FP64 products emulated on INT8 tensor cores against cuBLAS: time and accuracy"),

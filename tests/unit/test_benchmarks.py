@@ -279,3 +279,18 @@ def test_blas_plot_merge_lets_a_later_run_replace_the_same_case(tmp_path):
     assert merged["commands"] == ["old", "new"]
     again = blas_gpu.merge_and_plot([str(tmp_path / "out" / "bench_blas_gpu.json")], str(tmp_path / "again"))
     assert again["commands"] == ["old", "new"] and len(again["results"]) == 3
+
+
+def test_herkx_widths_counts_waves_and_refuses_without_a_gpu(capsys, monkeypatch):
+    from benchmarks.measure import blas_herkx_widths as W
+    assert W.waves(960, 132) == (120, 1) and W.waves(1024, 132) == (136, 2) and W.waves(2048, 132) == (528, 4)
+    no_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=_no_driver)))
+    monkeypatch.setitem(sys.modules, "cupy", no_gpu)
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["herkx-widths", "--ks", "64"]) == 2
+    assert "herkx-widths times a GPU: CuPy sees none" in capsys.readouterr().err
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["herkx-widths", "--widths", "512", "256", "64"]) == 2
+    assert "--widths LAST must be at least FIRST, got 512 256 64" in capsys.readouterr().err
+
+
+def _no_driver():
+    raise RuntimeError("no CUDA driver")
