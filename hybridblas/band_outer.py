@@ -24,8 +24,8 @@ compute), that tail is a third of the call; the outer order overlaps the three.
   blocks (where compute after the last upload is a quarter of the triangle's).
   A strip that crosses the diagonal ends where its diagonal block's herkx fills its waves of tiles on the GPUs'
   SMs (complex data, diag_width), and no strip leaves a thin rest at the band's end (CORNER_REST): 2 x H100,
-  zgemmt n = k = 8192, 29.0-29.3 ms a call against 29.1-30.4 with the widths as grown; 16384 the same within
-  the noise.
+  zgemmt n = k = 8192, best call 28.9-29.0 ms (median 29.3) against 29.1-29.9 (29.9-30.3) with the widths as
+  grown; 16384 the same within the noise.
 - Pieces: each unique factor's outer index over the final range, cut where a block's reads start or end and
   into at most PIECE_BYTES, queued in the order of the expected start of the first block that reads them;
   each crosses PCIe once, uploaded by the GPU that has uploaded the fewest bytes so far (with peer access
