@@ -166,10 +166,15 @@ def diag_width(width, sms, align):
     return min(fits, key=lambda w: (abs(w - width), w)) if fits else width
 
 
+def diag_tiles(width):
+    """The DIAG_TILE x DIAG_TILE tiles cuBLAS's herkx covers a triangle of ``width`` with."""
+    t = -(-width // DIAG_TILE)
+    return t * (t + 1) // 2
+
+
 def _waste(width, sms):
     """The share of its waves' tile slots a triangle of ``width`` leaves idle on ``sms`` SMs."""
-    t = -(-width // DIAG_TILE)
-    tiles = t * (t + 1) // 2
+    tiles = diag_tiles(width)
     slots = -(-tiles // sms) * sms
     return (slots - tiles) / slots
 

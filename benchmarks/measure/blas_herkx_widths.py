@@ -28,9 +28,8 @@ def add_arguments(ap):
 
 
 def waves(width, sms):
-    """(tiles, waves) of a width's triangle in 64 x 64 tiles on ``sms`` SMs (band_outer.DIAG_TILE)."""
-    t = -(-width // band_outer.DIAG_TILE)
-    tiles = t * (t + 1) // 2
+    """(tiles, waves) of a width's triangle in 64 x 64 tiles on ``sms`` SMs (band_outer.diag_tiles)."""
+    tiles = band_outer.diag_tiles(width)
     return tiles, -(-tiles // sms)
 
 
