@@ -30,7 +30,9 @@ ENV_MAX_GB = "HYBRIDBLAS_PIN_MAX_GB"
 _PORTABLE = 1                      # cudaHostRegisterPortable: pinned for every GPU's context
 _ALREADY_REGISTERED = 712          # cudaErrorHostMemoryAlreadyRegistered: someone else pinned it
 
-_lock = threading.Lock()
+_lock = threading.RLock()          # re-entrant: a garbage collection that an allocation under the lock sets off
+                                   # runs the finalizers of freed operands (_freed, _forget) in the thread that
+                                   # holds it (a plain lock hung a band call in _pin); loops go over copies
 _pins = {}                         # owner's data pointer -> _Pin
 _seen = {}                         # owner's data pointer -> [nbytes, calls that met it, finalizer, last call]
 _cudart = None
@@ -58,7 +60,7 @@ def is_ready(pin):
 def wait_ready(timeout=None):
     """Wait for every registration in flight (benchmarks and tests; calls never need to)."""
     with _lock:
-        pending = [p for p in _pins.values() if p.busy]
+        pending = [p for p in list(_pins.values()) if p.busy]
     for p in pending:
         p.done.wait(timeout)
 
@@ -109,7 +111,7 @@ def max_bytes():
 
 def pinned_bytes():
     with _lock:
-        return sum(p.nbytes for p in _pins.values() if p.ours)
+        return sum(p.nbytes for p in list(_pins.values()) if p.ours)
 
 
 def acquire(arr, min_bytes=None, after_uses=0, call=None):
@@ -201,8 +203,9 @@ def release(pin):
 def _make_room(nbytes):
     """Unregister idle pins, least recently used first, until ``nbytes`` more fit under the cap."""
     cap = max_bytes()
-    held = sum(p.nbytes for p in _pins.values() if p.ours)
-    for pin in sorted((p for p in _pins.values() if p.users == 0 and not p.busy), key=lambda p: p.last):
+    pins = list(_pins.values())
+    held = sum(p.nbytes for p in pins if p.ours)
+    for pin in sorted((p for p in pins if p.users == 0 and not p.busy), key=lambda p: p.last):
         if held + nbytes <= cap:
             break
         held -= pin.nbytes if pin.ours else 0
@@ -236,8 +239,8 @@ def clear():
     memory unlocked now)."""
     wait_ready()
     with _lock:
-        for entry in _seen.values():
+        for entry in list(_seen.values()):
             entry[2].detach()
         _seen.clear()
-        for pin in [p for p in _pins.values() if p.users == 0 and not p.busy]:
+        for pin in [p for p in list(_pins.values()) if p.users == 0 and not p.busy]:
             _drop(pin)

@@ -124,6 +124,31 @@ def test_failed_registration_leaves_the_operand_staged(fake_cudart):
     assert fake_cudart.unregistered == []                # nothing of ours to undo
 
 
+def test_an_array_freed_by_a_collection_under_the_lock_does_not_hang(fake_cudart):
+    """A garbage collection set off by an allocation while the lock is held frees pinned and counted operands
+    in a cycle: their finalizers run in that thread and take the lock again."""
+    import gc
+    import threading
+    pinned, seen = np.ones((64, 64)), np.ones((32, 32))
+    host_pinning.acquire(pinned, min_bytes=0)
+    host_pinning.wait_ready()
+    host_pinning.acquire(seen, min_bytes=0, after_uses=5, call=object())
+    ptrs = pinned.ctypes.data, seen.ctypes.data
+    cycle = [pinned, seen]
+    cycle.append(cycle)                                  # freed only by the collector
+    del pinned, seen, cycle
+
+    def collect():
+        with host_pinning._lock:
+            gc.collect()
+    worker = threading.Thread(target=collect, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "a finalizer waits for the lock its own thread holds"
+    assert fake_cudart.unregistered == [ptrs[0]]
+    assert ptrs[0] not in host_pinning._pins and ptrs[1] not in host_pinning._seen
+
+
 def test_cap_evicts_idle_pins_first(fake_cudart, monkeypatch):
     a, b = np.ones((64, 64)), np.ones((64, 64))
     monkeypatch.setenv(host_pinning.ENV_MAX_GB, str(1.5 * a.nbytes / 1e9))   # room for one
