@@ -384,15 +384,15 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
     after the operands) whose modelled time is least, the outer order only where it is OUTER_GAIN faster
     (OUTER_GAIN_ONE_GPU on one GPU).
     The layouts of the last CACHED signatures (shapes, ops, which factors are one memory) are kept and serve
-    calls whose rates are within RATE_SLACK of theirs (the outer order's model costs milliseconds; measured
-    rates move from call to call). A layout from here holds no reference to the call's arrays (``problem`` is
-    None)."""
+    calls whose rates are within RATE_SLACK of theirs and whose GPUs' shares of the speeds are within SHARE_SLACK
+    (_serves; the outer order's model costs milliseconds; measured rates move from call to call). A layout from
+    here holds no reference to the call's arrays (``problem`` is None)."""
     speeds = list(speeds or rates)
     values = list(rates) + speeds + [writeback_rate, upload_rate] + [x for m in mixes or () for x in m]
     key = (_signature(problem), bool(shared), len(values), sms)
     with _cache_lock:
         for known, lay in _cache.get(key, []):
-            if all(abs(a - b) <= RATE_SLACK * b for a, b in zip(values, known)):
+            if _serves(known, values, len(rates)):
                 _cache.move_to_end(key)
                 return lay
     best = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds, mixes=mixes)
@@ -412,8 +412,19 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
     return best
 
 
+def _serves(known, values, gpus):
+    """Whether a layout made for rate values ``known`` (layout_for's list: rates, speeds, link rates, mixes) serves
+    ``values``: each within RATE_SLACK of its own, and each GPU's share of the speeds within SHARE_SLACK."""
+    if not all(abs(a - b) <= RATE_SLACK * b for a, b in zip(values, known)):
+        return False
+    was, now = known[gpus:2 * gpus], values[gpus:2 * gpus]
+    return all(abs(a / sum(now) - b / sum(was)) <= SHARE_SLACK for a, b in zip(now, was))
+
+
 CACHED = 32               # signatures whose layouts are kept (two rate sets each)
-RATE_SLACK = 0.3          # a kept layout serves rates within this share of the ones it was made for
+RATE_SLACK = 0.3          # a kept layout serves rates within this share of the ones it was made for ...
+SHARE_SLACK = 0.01        # ... and GPUs' shares of the speeds within this of theirs (the bands follow the shares: a
+                          # band 1 % of the flops too wide is ~2 % of a two-GPU call's time; a layout costs 3-70 ms)
 OUTER_GAIN = 1.0          # the outer order where its modelled time is below this share of the k order's. 2 x H100,
                           # steady state, outer order against k order: zherk 8192 25.4-25.9 ms against 26.5-27.1,
                           # 16384 179-182 against 181-189; zher2k 16384 363-366 against 373

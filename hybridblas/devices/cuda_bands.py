@@ -34,7 +34,9 @@ to the tiled run, which shrinks its working set. Any other error: the GPU is lef
 ``DeviceFailureWarning``), the blocks not yet written are re-run by the tiled engine on the GPUs left, and
 blocks whose copy into C had begun are torn (``DeviceFailure`` when C is read, beta != 0).
 """
+import math
 import queue
+import statistics
 import threading
 import time
 import traceback
@@ -161,7 +163,8 @@ def _speeds(problem, devices, rates, ctx):
     calls measured where every GPU without an explicit rate has a measurement (a measured GPU beside one at the
     default rate took 56 % of zgemmt's flops on two H200s, its kernels 27 ms against 19), else the rate the
     scheduler was given."""
-    measured = [None if d.name in ctx.rates else calibrated(d, problem.kind) for d in devices]
+    size = (problem.n, problem.k, len(devices))
+    measured = [None if d.name in ctx.rates else calibrated(d, problem.kind, size) for d in devices]
     if any(m is None for d, m in zip(devices, measured) if d.name not in ctx.rates):
         return list(rates)
     return [r if m is None else m for r, m in zip(rates, measured)]
@@ -172,8 +175,9 @@ def _mixes(problem, devices, ctx):
     corner-order call measured them where every GPU's speed is a measured one (_speeds), else None."""
     if not MIXES or any(d.name in ctx.rates for d in devices):
         return None
-    mixes = [calibrated(d, ("mix", problem.kind)) for d in devices]
-    if any(m is None or calibrated(d, problem.kind) is None for d, m in zip(devices, mixes)):
+    size = (problem.n, problem.k, len(devices))
+    mixes = [calibrated(d, ("mix", problem.kind), size) for d in devices]
+    if any(m is None or calibrated(d, problem.kind, size) is None for d, m in zip(devices, mixes)):
         return None
     return mixes
 
@@ -646,11 +650,12 @@ class _Call:
                           products=[(x.i0, x.i1, x.j0, x.j1, x.k0, x.k1, bool(x.diag), t)
                                     for (*_, x), t in zip(ev, times)])
                 if _warm(gpu.device, self.problem.kind):     # a GPU's first call loads its kernels: not its rate
+                    size = (self.problem.n, self.problem.k, len(self.gpus))
                     _calibrate(gpu.device, "flops", self.problem.kind,
-                               sum(f for _, f in classes.values()) / max(kernel, 1e-12))
+                               sum(f for _, f in classes.values()) / max(kernel, 1e-12), size)
                     mix = _mix(classes)
                     if mix is not None and self.layout.corner and self.layout.order == "outer":
-                        _calibrate(gpu.device, "mix", self.problem.kind, mix)
+                        _calibrate(gpu.device, "mix", self.problem.kind, mix, size)
             if TRACE:
                 st["timeline"] = _timeline(self.cp, gpu)
             lay = self.layout       # the links' rates: each copy's bytes over the share its segments reach
@@ -859,18 +864,40 @@ PINNED_RATE = 50e9         # bytes/s a page-locked copy each way is taken to rea
 MULTIPROCESSOR_COUNT = 16  # cudaDevAttrMultiProcessorCount
 _sm_counts = {}            # GPU index -> its SMs
 _sms_lock = threading.Lock()
-_calibration = {}          # device name -> {"h2d_pinned": bytes/s, "d2h_pinned": bytes/s, ("flops", kind): flop/s,
-                           # "warm": the kinds that ran here before}
+_calibration = {}          # device name -> {"h2d_pinned" | "d2h_pinned": [bytes/s readings], ("flops", kind, size
+                           # class): [flop/s readings], ("mix", kind, size class): (ratio, share), "warm": the kinds
+                           # that ran here before}
 _calibration_lock = threading.Lock()
 
 
-def calibrated(device, what):
+def calibrated(device, what, size=None):
     """What earlier band calls measured on ``device``: a transfer rate ('h2d_pinned', 'd2h_pinned'), given a
-    routine kind its kernels' flop/s, given ("mix", kind) the corner order's (diagonal blocks' rate over the
-    other products', their share of the flops) (_mix); None before the first such call."""
-    key = what if what in ("h2d_pinned", "d2h_pinned") or isinstance(what, tuple) else ("flops", what)
+    routine kind its kernels' flop/s, each the upper median of the last READINGS readings; given ("mix", kind) the
+    corner order's (diagonal blocks' rate over the other products', their share of the flops) (_mix), the last
+    call's. Speeds and mixes are kept per size class (_size_class of (n, k, GPUs)); ``size`` picks the class
+    nearest to it that has readings, of its GPU count where there is one (None: the class measured last). None
+    before the first such call."""
     with _calibration_lock:
-        return _calibration.get(device.name, {}).get(key)
+        rates = _calibration.get(device.name, {})
+        if what in ("h2d_pinned", "d2h_pinned"):
+            return statistics.median_high(rates[what]) if what in rates else None
+        key = what if isinstance(what, tuple) else ("flops", what)
+        classes = [x[-1] for x in rates if isinstance(x, tuple) and x[:-1] == key]
+        if not classes:
+            return None
+        want = _size_class(size) if size is not None else classes[-1]
+        near = min(classes, key=lambda c: (c[2] != want[2], abs(c[0] - want[0]) + abs(c[1] - want[1]), c))
+        value = rates[key + (near,)]
+        return statistics.median_high(value) if key[0] == "flops" else value
+
+
+def _size_class(size):
+    """(log2 n, log2 k, GPUs) of ``size`` (n, k[, GPUs of the call, default 1]), the logarithms rounded: the calls
+    whose speeds are measured together. A GPU's band and kernels at n = 8192 are not its band at 16384 (on
+    2 x H100, zgemmt at 16384 on the bands that 8192's speeds drew kept its first GPU busy 191 ms against 167),
+    nor its whole triangle in a call on it alone."""
+    n, k, gpus = tuple(size) + (1,) * (3 - len(size))
+    return (round(math.log2(max(n, 1))), round(math.log2(max(k, 1))), gpus)
 
 
 def _warm(device, kind):
@@ -883,15 +910,19 @@ def _warm(device, kind):
         return known
 
 
-def _calibrate(device, what, kind, value):
-    """Fold one call's measurement into the device's rates: a faster reading at once, a slower one a tenth at a
-    time (a call that shared the links or the GPU with another must not turn the bands off for good). A mix
-    ("mix": _mix) is the last call's."""
-    key = ("flops", kind) if what == "flops" else ("mix", kind) if what == "mix" else what
+def _calibrate(device, what, kind, value, size=None):
+    """Fold one call's measurement into the device's rates. A transfer rate ('h2d_pinned', 'd2h_pinned') or a
+    speed ("flops", of a call of ``size`` (n, k, GPUs)) is one of its last READINGS readings, the upper median of which
+    counts: a call that shared the links or the GPU with another is one reading, which neither turns the bands
+    off for good nor holds the model to a first fast reading (the fall from PINNED_RATE to a measured write-back
+    rate of ~29 GB/s had taken some twenty calls). A mix ("mix": _mix, of a call of ``size``) is the last
+    call's."""
     with _calibration_lock:
         rates = _calibration.setdefault(device.name, {})
-        if what == "mix":
-            rates[key] = value
-            return
-        old = rates.get(key)
-        rates[key] = value if old is None else max(value, 0.9 * old + 0.1 * value)
+        key = what if what in ("h2d_pinned", "d2h_pinned") else (what, kind, _size_class(size))
+        old = rates.pop(key, None)              # re-entered: the class measured last is last (calibrated(size=None))
+        rates[key] = value if what == "mix" else ((old or []) + [value])[-READINGS:]
+
+
+READINGS = 5               # a GPU's speed for a routine and size class, and its links' rates: the upper median of
+                           # the last this many band calls' readings

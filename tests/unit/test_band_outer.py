@@ -261,8 +261,9 @@ def test_layout_for_picks_the_order_of_least_modelled_time():
     assert lay.order == "outer" and lay.problem is None
     k_order = B.BandLayout(gemmt, speeds, wb, up)
     assert O.simulate(lay, speeds, up, wb) < 0.8 * O.simulate(k_order, speeds, up, wb)
-    assert B.layout_for(gemmt, [5.8e13, 4.7e13], 45.1e9, 53e9) is lay           # rates within RATE_SLACK
-    assert B.layout_for(gemmt, [7e13, 5.2e13], 45e9, 50e9) is not lay
+    assert B.layout_for(gemmt, [6.5e13, 6.4e13], 45.1e9, 53e9) is lay           # rates within RATE_SLACK,
+    assert B.layout_for(gemmt, [5.8e13, 4.7e13], 45e9, 50e9) is not lay         # shares within SHARE_SLACK
+    assert B.layout_for(gemmt, [7e13, 7e13], 45e9, 50e9) is not lay
     assert B.layout_for(gemmt, speeds, wb, up, shared=False) is not lay
     gemm = build("gemm", "NN", 2048, 2048, Z, True, "F", 2048)
     assert B.layout_for(gemm, speeds, wb, up).order == "k"

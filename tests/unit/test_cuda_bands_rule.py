@@ -73,9 +73,9 @@ def test_a_gpus_first_call_of_a_routine_is_not_its_rate(fresh):
 def test_measured_speeds_only_where_every_gpu_has_one(fresh):
     a, b = SimpleNamespace(name="cuda:0"), SimpleNamespace(name="cuda:1")
     prob = _problem("gemmt", 1024)
-    cuda_bands._calibrate(a, "flops", "gemmt", 51e12)
+    cuda_bands._calibrate(a, "flops", "gemmt", 51e12, (1024, 1024))
     assert cuda_bands._speeds(prob, [a, b], [40e12, 40e12], fresh) == [40e12, 40e12]
-    cuda_bands._calibrate(b, "flops", "gemmt", 49e12)
+    cuda_bands._calibrate(b, "flops", "gemmt", 49e12, (1024, 1024))
     assert cuda_bands._speeds(prob, [a, b], [40e12, 40e12], fresh) == [51e12, 49e12]
     explicit = hb.Context("cpu", profile=False, rates={"cuda:1": 7e12})
     assert cuda_bands._speeds(prob, [a, b], [40e12, 7e12], explicit) == [51e12, 7e12]
@@ -91,14 +91,15 @@ def test_a_corner_calls_mix_is_its_diagonal_blocks_rate_and_share(fresh):
     assert cuda_bands._mix({"final-rect": [1.0, 10.0]}) is None
     a, b = SimpleNamespace(name="cuda:0"), SimpleNamespace(name="cuda:1")
     prob = _problem("gemmt", 1024)
-    cuda_bands._calibrate(a, "mix", "gemmt", (0.6, 0.2))
-    cuda_bands._calibrate(a, "mix", "gemmt", (0.8, 0.1))
+    size = (1024, 1024)
+    cuda_bands._calibrate(a, "mix", "gemmt", (0.6, 0.2), size)
+    cuda_bands._calibrate(a, "mix", "gemmt", (0.8, 0.1), size)
     assert cuda_bands.calibrated(a, ("mix", "gemmt")) == (0.8, 0.1) and cuda_bands.calibrated(a, "gemmt") is None
     assert cuda_bands._mixes(prob, [a, b], fresh) is None
-    cuda_bands._calibrate(b, "mix", "gemmt", (0.9, 0.05))
+    cuda_bands._calibrate(b, "mix", "gemmt", (0.9, 0.05), size)
     assert cuda_bands._mixes(prob, [a, b], fresh) is None                  # no measured speeds yet
     for d in (a, b):
-        cuda_bands._calibrate(d, "flops", "gemmt", 50e12)
+        cuda_bands._calibrate(d, "flops", "gemmt", 50e12, size)
     assert cuda_bands._mixes(prob, [a, b], fresh) == [(0.8, 0.1), (0.9, 0.05)]
     explicit = hb.Context("cpu", profile=False, rates={"cuda:1": 7e12})
     assert cuda_bands._mixes(prob, [a, b], explicit) is None
@@ -107,8 +108,8 @@ def test_a_corner_calls_mix_is_its_diagonal_blocks_rate_and_share(fresh):
 def test_calibrated_rates_decide_once_measured(fresh):
     """One GPU, zgemmt at 4096 goes by tiles at the default rates (PINNED_RATE each way, 40 TF/s), and still with
     a GPU measured ten times faster; with transfers measured five times faster and the GPU back at 40 TF/s, by
-    bands. A faster reading counts at once, a slower one a tenth at a time; explicit Context rates win over
-    measured ones."""
+    bands. A rate is the upper median of its last READINGS readings (one slow reading does not move it, three
+    do); explicit Context rates win over measured ones."""
     dev = SimpleNamespace(name="cuda:0")
     prob = _problem("gemmt", 4096)
     assert cuda_bands._rate(fresh, [dev], "h2d_pinned") == cuda_bands.PINNED_RATE
@@ -118,22 +119,49 @@ def test_calibrated_rates_decide_once_measured(fresh):
         return cuda_bands.uploads_hide(prob, 1, True, speeds, cuda_bands._rate(fresh, [dev], "h2d_pinned"),
                                        cuda_bands._rate(fresh, [dev], "d2h_pinned"))
     assert not bands()
-    cuda_bands._calibrate(dev, "flops", "gemmt", 400e12)
-    assert cuda_bands.calibrated(dev, "gemmt") == 400e12
+    size = (4096, 4096)
+    for _ in range(3):
+        cuda_bands._calibrate(dev, "flops", "gemmt", 400e12, size)
+    assert cuda_bands.calibrated(dev, "gemmt", size) == 400e12
     assert not bands()
     cuda_bands._calibrate(dev, "h2d_pinned", None, 250e9)
     cuda_bands._calibrate(dev, "d2h_pinned", None, 250e9)
     assert cuda_bands._rate(fresh, [dev], "h2d_pinned") == 250e9
-    cuda_bands._calibrate(dev, "flops", "gemmt", 40e12)
-    assert cuda_bands.calibrated(dev, "gemmt") == pytest.approx(0.9 * 400e12 + 0.1 * 40e12)   # slower: a tenth
+    cuda_bands._calibrate(dev, "flops", "gemmt", 40e12, size)
+    assert cuda_bands.calibrated(dev, "gemmt", size) == 400e12          # one slower reading of four: the median
     assert not bands()
-    for _ in range(60):
-        cuda_bands._calibrate(dev, "flops", "gemmt", 40e12)
-    assert cuda_bands.calibrated(dev, "gemmt") < 41e12
+    for _ in range(2):
+        cuda_bands._calibrate(dev, "flops", "gemmt", 40e12, size)
+    assert cuda_bands.calibrated(dev, "gemmt", size) == 40e12           # three of the last five
     assert bands()
-    cuda_bands._calibrate(dev, "h2d_pinned", None, 2.5e9)     # one slow reading barely moves it
-    assert cuda_bands._rate(fresh, [dev], "h2d_pinned") > 200e9
+    cuda_bands._calibrate(dev, "h2d_pinned", None, 2.5e9)     # one slow reading: not the median
+    assert cuda_bands._rate(fresh, [dev], "h2d_pinned") == 250e9
+    for _ in range(2):
+        cuda_bands._calibrate(dev, "d2h_pinned", None, 30e9)
+    assert cuda_bands._rate(fresh, [dev], "d2h_pinned") == 30e9            # the rate measured, in three calls
     assert cuda_bands._speeds(prob, [dev], [7e12], hb.Context("cpu", profile=False, rates={"cuda:0": 7e12})) == [7e12]
+
+
+def test_speeds_are_kept_per_size_class(fresh):
+    """A speed measured at one size serves that size class ((log2 n, log2 k) rounded, and the call's GPUs); a
+    size not measured takes the nearest class measured (of its GPU count where there is one), a class measured
+    later replaces nothing of the others'."""
+    dev = SimpleNamespace(name="cuda:0")
+    cuda_bands._calibrate(dev, "flops", "gemmt", 46e12, (8192, 8192))
+    assert cuda_bands.calibrated(dev, "gemmt", (16384, 16384)) == 46e12      # nearest measured
+    cuda_bands._calibrate(dev, "flops", "gemmt", 40e12, (16384, 16384))
+    assert cuda_bands.calibrated(dev, "gemmt", (16384, 16384)) == 40e12
+    assert cuda_bands.calibrated(dev, "gemmt", (9000, 7000)) == 46e12        # rounds to 8192's class
+    assert cuda_bands.calibrated(dev, "gemmt", (30000, 30000)) == 40e12
+    assert cuda_bands.calibrated(dev, "gemmt") == 40e12                      # no size: the class measured last
+    assert cuda_bands.calibrated(dev, "herk", (8192, 8192)) is None
+    cuda_bands._calibrate(dev, "flops", "gemmt", 52e12, (8192, 8192, 2))
+    assert cuda_bands.calibrated(dev, "gemmt", (8192, 8192, 2)) == 52e12      # its share of a two-GPU call
+    assert cuda_bands.calibrated(dev, "gemmt", (16384, 16384, 2)) == 52e12    # the GPU count first
+    assert cuda_bands.calibrated(dev, "gemmt", (8192, 8192)) == 46e12
+    cuda_bands._calibrate(dev, "mix", "gemmt", (0.7, 0.2), (8192, 8192))
+    cuda_bands._calibrate(dev, "mix", "gemmt", (0.8, 0.1), (16384, 16384))
+    assert cuda_bands.calibrated(dev, ("mix", "gemmt"), (8192, 8192)) == (0.7, 0.2)
 
 
 def test_bands_not_for_cpu_devices_or_device_operands(fresh):
