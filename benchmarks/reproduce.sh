@@ -151,7 +151,9 @@ run_stage() {
                 $TIMER --label 2ranks --json $O/flapw-mpi/runs.json -- mpiexec $BIND -n 2 $build ;;
   plot-blas)    $BLAS plot $STORED/h100x2-2026-11-26/blas-host/bench_blas_gpu.json \
                     $STORED/h100x2-2026-11-26/blas-host-late/bench_blas_gpu.json \
-                    $STORED/h100x2-2026-11-26/blas-host-widths/bench_blas_gpu.json --out $O/img/blas-h100x2-host &&
+                    $STORED/h100x2-2026-11-26/blas-host-widths/bench_blas_gpu.json \
+                    $STORED/h100x2-2026-11-27/blas-host/bench_blas_gpu.json \
+                    $STORED/h100x2-2026-11-27/after-one-gpu-8192/bench_blas_gpu.json --out $O/img/blas-h100x2-host &&
                 $BLAS plot $STORED/h200x4-2026-11-22/blas-24576/bench_blas_gpu.json --out $O/img/blas-h200-scaling &&
                 $BLAS plot $STORED/h100-2026-11-22/blas-16384-24576/bench_blas_gpu.json --out $O/img/blas-h100 &&
                 $BLAS emulation --plot-only $STORED/h200x2-2026-11-26/emulation/bench_blas_emulation.json \
