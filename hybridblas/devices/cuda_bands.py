@@ -480,7 +480,7 @@ class _Call:
 
     def _work(self, gpu):
         """Gather each step's pieces, queue the band's products along k, then the final blocks."""
-        cp, p, lay = self.cp, self.problem, self.layout
+        p, lay = self.problem, self.layout
         tasks = lay.band_tasks[gpu.slot]
         if not tasks:                   # an empty band (a tiny C): nothing to hold, upload or write
             gpu.writes.put(None)
@@ -536,7 +536,7 @@ class _Call:
             gpu.s_comp.wait_event(end)
 
     def _product(self, gpu, backend, operands, kx, task, k0, k1, beta, phase):
-        cp, p = self.cp, self.problem
+        p = self.problem
         part = plan.with_k(task, p, k0, k1)
         out = self._view(gpu, gpu.box, task)
         start = gpu.set.event(gpu.s_comp, timing=True)
