@@ -254,11 +254,14 @@ def test_corner_bands_count_the_diagonal_blocks_once():
     assert B.layout_for(gemmt, measured, wb, up) is not lay                 # kept apart in the cache
 
 
-def test_layout_for_picks_the_order_of_least_modelled_time():
+def test_layout_for_picks_the_order_of_least_modelled_time(monkeypatch):
+    from collections import OrderedDict
+    monkeypatch.setattr(B, "_cache", OrderedDict())
     speeds, wb, up = [5.2e13, 5.2e13], 45e9, 50e9
     gemmt = build("gemmt", "CN", 8192, 8192, Z, True, "F")
     lay = B.layout_for(gemmt, speeds, wb, up)
-    assert lay.order == "outer" and lay.problem is None
+    assert lay.order == "outer" and lay.problem is None and lay.build_s > 0
+    lay.build_s = 0.0                                   # shares served by SHARE_SLACK alone (PAYBACK_CALLS: below)
     k_order = B.BandLayout(gemmt, speeds, wb, up)
     assert O.simulate(lay, speeds, up, wb) < 0.8 * O.simulate(k_order, speeds, up, wb)
     assert B.layout_for(gemmt, [6.5e13, 6.4e13], 45.1e9, 53e9) is lay           # rates within RATE_SLACK,
@@ -270,6 +273,19 @@ def test_layout_for_picks_the_order_of_least_modelled_time():
     a, c = mat((4096, 4096), Z), mat((4096, 4096), Z)
     old = P.build_problem("herk", 1.0, [a], 0.5, c, [P.N], True, None)
     assert B.layout_for(old, speeds, wb, up).order == "k"                       # C's old values: the k order
+
+
+def test_a_kept_layout_serves_share_shifts_a_new_one_would_not_repay(monkeypatch):
+    """Beyond SHARE_SLACK a kept layout still serves a shift of the GPUs' shares s while s x GPUs x its modelled
+    time, over PAYBACK_CALLS calls, stays below the time making it took."""
+    from collections import OrderedDict
+    monkeypatch.setattr(B, "_cache", OrderedDict())
+    speeds, wb, up = [5.2e13, 5.2e13], 45e9, 50e9
+    gemmt = build("gemmt", "CN", 4096, 4096, Z, True, "F")
+    lay = B.layout_for(gemmt, speeds, wb, up)
+    lay.build_s = 0.05 * B.PAYBACK_CALLS * 2 * lay.modelled          # repays a shift of 5 %
+    assert B.layout_for(gemmt, [5.6e13, 4.8e13], wb, up) is lay        # shares 0.538 against 0.5
+    assert B.layout_for(gemmt, [6.0e13, 4.4e13], wb, up) is not lay    # 0.577
 
 
 def test_herk_and_syrk_take_the_outer_order_only_up_to_outer_max_k():
