@@ -90,7 +90,7 @@ def applies(problem, devices, rates, ctx):
     lay, shared, speeds = _layout(problem, devices, rates, ctx)
     if not (_hides_uploads(problem, devices, ctx, lay, shared, speeds) and _fits(problem, devices, lay)):
         return False
-    problem.run.bands = (_names(devices), list(rates), lay, shared, speeds)
+    problem.run.bands = (_names(devices), list(rates), lay, shared)
     return True
 
 
@@ -270,7 +270,7 @@ class _Call:
         self.rates = list(rates)
         known, problem.run.bands = problem.run.bands, None      # a layout may refer to the problem: no cycle kept
         self.prepared = known is not None and known[:2] == (_names(devices), self.rates)
-        self.layout, self.shared = known[2:4] if self.prepared else _layout(problem, self.devices, self.rates, ctx)[:2]
+        self.layout, self.shared = known[2:] if self.prepared else _layout(problem, self.devices, self.rates, ctx)[:2]
         self.stop = threading.Event()
         self.board = _Board(len(self.layout.pieces), self.stop)
         self.errors = []
@@ -637,7 +637,7 @@ class _Call:
                       steps=len(self.layout.steps),
                       final_k=self.layout.final[1] - self.layout.final[0], blocks=len(gpu.blocks))
             ev = gpu.kernel_events
-            times, lead, span, copies = gpu.measured or self._measure(gpu)
+            times, lead, span, copies = gpu.measured
             if ev:
                 kernel = sum(times)
                 classes = {}
