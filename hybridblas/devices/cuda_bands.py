@@ -286,6 +286,7 @@ class _Call:
         self.pin_c = None
         self.direct = [False] * len(self.layout.uniques)    # per unique factor: page-locked (DMA) this call
         self.direct_c = False
+        self.first_dma = False          # the first call to copy one of its arrays by DMA: not calibrated
 
     # ------------------------------------------------------------------ the call
     def abandon(self):
@@ -361,6 +362,7 @@ class _Call:
             self.pin_c = host_pinning.acquire(p.c, after_uses=after, call=p.run.call)
         self.direct = [host_pinning.is_ready(pin) for pin in self.pins]
         self.direct_c = host_pinning.is_ready(self.pin_c)
+        self.first_dma = any([host_pinning.first_direct_use(pin) for pin in self.pins + [self.pin_c]])
 
     def _take_rings(self):
         """The staging rings this call needs, all of them or none: a call never holds one GPU's ring while it
@@ -649,7 +651,7 @@ class _Call:
                           kernels={k: {"s": t, "tflops": f / max(t, 1e-12) / 1e12} for k, (t, f) in classes.items()},
                           products=[(x.i0, x.i1, x.j0, x.j1, x.k0, x.k1, bool(x.diag), t)
                                     for (*_, x), t in zip(ev, times)])
-                if _warm(gpu.device, self.problem.kind):     # a GPU's first call loads its kernels: not its rate
+                if _warm(gpu.device, self.problem.kind) and not self.first_dma:  # kernels loading, first DMA: no rate
                     size = (self.problem.n, self.problem.k, len(self.gpus))
                     _calibrate(gpu.device, "flops", self.problem.kind,
                                sum(f for _, f in classes.values()) / max(kernel, 1e-12), size)
@@ -659,7 +661,7 @@ class _Call:
             if TRACE:
                 st["timeline"] = _timeline(self.cp, gpu)
             lay = self.layout       # the links' rates: each copy's bytes over the share its segments reach
-            if gpu.upload_events is not None and all(self.direct):
+            if gpu.upload_events is not None and all(self.direct) and not self.first_dma:
                 t = max(elapsed(*gpu.upload_events) / 1e3, 1e-12)
                 st["upload_gbps"] = gpu.stats["bytes_from_host"] / t / 1e9
                 link = sum(lay.link_bytes(x) for x in lay.uploads(gpu.slot)) / t
@@ -668,7 +670,8 @@ class _Call:
                 t = max(copies, 1e-12)
                 st["writeback_gbps"] = gpu.stats["bytes_to_host"] / t / 1e9
                 link = sum(lay.write_bytes(task) for block in gpu.blocks for task in block) / t
-                _calibrate(gpu.device, "d2h_pinned", None, link)
+                if not self.first_dma:
+                    _calibrate(gpu.device, "d2h_pinned", None, link)
             cuda.last_stats[gpu.device.name] = st
 
     # ------------------------------------------------------------------ faults

@@ -282,3 +282,36 @@ def test_bands_keep_their_memory_for_the_next_call_and_give_it_up_under_pressure
     low = np.tril(np.ones((n, n), bool))
     want = a @ a.conj().T
     assert np.abs(c[low] - want[low]).max() / np.abs(want).max() < 1e-13
+
+
+@pytest.mark.gpu
+def test_the_first_call_to_copy_freshly_locked_arrays_calibrates_nothing(monkeypatch, rng):
+    """A call whose operands or C were page-locked since the last call (their first copies by DMA) records no
+    link rate and no speed; the next one records both."""
+    monkeypatch.setattr(cuda_bands, "UPLOAD_SHARE", float("inf"))
+    monkeypatch.setattr(cuda_bands, "SHARED_SHARE", float("inf"))
+    monkeypatch.setattr(cuda_bands, "ONE_GPU_MODEL", float("inf"))
+    monkeypatch.setattr(cuda_bands, "_calibration", {})
+    monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)
+    host_pinning.clear()
+    n, k = 1500, 1200
+    a = rng.standard_normal((n, k)) + 1j * rng.standard_normal((n, k))
+    c = np.full((n, n), np.nan + 0j, order="F")
+    gpus = _gpus()
+    ctx = hb.Context(devices=gpus, min_call_seconds=0, pin_host=True)
+    dev = gpus[0]
+    try:
+        hb.herk(1.0, a, 0.0, c, context=ctx)                   # staged while the lock is made; loads the kernels
+        host_pinning.wait_ready()
+        hb.herk(1.0, a, 0.0, c, context=ctx)                   # the first copies by DMA
+        assert _path(ctx) == {"bands"}
+        assert cuda_bands.calibrated(dev, "h2d_pinned") is None and cuda_bands.calibrated(dev, "d2h_pinned") is None
+        assert cuda_bands.calibrated(dev, "herk", (n, k, len(gpus))) is None
+        hb.herk(1.0, a, 0.0, c, context=ctx)
+        assert cuda_bands.calibrated(dev, "d2h_pinned") is not None
+        assert cuda_bands.calibrated(dev, "herk", (n, k, len(gpus))) is not None
+    finally:
+        host_pinning.clear()
+    low = np.tril(np.ones((n, n), bool))
+    want = a @ a.conj().T
+    assert np.abs(c[low] - want[low]).max() / np.abs(want).max() < 1e-13

@@ -113,6 +113,18 @@ def test_locked_until_the_array_is_freed(fake_cudart):
     assert fake_cudart.unregistered == [ptr] and host_pinning.pinned_bytes() == 0
 
 
+def test_only_the_first_caller_after_the_lock_hears_it_is_the_first_dma(fake_cudart):
+    a = np.ones((128, 64))
+    pin = host_pinning.acquire(a, min_bytes=0)
+    assert host_pinning.first_direct_use(None) is False
+    host_pinning.wait_ready()
+    assert [host_pinning.first_direct_use(pin) for _ in range(3)] == [True, False, False]
+    same = host_pinning.acquire(a[5:], min_bytes=0)       # the same memory, another call: not the first any more
+    assert same is pin and host_pinning.first_direct_use(same) is False
+    host_pinning.release(pin)
+    host_pinning.release(same)
+
+
 def test_failed_registration_leaves_the_operand_staged(fake_cudart):
     fake_cudart.status = 2                               # cudaErrorMemoryAllocation
     a = np.ones((64, 64))
