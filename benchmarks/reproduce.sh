@@ -86,7 +86,8 @@ run_stage() {
                     --json $O/band-settings-24576.json &&
                 $BLAS band-settings --sizes 32768 --routines zherk zgemmt --setting default --calls 3 \
                     --json $O/band-settings-32768.json &&
-                $BLAS band-replay --sizes 8192 16384 --json $O/band-replay.json ;;
+                $BLAS band-replay --sizes 8192 16384 --json $O/band-replay.json &&
+                $BLAS turns --sizes 8192 16384 24576 --routines zgemmt zherk zher2k --rounds 5 --json $O/turns.json ;;
   emulation)    $BLAS emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --cublas-emulation \
                     --out $O/emulation ;;
   emulation-flapw) mkdir -p $O/emulation; for emulate in "" --emulate; do
@@ -153,7 +154,9 @@ run_stage() {
                     $STORED/h100x2-2026-11-26/blas-host-late/bench_blas_gpu.json \
                     $STORED/h100x2-2026-11-26/blas-host-widths/bench_blas_gpu.json \
                     $STORED/h100x2-2026-11-27/blas-host/bench_blas_gpu.json \
-                    $STORED/h100x2-2026-11-27/after-one-gpu-8192/bench_blas_gpu.json --out $O/img/blas-h100x2-host &&
+                    $STORED/h100x2-2026-11-27/after-one-gpu-8192/bench_blas_gpu.json \
+                    $STORED/h100x2-2026-11-27/blas-host-later/bench_blas_gpu.json \
+                    $STORED/h100x2-2026-11-27/blas-8192-first-dma/bench_blas_gpu.json --out $O/img/blas-h100x2-host &&
                 $BLAS plot $STORED/h200x4-2026-11-22/blas-24576/bench_blas_gpu.json --out $O/img/blas-h200-scaling &&
                 $BLAS plot $STORED/h100-2026-11-22/blas-16384-24576/bench_blas_gpu.json --out $O/img/blas-h100 &&
                 $BLAS emulation --plot-only $STORED/h200x2-2026-11-26/emulation/bench_blas_emulation.json \

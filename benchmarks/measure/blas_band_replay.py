@@ -38,12 +38,12 @@ def add_arguments(ap):
     ap.add_argument("--json", metavar="PATH", help="write the results here as JSON")
 
 
-class _Clocks:
-    """Each GPU's SM clock (MHz) every millisecond through NVML, on a thread; ``mean(t0, t1)`` per GPU over a
-    window of perf_counter seconds, or None where NVML is missing."""
+class Clocks:
+    """Each GPU's SM clock (MHz) every ``interval`` seconds through NVML, on a thread; ``mean(windows)`` per GPU
+    over windows of perf_counter seconds, or None where NVML is missing."""
 
-    def __init__(self, count):
-        self.samples, self.stop = [], threading.Event()
+    def __init__(self, count, interval=0.001):
+        self.samples, self.stop, self.interval = [], threading.Event(), interval
         try:
             self.nvml = ctypes.CDLL("libnvidia-ml.so.1")
             if self.nvml.nvmlInit_v2() != 0:
@@ -67,7 +67,7 @@ class _Clocks:
                 self.nvml.nvmlDeviceGetClockInfo(h, 1, ctypes.byref(clock))      # NVML_CLOCK_SM
                 row.append(clock.value)
             self.samples.append(row)
-            time.sleep(0.001)
+            time.sleep(self.interval)
 
     def mean(self, windows):
         rows = [r for r in list(self.samples) for t0, t1 in windows if t0 <= r[0] <= t1]
@@ -194,7 +194,7 @@ def run(args):
     cp = two_gpus("band-replay")
     from hybridblas.devices.cuda import CUDADevice, last_stats
     ctx = hb.Context(devices=[CUDADevice(0), CUDADevice(1)])
-    clocks = _Clocks(2)
+    clocks = Clocks(2)
     doc = {"benchmark": "bench_band_replay", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "command": command_line(), "host": platform.node(),
            "gpus": [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in (0, 1)], "results": []}

@@ -238,6 +238,15 @@ def test_band_trace_summary_plot_and_refusal_without_two_gpus(capsys, monkeypatc
     assert "band-trace compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
 
 
+def test_turns_summaries_and_its_refusal_without_two_gpus(capsys, monkeypatch):
+    from benchmarks.measure.blas_turns import _summary
+    assert _summary([0.3, 0.1, 0.2, 0.5]) == {"best": 0.1, "median": 0.25}
+    one_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 1)))
+    monkeypatch.setitem(sys.modules, "cupy", one_gpu)
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["turns", "--sizes", "64"]) == 2
+    assert "turns compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
+
+
 def _has_matplotlib():
     try:
         import matplotlib  # noqa: F401
@@ -247,8 +256,8 @@ def _has_matplotlib():
 
 
 def test_band_replay_clocks_average_a_window_or_say_none():
-    from benchmarks.measure.blas_band_replay import _Clocks
-    clocks = _Clocks(2)
+    from benchmarks.measure.blas_band_replay import Clocks
+    clocks = Clocks(2)
     if clocks.nvml is None:                      # no NVML on this machine: no clocks to report
         assert clocks.mean([(0.0, float("inf"))]) is None
     else:

@@ -1,0 +1,161 @@
+"""Device cuBLAS and hybridblas on host operands in turn, call by call, on two GPUs: the same GPUs, the same
+inputs and the same recent load for both (the H100's power cap lowers its clock within a fraction of a second of
+FP64 tensor-core work, so a baseline measured in a short burst on an idle GPU runs at a higher clock than a
+call that follows others). Each round runs, in alternating order:
+
+  - Σ device: cuBLAS on device-resident copies on both GPUs at once (a thread per GPU); each GPU's time by
+    CUDA events, the sum of its rate and the other's;
+  - alone: the same on each GPU by itself, one after the other (benchmarks.blas gpu's ceiling);
+  - hybridblas: one call with host operands on both GPUs (page-locked by then), wall time; its result is
+    checked on sampled entries.
+
+While it runs, NVML (where there is one) samples each GPU's SM clock every CLOCK_INTERVAL seconds (a thread
+that wakes more often takes the interpreter from hybridblas's host threads); each kind's mean over its calls is
+reported beside its times.
+
+    python3 -m benchmarks.blas turns --sizes 8192 16384 --routines zgemmt zherk zher2k --rounds 8 --json out.json
+
+Ratios: hybridblas's time against the time both GPUs' device rates give together (1 / (1/t0 + 1/t1)), best
+against best and median against median.
+"""
+import datetime
+import platform
+import statistics
+import threading
+import time
+
+import numpy as np
+
+import hybridblas as hb
+from hybridblas import host_pinning
+from hybridblas.console import check_output_path, positive_int
+
+from benchmarks.common import command_line, two_gpus, write_json
+from benchmarks.measure.blas_band_replay import Clocks
+from benchmarks.measure.blas_gpu import FLOPS, call_device, call_hybrid, make_host, operands, sample_error
+
+ROUTINES = ("zherk", "zher2k", "zgemmt")
+CLOCK_INTERVAL = 0.01
+
+
+def add_arguments(ap):
+    ap.add_argument("--sizes", nargs="+", type=positive_int, default=[8192], help="n = k of each run")
+    ap.add_argument("--routines", nargs="+", choices=ROUTINES, default=list(ROUTINES))
+    ap.add_argument("--rounds", type=positive_int, default=8, help="rounds of the three kinds of call")
+    ap.add_argument("--json", metavar="PATH", help="write the results here as JSON")
+
+
+def _device_calls(cp, routine, dev, out, gpus):
+    """Device cuBLAS on ``gpus`` at once (a thread each): {gpu: seconds by CUDA events}."""
+    times, errors = {}, []
+    start = threading.Barrier(len(gpus))
+
+    def one(g):
+        try:
+            with cp.cuda.Device(g):
+                a, b = cp.cuda.Event(), cp.cuda.Event()
+                start.wait()
+                a.record()
+                call_device(routine, dev[g], out[g])
+                b.record()
+                b.synchronize()
+                times[g] = cp.cuda.get_elapsed_time(a, b) / 1e3
+        except BaseException as exc:   # noqa: BLE001 - reported by the calling thread
+            errors.append(exc)
+            start.abort()
+    threads = [threading.Thread(target=one, args=(g,)) for g in gpus]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return times
+
+
+def _summary(values):
+    return {"best": min(values), "median": statistics.median(values)}
+
+
+def run(args):
+    if args.json:
+        check_output_path(args.json, "--json")
+    cp = two_gpus("turns")
+    from hybridblas.devices.cuda import CUDADevice
+    gpus = (0, 1)
+    ctx = hb.Context(devices=[CUDADevice(g) for g in gpus])
+    doc = {"benchmark": "bench_blas_turns", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "command": command_line(), "host": platform.node(),
+           "gpus": [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in gpus], "results": []}
+    clocks = Clocks(len(gpus), CLOCK_INTERVAL)
+    rng = np.random.default_rng(7)
+
+    def sync():
+        for g in gpus:
+            cp.cuda.Device(g).synchronize()
+
+    try:
+        for n in args.sizes:
+            a, b = make_host(cp, (n, n), 1), make_host(cp, (n, n), 2)
+            c = np.zeros((n, n), np.complex128, order="F")
+            for routine in args.routines:
+                host_args, kw = operands(routine, a, b)
+                flops = FLOPS[routine] * n ** 3
+                dev, out = {}, {}
+                for g in gpus:
+                    with cp.cuda.Device(g):
+                        dev[g] = tuple(x if np.isscalar(x) else cp.asarray(x, order="F") for x in host_args)
+                        out[g] = cp.empty((n, n), np.complex128, order="F")
+                _device_calls(cp, routine, dev, out, gpus)
+                host_pinning.clear()
+                for _ in range(2):          # the second call page-locks the operands (pin_host="auto")
+                    call_hybrid(routine, host_args, kw, c, ctx)
+                host_pinning.wait_ready()
+                call_hybrid(routine, host_args, kw, c, ctx)
+                sync()
+                rows = {"both": [], "alone": [], "hb": []}
+                for r in range(args.rounds):
+                    kinds = ("both", "alone", "hb") if r % 2 == 0 else ("hb", "alone", "both")
+                    for kind in kinds:
+                        t0 = time.perf_counter()
+                        if kind == "both":
+                            got = _device_calls(cp, routine, dev, out, gpus)
+                            seconds = 1 / sum(1 / got[g] for g in gpus)
+                        elif kind == "alone":
+                            got = {}
+                            for g in gpus:
+                                got.update(_device_calls(cp, routine, dev, out, (g,)))
+                            seconds = 1 / sum(1 / got[g] for g in gpus)
+                        else:
+                            h0 = time.perf_counter()
+                            call_hybrid(routine, host_args, kw, c, ctx)
+                            sync()
+                            seconds = time.perf_counter() - h0
+                            got = {}
+                        rows[kind].append({"seconds": seconds, "per_gpu_s": got, "window": (t0, time.perf_counter())})
+                res = {k: _summary([x["seconds"] for x in v]) for k, v in rows.items()}
+                mhz = {k: clocks.mean([x.pop("window") for x in v]) for k, v in rows.items()}
+                err = sample_error(routine, host_args, c, rng)
+                ratio = {base: {s: res[base][s] / res["hb"][s] for s in ("best", "median")}
+                         for base in ("both", "alone")}
+                entry = dict(routine=routine, n=n, flops=flops, rel_error=err, rounds=rows, summary=res,
+                             sm_clock_mhz=mhz, ratio_to_both=ratio["both"], ratio_to_alone=ratio["alone"])
+                doc["results"].append(entry)
+                print(f"== {routine} n = k = {n} (hybridblas's result: sampled entries' error {err:.1e})", flush=True)
+                for kind, v in rows.items():
+                    print(f"  {kind:6s} best {res[kind]['best'] * 1e3:8.2f} ms  median {res[kind]['median'] * 1e3:8.2f}"
+                          f" ms  {flops / res[kind]['best'] / 1e12:6.1f} TF/s  SM clock (MHz) {mhz[kind] or '-'}  calls"
+                          " (ms) " + " ".join(f"{x['seconds'] * 1e3:.1f}" for x in v), flush=True)
+                both, alone = entry["ratio_to_both"], entry["ratio_to_alone"]
+                print(f"  hybridblas / Σ device at once: best {both['best']:.3f}, median {both['median']:.3f};  "
+                      f"/ each alone: best {alone['best']:.3f}, median {alone['median']:.3f}", flush=True)
+                dev = out = None
+                for g in gpus:
+                    with cp.cuda.Device(g):
+                        cp.get_default_memory_pool().free_all_blocks()
+                write_json(args.json, doc)
+            host_pinning.clear()
+    finally:
+        clocks.stop.set()
+    write_json(args.json, doc)
+    return 0
