@@ -23,7 +23,7 @@ from hybridblas.console import check_output_path, positive_int
 from hybridblas.devices import cuda_bands, cuda_tri_store
 
 from benchmarks.common import command_line, refuse, two_gpus, write_json
-from benchmarks.measure.blas_gpu import call_device, call_hybrid, make_host, operands, timed
+from benchmarks.measure.blas_gpu import call_device, call_hybrid, host_cases, timed
 
 MODULES = {"band_plan": band_plan, "band_outer": band_outer, "cuda_bands": cuda_bands, "cuda_tri_store": cuda_tri_store}
 ROUTINES = ("zherk", "zher2k", "zgemmt")
@@ -97,37 +97,32 @@ def run(args):
            "gpus": [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in (0, 1)], "results": []}
 
     try:
-        for n in args.sizes:
-            a, b = make_host(cp, (n, n), 1), make_host(cp, (n, n), 2)
-            c = np.zeros((n, n), np.complex128, order="F")
-            for routine in args.routines:
-                host_args, kw = operands(routine, a, b)
-                alone = [_device_alone(cp, routine, host_args, n, g) for g in (0, 1)]
-                ceiling = 1 / (1 / alone[0] + 1 / alone[1])
-                print(f"== {routine} n = k = {n}: device cuBLAS {alone[0] * 1e3:.2f} / {alone[1] * 1e3:.2f} ms, "
-                      f"sum of both {ceiling * 1e3:.2f} ms", flush=True)
-                host_pinning.clear()
-                for _ in range(2):
-                    call_hybrid(routine, host_args, kw, c, ctx[False])
-                host_pinning.wait_ready()
-                for name, values, one in settings:
-                    for key, value in defaults.items():
-                        setattr(MODULES[key[0]], key[1], values.get(key, value))
-                    band_plan._cache.clear()
-                    last_stats.clear()
-                    times = _timed(cp, lambda: call_hybrid(routine, host_args, kw, c, ctx[one]), args.calls)
-                    best = min(times[1:] or times)
-                    stats = {gpu: {k: v for k, v in st.items() if k in STATS} for gpu, st in last_stats.items()}
-                    doc["results"].append(dict(routine=routine, n=n, setting=name, values={
-                        f"{m}.{k}": v for (m, k), v in values.items()}, one_gpu=one, seconds=times, best_s=best,
-                        device_alone_s=alone, ratio_to_sum=ceiling / best, last_call=stats))
-                    print(f"  {name:16s} best {best * 1e3:9.2f} ms  {ceiling / best:.3f} of the sum  calls (ms) "
-                          f"{' '.join(f'{t * 1e3:.1f}' for t in times)}", flush=True)
-                    for gpu, st in stats.items():
-                        print(f"      {gpu}: " + ", ".join(f"{k} {v * 1e3:.2f} ms" if k.endswith("_s") else f"{k} {v}"
-                                                         for k, v in st.items()), flush=True)
-                write_json(args.json, doc)
+        for n, routine, host_args, kw, c in host_cases(cp, args.sizes, args.routines):
+            alone = [_device_alone(cp, routine, host_args, n, g) for g in (0, 1)]
+            ceiling = 1 / (1 / alone[0] + 1 / alone[1])
+            print(f"== {routine} n = k = {n}: device cuBLAS {alone[0] * 1e3:.2f} / {alone[1] * 1e3:.2f} ms, "
+                  f"sum of both {ceiling * 1e3:.2f} ms", flush=True)
             host_pinning.clear()
+            for _ in range(2):
+                call_hybrid(routine, host_args, kw, c, ctx[False])
+            host_pinning.wait_ready()
+            for name, values, one in settings:
+                for key, value in defaults.items():
+                    setattr(MODULES[key[0]], key[1], values.get(key, value))
+                band_plan._cache.clear()
+                last_stats.clear()
+                times = _timed(cp, lambda: call_hybrid(routine, host_args, kw, c, ctx[one]), args.calls)
+                best = min(times[1:] or times)
+                stats = {gpu: {k: v for k, v in st.items() if k in STATS} for gpu, st in last_stats.items()}
+                doc["results"].append(dict(routine=routine, n=n, setting=name, values={
+                    f"{m}.{k}": v for (m, k), v in values.items()}, one_gpu=one, seconds=times, best_s=best,
+                    device_alone_s=alone, ratio_to_sum=ceiling / best, last_call=stats))
+                print(f"  {name:16s} best {best * 1e3:9.2f} ms  {ceiling / best:.3f} of the sum  calls (ms) "
+                      f"{' '.join(f'{t * 1e3:.1f}' for t in times)}", flush=True)
+                for gpu, st in stats.items():
+                    print(f"      {gpu}: " + ", ".join(f"{k} {v * 1e3:.2f} ms" if k.endswith("_s") else f"{k} {v}"
+                                                     for k, v in st.items()), flush=True)
+            write_json(args.json, doc)
     finally:
         for key, value in defaults.items():
             setattr(MODULES[key[0]], key[1], value)

@@ -59,6 +59,19 @@ def operands(routine, a, b):
     return (1.0, a, b), dict(transa="C", transb="N", lower=True)
 
 
+def host_cases(cp, sizes, routines):
+    """(n, routine, its host arguments and keywords, C) for each n = k of ``sizes`` and each routine: random n x n
+    operands made once a size, C zeroed; the page-locks are dropped once a size is done."""
+    from hybridblas import host_pinning
+    for n in sizes:
+        a, b = make_host(cp, (n, n), 1), make_host(cp, (n, n), 2)
+        c = np.zeros((n, n), np.complex128, order="F")
+        for routine in routines:
+            host_args, kw = operands(routine, a, b)
+            yield n, routine, host_args, kw, c
+        host_pinning.clear()
+
+
 def call_hybrid(routine, args, kw, c, ctx):
     fn = {"zherk": hb.herk, "zher2k": hb.her2k, "zgemmt": hb.gemmt}[routine]
     return fn(*args, 0.0, c, context=ctx, **kw)

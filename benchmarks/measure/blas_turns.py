@@ -32,7 +32,7 @@ from hybridblas.console import check_output_path, positive_int
 
 from benchmarks.common import command_line, two_gpus, write_json
 from benchmarks.measure.blas_band_replay import Clocks
-from benchmarks.measure.blas_gpu import FLOPS, call_device, call_hybrid, make_host, operands, sample_error
+from benchmarks.measure.blas_gpu import FLOPS, call_device, call_hybrid, host_cases, sample_error
 
 ROUTINES = ("zherk", "zher2k", "zgemmt")
 CLOCK_INTERVAL = 0.01
@@ -77,6 +77,50 @@ def _summary(values):
     return {"best": min(values), "median": statistics.median(values)}
 
 
+def _rounds(cp, routine, host_args, kw, c, ctx, dev, out, rounds):
+    """{kind: [{"seconds", "per_gpu_s", "window"}]} of ``rounds`` rounds of the three kinds of call, in alternating
+    order; hybridblas warmed up first (the second call page-locks the operands: pin_host="auto")."""
+    gpus = sorted(dev)
+
+    def sync():
+        for g in gpus:
+            cp.cuda.Device(g).synchronize()
+    _device_calls(cp, routine, dev, out, gpus)
+    for _ in range(2):
+        call_hybrid(routine, host_args, kw, c, ctx)
+    host_pinning.wait_ready()
+    call_hybrid(routine, host_args, kw, c, ctx)
+    sync()
+    rows = {"both": [], "alone": [], "hb": []}
+    for r in range(rounds):
+        for kind in ("both", "alone", "hb") if r % 2 == 0 else ("hb", "alone", "both"):
+            t0 = time.perf_counter()
+            got = {}
+            if kind == "hb":
+                call_hybrid(routine, host_args, kw, c, ctx)
+                sync()
+                seconds = time.perf_counter() - t0
+            else:
+                for part in ([gpus] if kind == "both" else [[g] for g in gpus]):
+                    got.update(_device_calls(cp, routine, dev, out, part))
+                seconds = 1 / sum(1 / got[g] for g in gpus)
+            rows[kind].append({"seconds": seconds, "per_gpu_s": got, "window": (t0, time.perf_counter())})
+    return rows
+
+
+def _report(entry, rows, mhz):
+    res, flops = entry["summary"], entry["flops"]
+    print(f"== {entry['routine']} n = k = {entry['n']} (hybridblas's result: sampled entries' error "
+          f"{entry['rel_error']:.1e})", flush=True)
+    for kind, v in rows.items():
+        print(f"  {kind:6s} best {res[kind]['best'] * 1e3:8.2f} ms  median {res[kind]['median'] * 1e3:8.2f} ms  "
+              f"{flops / res[kind]['best'] / 1e12:6.1f} TF/s  SM clock (MHz) {mhz[kind] or '-'}  calls (ms) "
+              + " ".join(f"{x['seconds'] * 1e3:.1f}" for x in v), flush=True)
+    both, alone = entry["ratio_to_both"], entry["ratio_to_alone"]
+    print(f"  hybridblas / Σ device at once: best {both['best']:.3f}, median {both['median']:.3f};  "
+          f"/ each alone: best {alone['best']:.3f}, median {alone['median']:.3f}", flush=True)
+
+
 def run(args):
     if args.json:
         check_output_path(args.json, "--json")
@@ -89,72 +133,28 @@ def run(args):
            "gpus": [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in gpus], "results": []}
     clocks = Clocks(len(gpus), CLOCK_INTERVAL)
     rng = np.random.default_rng(7)
-
-    def sync():
-        for g in gpus:
-            cp.cuda.Device(g).synchronize()
-
     try:
-        for n in args.sizes:
-            a, b = make_host(cp, (n, n), 1), make_host(cp, (n, n), 2)
-            c = np.zeros((n, n), np.complex128, order="F")
-            for routine in args.routines:
-                host_args, kw = operands(routine, a, b)
-                flops = FLOPS[routine] * n ** 3
-                dev, out = {}, {}
-                for g in gpus:
-                    with cp.cuda.Device(g):
-                        dev[g] = tuple(x if np.isscalar(x) else cp.asarray(x, order="F") for x in host_args)
-                        out[g] = cp.empty((n, n), np.complex128, order="F")
-                _device_calls(cp, routine, dev, out, gpus)
-                host_pinning.clear()
-                for _ in range(2):          # the second call page-locks the operands (pin_host="auto")
-                    call_hybrid(routine, host_args, kw, c, ctx)
-                host_pinning.wait_ready()
-                call_hybrid(routine, host_args, kw, c, ctx)
-                sync()
-                rows = {"both": [], "alone": [], "hb": []}
-                for r in range(args.rounds):
-                    kinds = ("both", "alone", "hb") if r % 2 == 0 else ("hb", "alone", "both")
-                    for kind in kinds:
-                        t0 = time.perf_counter()
-                        if kind == "both":
-                            got = _device_calls(cp, routine, dev, out, gpus)
-                            seconds = 1 / sum(1 / got[g] for g in gpus)
-                        elif kind == "alone":
-                            got = {}
-                            for g in gpus:
-                                got.update(_device_calls(cp, routine, dev, out, (g,)))
-                            seconds = 1 / sum(1 / got[g] for g in gpus)
-                        else:
-                            h0 = time.perf_counter()
-                            call_hybrid(routine, host_args, kw, c, ctx)
-                            sync()
-                            seconds = time.perf_counter() - h0
-                            got = {}
-                        rows[kind].append({"seconds": seconds, "per_gpu_s": got, "window": (t0, time.perf_counter())})
-                res = {k: _summary([x["seconds"] for x in v]) for k, v in rows.items()}
-                mhz = {k: clocks.mean([x.pop("window") for x in v]) for k, v in rows.items()}
-                err = sample_error(routine, host_args, c, rng)
-                ratio = {base: {s: res[base][s] / res["hb"][s] for s in ("best", "median")}
-                         for base in ("both", "alone")}
-                entry = dict(routine=routine, n=n, flops=flops, rel_error=err, rounds=rows, summary=res,
-                             sm_clock_mhz=mhz, ratio_to_both=ratio["both"], ratio_to_alone=ratio["alone"])
-                doc["results"].append(entry)
-                print(f"== {routine} n = k = {n} (hybridblas's result: sampled entries' error {err:.1e})", flush=True)
-                for kind, v in rows.items():
-                    print(f"  {kind:6s} best {res[kind]['best'] * 1e3:8.2f} ms  median {res[kind]['median'] * 1e3:8.2f}"
-                          f" ms  {flops / res[kind]['best'] / 1e12:6.1f} TF/s  SM clock (MHz) {mhz[kind] or '-'}  calls"
-                          " (ms) " + " ".join(f"{x['seconds'] * 1e3:.1f}" for x in v), flush=True)
-                both, alone = entry["ratio_to_both"], entry["ratio_to_alone"]
-                print(f"  hybridblas / Σ device at once: best {both['best']:.3f}, median {both['median']:.3f};  "
-                      f"/ each alone: best {alone['best']:.3f}, median {alone['median']:.3f}", flush=True)
-                dev = out = None
-                for g in gpus:
-                    with cp.cuda.Device(g):
-                        cp.get_default_memory_pool().free_all_blocks()
-                write_json(args.json, doc)
+        for n, routine, host_args, kw, c in host_cases(cp, args.sizes, args.routines):
+            dev, out = {}, {}
+            for g in gpus:
+                with cp.cuda.Device(g):
+                    dev[g] = tuple(x if np.isscalar(x) else cp.asarray(x, order="F") for x in host_args)
+                    out[g] = cp.empty((n, n), np.complex128, order="F")
             host_pinning.clear()
+            rows = _rounds(cp, routine, host_args, kw, c, ctx, dev, out, args.rounds)
+            res = {k: _summary([x["seconds"] for x in v]) for k, v in rows.items()}
+            mhz = {k: clocks.mean([x.pop("window") for x in v]) for k, v in rows.items()}
+            ratio = {base: {s: res[base][s] / res["hb"][s] for s in ("best", "median")} for base in ("both", "alone")}
+            entry = dict(routine=routine, n=n, flops=FLOPS[routine] * n ** 3,
+                         rel_error=sample_error(routine, host_args, c, rng), rounds=rows, summary=res,
+                         sm_clock_mhz=mhz, ratio_to_both=ratio["both"], ratio_to_alone=ratio["alone"])
+            doc["results"].append(entry)
+            _report(entry, rows, mhz)
+            dev = out = None
+            for g in gpus:
+                with cp.cuda.Device(g):
+                    cp.get_default_memory_pool().free_all_blocks()
+            write_json(args.json, doc)
     finally:
         clocks.stop.set()
     write_json(args.json, doc)
