@@ -661,11 +661,12 @@ class _Call:
             if TRACE:
                 st["timeline"] = _timeline(self.cp, gpu)
             lay = self.layout       # the links' rates: each copy's bytes over the share its segments reach
-            if gpu.upload_events is not None and all(self.direct) and not self.first_dma:
+            if gpu.upload_events is not None and all(self.direct):
                 t = max(elapsed(*gpu.upload_events) / 1e3, 1e-12)
                 st["upload_gbps"] = gpu.stats["bytes_from_host"] / t / 1e9
                 link = sum(lay.link_bytes(x) for x in lay.uploads(gpu.slot)) / t
-                _calibrate(gpu.device, "h2d_pinned", None, link)
+                if not self.first_dma:
+                    _calibrate(gpu.device, "h2d_pinned", None, link)
             if gpu.copy_events:
                 t = max(copies, 1e-12)
                 st["writeback_gbps"] = gpu.stats["bytes_to_host"] / t / 1e9
