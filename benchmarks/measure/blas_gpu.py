@@ -62,7 +62,6 @@ def operands(routine, a, b):
 def host_cases(cp, sizes, routines):
     """(n, routine, its host arguments and keywords, C) for each n = k of ``sizes`` and each routine: random n x n
     operands made once a size, C zeroed; the page-locks are dropped once a size is done."""
-    from hybridblas import host_pinning
     for n in sizes:
         a, b = make_host(cp, (n, n), 1), make_host(cp, (n, n), 2)
         c = np.zeros((n, n), np.complex128, order="F")
