@@ -25,6 +25,13 @@ def _gpus():
     return [CUDADevice(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
 
 
+def _bands_always(monkeypatch):
+    """Bands also where the uploads dominate and on one GPU (the rules that would send a call to the tiles)."""
+    monkeypatch.setattr(cuda_bands, "UPLOAD_SHARE", float("inf"))
+    monkeypatch.setattr(cuda_bands, "SHARED_SHARE", float("inf"))
+    monkeypatch.setattr(cuda_bands, "ONE_GPU_MODEL", float("inf"))
+
+
 @pytest.fixture(params=["k", "outer", "outer-steps"])    # (ORDERS)
 def small_units(request, monkeypatch):
     """Units of a few hundred kB, so that a small call has many pieces, several steps and blocks; each test
@@ -35,9 +42,7 @@ def small_units(request, monkeypatch):
     monkeypatch.setattr(band_outer, "CORNER_FIRST", 64)         # gemmt's corner order in many strips
     monkeypatch.setattr(band_plan, "STEP_K", 128)
     monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)     # small operands page-locked too (pin_host=True)
-    monkeypatch.setattr(cuda_bands, "UPLOAD_SHARE", float("inf"))   # bands also where uploads dominate
-    monkeypatch.setattr(cuda_bands, "SHARED_SHARE", float("inf"))
-    monkeypatch.setattr(cuda_bands, "ONE_GPU_MODEL", float("inf"))
+    _bands_always(monkeypatch)
     order = request.param
 
     def forced(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None, sms=None):
@@ -259,9 +264,7 @@ def test_bands_keep_their_memory_for_the_next_call_and_give_it_up_under_pressure
     """A call's stream set and its arena's blocks serve the next call (no cudaMalloc per call); the blocks
     kept are released when another stream's allocation needs the memory."""
     import cupy
-    monkeypatch.setattr(cuda_bands, "UPLOAD_SHARE", float("inf"))
-    monkeypatch.setattr(cuda_bands, "SHARED_SHARE", float("inf"))
-    monkeypatch.setattr(cuda_bands, "ONE_GPU_MODEL", float("inf"))
+    _bands_always(monkeypatch)
     n, k = 3000, 2500
     a = rng.standard_normal((n, k)) + 1j * rng.standard_normal((n, k))
     ctx = hb.Context(devices=_gpus()[:1], min_call_seconds=0)
@@ -288,9 +291,7 @@ def test_bands_keep_their_memory_for_the_next_call_and_give_it_up_under_pressure
 def test_the_first_call_to_copy_freshly_locked_arrays_calibrates_nothing(monkeypatch, rng):
     """A call whose operands or C were page-locked since the last call (their first copies by DMA) records no
     link rate and no speed; the next one records both."""
-    monkeypatch.setattr(cuda_bands, "UPLOAD_SHARE", float("inf"))
-    monkeypatch.setattr(cuda_bands, "SHARED_SHARE", float("inf"))
-    monkeypatch.setattr(cuda_bands, "ONE_GPU_MODEL", float("inf"))
+    _bands_always(monkeypatch)
     monkeypatch.setattr(cuda_bands, "_calibration", {})
     monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)
     host_pinning.clear()
