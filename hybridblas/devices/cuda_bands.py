@@ -12,14 +12,15 @@ Per GPU of the call three jobs run:
 - the feeder uploads the pieces this GPU owns, in k order, on ``s_in`` (one DMA each from page-locked
   operands, else through the GPU's staging ring) and posts an event for each on the call's board;
 - the worker copies the pieces it needs from the GPUs that uploaded them (``s_peer``, after their events),
-  then queues the band's products step by step on ``s_comp``, and in the final range block by block, each
-  after the pieces it reads (all of them before the first block in the k order; the outer order's blocks
-  start while later pieces are still coming: band_outer), each handed to the writer;
+  then queues the band's products step by step on ``s_comp`` (a herkx's diagonal values on ``s_side`` while
+  the herkx runs), and in the final range block by block, each after the pieces it reads (all of them before
+  the first block in the k order; the outer order's blocks start while later pieces are still coming:
+  band_outer), each handed to the writer;
 - the writer copies each finished block into the caller's C (``s_out``: DMA straight into a page-locked C, the
   diagonal blocks' triangles stored by a kernel straight into it where the GPU can reach it (cuda_tri_store),
   else by 128-column panels; C not page-locked: through the staging ring), and marks it written.
 
-The four streams of a GPU are a set that serves one call at a time and is kept for the next one: the pool's
+The streams of a GPU are a set that serves one call at a time and is kept for the next one: the pool's
 arena of its compute stream keeps the call's arrays' blocks, so a call of the same shapes allocates no GPU
 memory (cudaMalloc and cudaFree of the factors had cost 11-23 ms a call at n = 8192-16384); CuPy frees the
 kept blocks when another allocation needs the memory. The set keeps the call's CUDA events too (_StreamSet). The
@@ -62,6 +63,9 @@ MIXES = True              # the corner order's bands from speeds less the diagon
                           # (_mixes; benchmarks.blas band-settings compares CORNER_DIAG alone on the same inputs)
 DIAG_WIDTHS = True        # the corner order's diagonal blocks at widths whose herkx fills whole waves of the GPUs' SMs
                           # (band_outer.diag_width; benchmarks.blas band-settings compares the widths as grown)
+SIDE_DOTS = True          # a herkx's diagonal values (gemmt) on a second stream while the herkx runs (_Side): 2 x
+                          # H100, zgemmt A^H B n = k = 8192, best of 10 calls 28.2 / 28.0 ms against 28.4 / 28.7 on
+                          # the compute stream (GPU 0's diagonal blocks 37.5-37.9 TF/s against 32.2)
 TRACE = False             # each call's timeline in cuda.last_stats (_timeline): timing events around every upload
                           # and peer copy (benchmarks.blas band-trace)
 _DOUBLE = (np.dtype(np.float64), np.dtype(np.complex128))
@@ -259,7 +263,7 @@ class _Gpu:
         self.measured = None                     # _Call._measure's times, taken by the writer once all is done
 
     def streams(self):
-        return (self.s_in, self.s_peer, self.s_comp, self.s_out)
+        return self.set.all()
 
 
 class _Call:
@@ -494,11 +498,12 @@ class _Call:
         backend = cublas.Backend(cublas.handle(), gpu.s_comp)
         operands = [Operand(gpu.factors[lay.factor_of[f]], fac.op) for f, fac in enumerate(p.factors)]
         kx = cuda_direct.rank_kx(p, operands, beta=1.0) if p.kind == "gemmt" else None
+        side = _Side.make(gpu.set) if SIDE_DOTS and kx is not None and kx[0] == "herkx" else None
         for n_step, (k0, k1) in enumerate(lay.steps):
             self._check(gpu)
             self._gather(gpu, lay.pieces_for(gpu.slot, k0, k1))
             for t in tasks:
-                self._product(gpu, backend, operands, kx, t, k0, k1, 0.0 if n_step == 0 else 1.0, "step")
+                self._product(gpu, backend, operands, kx, t, k0, k1, 0.0 if n_step == 0 else 1.0, "step", side)
         k0, k1 = lay.final
         stepped = bool(lay.steps)
         for b, block in enumerate(gpu.blocks):
@@ -509,7 +514,7 @@ class _Call:
                 self._add_old(gpu, b, block, stepped)
                 beta = 1.0
             for t in block:
-                self._product(gpu, backend, operands, kx, t, k0, k1, beta, "final")
+                self._product(gpu, backend, operands, kx, t, k0, k1, beta, "final", side)
             gpu.writes.put((b, gpu.set.event(gpu.s_comp)))
         gpu.writes.put(None)
 
@@ -537,13 +542,13 @@ class _Call:
                 gpu.piece_events.append(("peer", piece.index, start, end, time.perf_counter() - self.t0))
             gpu.s_comp.wait_event(end)
 
-    def _product(self, gpu, backend, operands, kx, task, k0, k1, beta, phase):
+    def _product(self, gpu, backend, operands, kx, task, k0, k1, beta, phase, side=None):
         p = self.problem
         part = plan.with_k(task, p, k0, k1)
         out = self._view(gpu, gpu.box, task)
         start = gpu.set.event(gpu.s_comp, timing=True)
         with gpu.s_comp:
-            queue_product(backend, p, operands, kx, part, out, beta)
+            queue_product(backend, p, operands, kx, part, out, beta, side)
         gpu.marks.setdefault("host_first_product_s", time.perf_counter() - self.t0)
         label = f"{phase}-{'diag' if task.diag else 'rect'}"
         gpu.kernel_events.append((start, gpu.set.event(gpu.s_comp, timing=True), label, part.flops, part))
@@ -728,16 +733,48 @@ _unsettled = []            # sets whose work may not have finished: kept (a dest
                            # back for a new stream, with the arena of blocks that work may still use)
 
 
-def queue_product(backend, problem, factors, kx, task, out, beta):
+def queue_product(backend, problem, factors, kx, task, out, beta, side=None):
     """out (+)= ``task``'s product on ``backend``'s stream, as a band call queues it: a diagonal block of a gemmt
     as one cuBLAS herkx/syrkx (``kx`` from cuda_direct.rank_kx over ``factors``; None for other kinds), anything
-    else by kernels.compute_block."""
+    else by kernels.compute_block. ``side``: a _Side whose stream computes a herkx's diagonal values while the
+    herkx runs (their reads of the factors are memory-bound; the herkx leaves SMs idle in its last wave)."""
     if task.diag and kx is not None:
         kind, coef, x, y = kx
-        cuda_direct.gemmt_kx(backend, kind, coef, x.block(task.i0, task.i1, task.k0, task.k1),
-                             y.block(task.k0, task.k1, task.i0, task.i1), out, problem.lower, beta)
+        xb, yb = x.block(task.i0, task.i1, task.k0, task.k1), y.block(task.k0, task.k1, task.i0, task.i1)
+        dots = side.dots(backend, coef, xb, yb, out) if side is not None and kind == "herkx" else None
+        cuda_direct.gemmt_kx(backend, kind, coef, xb, yb, out, problem.lower, beta, dots=dots)
     else:
         compute_block(backend, problem, task, out, beta, factors=factors)
+
+
+class _Side:
+    """A GPU's second compute stream for a call's herkx diagonals (SIDE_DOTS): its own cuBLAS handle (a handle's
+    workspace serves one stream at a time), events from the call's stream set."""
+
+    def __init__(self, streams):
+        self.streams = streams
+        self.backend = cublas.Backend(streams.side_handle(), streams.s_side)
+
+    @classmethod
+    def make(cls, streams):
+        """The set's side, or None where its cuBLAS handle cannot be made (the diagonals then go on s_comp)."""
+        try:
+            return cls(streams)
+        except Exception as exc:        # noqa: BLE001 - CuPy's CUBLASError, by name: its module may move
+            if type(exc).__name__ == "CUBLASError" and getattr(exc, "status", None) == 3:     # ALLOC_FAILED
+                return None
+            raise
+
+    def dots(self, backend, coef, x, y, out):
+        """(values, event): op(x)[i, :] op(y)[:, i] for the diagonal of ``out``, queued on the side stream once
+        ``backend``'s stream has reached this point. The values are allocated on ``backend``'s stream, which
+        frees them: their memory is reused only by that stream's later work, after it waited for the event."""
+        cp = self.streams.cp
+        with backend.stream:
+            values = cp.empty((out.shape[0], 1, 1), dtype=out.dtype)
+        self.streams.s_side.wait_event(self.streams.event(backend.stream))
+        cuda_direct.diagonal_dots(self.backend, coef, x, y, values)
+        return values, self.streams.event(self.streams.s_side)
 
 
 def _mix(classes):
@@ -769,22 +806,43 @@ def _timeline(cp, gpu):
 
 
 class _StreamSet:
-    """GPU ``index``'s four streams (s_in, s_peer, s_comp, s_out) for one call at a time, and the CUDA events
-    calls record on them, kept for the next call: a call records 100-450 (zgemmt at n = 8192 on two GPUs),
-    whose destruction had held the caller ~0.2 ms after the GPUs finished. Each stream is recorded on by one
-    job of a call (s_in: the feeder, s_peer and s_comp: the worker, s_out: the writer), so its events are one
-    job's. An event recorded again by a later call is one whose waits have all been queued: a stream waits
-    for the record that preceded its wait."""
+    """GPU ``index``'s four streams (s_in, s_peer, s_comp, s_out) and a side stream (s_side, with a cuBLAS handle
+    of its own: _Side) for one call at a time, and the CUDA events calls record on them, kept for the next call:
+    a call records 100-450 (zgemmt at n = 8192 on two GPUs), whose destruction had held the caller ~0.2 ms after
+    the GPUs finished. Each stream is recorded on by one job of a call (s_in: the feeder, s_peer, s_comp and
+    s_side: the worker, s_out: the writer), so its events are one job's. An event recorded again by a later call
+    is one whose waits have all been queued: a stream waits for the record that preceded its wait."""
 
     def __init__(self, cp, index):
         self.cp = cp
+        self.index = index
         with cp.cuda.Device(index):
             self.streams = tuple(cp.cuda.Stream(non_blocking=True) for _ in range(4))
+            self.s_side = cp.cuda.Stream(non_blocking=True)
+        self._side_handle = None
         self._events = {}           # (stream pointer, timing) -> events created for that stream
         self._used = {}             # (stream pointer, timing) -> how many of them this call has recorded
 
     def __iter__(self):
         return iter(self.streams)
+
+    def all(self):
+        """Every stream of the set, the side stream included."""
+        return self.streams + (self.s_side,)
+
+    def side_handle(self):
+        """A cuBLAS handle of this set's own, bound to s_side (made on first use; kept with the set)."""
+        if self._side_handle is None:
+            from cupy.cuda import cublas as cupy_cublas
+            with self.cp.cuda.Device(self.index):
+                h = cupy_cublas.create()
+                try:
+                    cupy_cublas.setStream(h, self.s_side.ptr)
+                except Exception:
+                    cupy_cublas.destroy(h)
+                    raise
+            self._side_handle = h
+        return self._side_handle
 
     def rewind(self):
         """A new call: its events are recorded from the first again."""

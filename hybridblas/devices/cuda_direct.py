@@ -86,24 +86,37 @@ def _gemmt(backend, problem):
     gemmt_kx(backend, kind, coef, x, y, problem.c, problem.lower, problem.beta)
 
 
-def gemmt_kx(backend, kind, coef, x, y, c, lower, beta):
+def gemmt_kx(backend, kind, coef, x, y, c, lower, beta, dots=None):
     """c[tri] <- coef op(x) op(y) + beta c[tri] as one cuBLAS ``kind`` (herkx or syrkx, from rank_kx) on the
-    square column-major view c, op(x) n x k and op(y) k x n; after a herkx the diagonal is computed once more."""
-    n, k = c.shape[0], x.cols
+    square column-major view c, op(x) n x k and op(y) k x n; after a herkx the diagonal is computed once more.
+    ``dots`` (herkx): (buffer, event) from diagonal_dots queued by the caller on another stream, which c's
+    stream waits for before it writes them; else they are computed here, on c's stream."""
+    n = c.shape[0]
     diagonal = _diagonal(c) if kind == "herkx" else None
     old = diagonal.copy() if diagonal is not None and beta != 0 else None        # beta = 0 never reads C
     factors = [x, Operand(y.base, x.op, y.scratch)]                # cuBLAS takes one op for both
     backend.rank_k(kind, c, lower, coef, factors, complex(beta).real if kind == "herkx" else beta)
     if diagonal is None:
         return
-    dots = backend.xp.empty((n, 1, 1), dtype=c.dtype)              # dots[i] = coef op(X)[i, :] op(Y)[:, i]
-    cublas.gemm_strided_batched(backend.handle, backend.stream.ptr, dots, coef,
+    if dots is None:
+        values = backend.xp.empty((n, 1, 1), dtype=c.dtype)
+        diagonal_dots(backend, coef, x, y, values)
+    else:
+        values, ready = dots
+        backend.stream.wait_event(ready)
+    values = values.reshape(n)
+    if old is not None:
+        values += beta * old
+    diagonal[...] = values
+
+
+def diagonal_dots(backend, coef, x, y, out):
+    """out[i, 0, 0] <- coef op(x)[i, :] op(y)[:, i] for every i (out: (n, 1, 1)), one strided-batched gemm on
+    ``backend``'s stream."""
+    k = x.cols
+    cublas.gemm_strided_batched(backend.handle, backend.stream.ptr, out, coef,
                                 x.block(0, 1, 0, k), leading_dim(x.base) if x.trans else 1,
                                 y.block(0, k, 0, 1), 1 if y.trans else leading_dim(y.base), 0.0)
-    dots = dots.reshape(n)
-    if old is not None:
-        dots += beta * old
-    diagonal[...] = dots
 
 
 def _diagonal(c):

@@ -316,3 +316,37 @@ def test_the_first_call_to_copy_freshly_locked_arrays_calibrates_nothing(monkeyp
     low = np.tril(np.ones((n, n), bool))
     want = a @ a.conj().T
     assert np.abs(c[low] - want[low]).max() / np.abs(want).max() < 1e-13
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("beta", [0.0, 0.5 + 0.25j])
+def test_gemmt_diagonals_on_the_side_stream(beta, small_units, monkeypatch, rng):
+    """zgemmt's herkx diagonals computed on each GPU's side stream while the herkx runs: the side stream did
+    compute them, and every entry (the diagonal's imaginary parts, which herkx itself zeroes, included) is the
+    reference's, as with the diagonals on the compute stream."""
+    n, k = 517, 301
+    a = np.asfortranarray(rng.standard_normal((k, n)) + 1j * rng.standard_normal((k, n)))    # A^H B: herkx
+    b = np.asfortranarray(rng.standard_normal((k, n)) + 1j * rng.standard_normal((k, n)))
+    c0 = rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n))
+    low = np.tril(np.ones((n, n), bool))
+    want = a.conj().T @ b + (beta * c0 if beta else 0)
+    if not beta:
+        c0[low] = np.nan                        # beta = 0: C is not read
+    ctx = hb.Context(devices=_gpus(), min_call_seconds=0, pin_host=True)
+    sides = []
+    made = cuda_bands._Side.dots
+
+    def counted(self, *args):
+        sides.append(self.streams.s_side.ptr)
+        return made(self, *args)
+    monkeypatch.setattr(cuda_bands._Side, "dots", counted)
+    for on in (True, False, True):
+        monkeypatch.setattr(cuda_bands, "SIDE_DOTS", on)
+        before = len(sides)
+        c = np.array(c0, order="F")
+        hb.gemmt(1.0, a, b, beta, c, transa="C", transb="N", lower=True, context=ctx)
+        assert _path(ctx) == {"bands"}
+        assert (len(sides) > before) == on
+        assert np.abs(c[low] - want[low]).max() <= 1e-13 * np.abs(want).max()
+        assert np.abs(np.diag(c).imag - np.diag(want).imag).max() <= 1e-13 * np.abs(want).max()
+        np.testing.assert_array_equal(c[~low], c0[~low])
