@@ -247,6 +247,18 @@ def test_turns_summaries_and_its_refusal_without_two_gpus(capsys, monkeypatch):
     assert "turns compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
 
 
+def test_busy_thread_slowdowns_and_its_refusal_without_two_gpus(capsys, monkeypatch):
+    from benchmarks.measure.blas_busy_thread import slowdown
+    got = slowdown({"quiet": [0.02, 0.03, 0.025], "spin": [0.5, 0.7], "numpy": [0.03, 0.02]})
+    assert got["quiet"] == {"best": 0.02, "median": 0.025, "best_ratio": 1.0, "median_ratio": 1.0}
+    assert got["spin"]["best_ratio"] == pytest.approx(25.0) and got["spin"]["median_ratio"] == pytest.approx(24.0)
+    assert got["numpy"]["median"] == pytest.approx(0.025) and got["numpy"]["best_ratio"] == pytest.approx(1.0)
+    one_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 1)))
+    monkeypatch.setitem(sys.modules, "cupy", one_gpu)
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["busy-thread", "--sizes", "64"]) == 2
+    assert "busy-thread compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
+
+
 def _has_matplotlib():
     try:
         import matplotlib  # noqa: F401

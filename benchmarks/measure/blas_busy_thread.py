@@ -1,0 +1,133 @@
+"""hybridblas on host operands over two GPUs while another thread of the caller's process runs Python: a band
+call's host threads (a feeder, a worker and a writer per GPU) queue each upload, product and write-back from
+Python, so they need the interpreter between CUDA calls; a thread that runs Python without pause holds it for
+up to the interpreter's switch interval (sys.getswitchinterval(), 5 ms) at every hand-over. Rounds of
+``--calls`` calls each, in alternating order:
+
+  - quiet: nothing else runs;
+  - spin: a thread runs a pure-Python loop for the whole call;
+  - numpy: a thread multiplies 256 x 256 float64 matrices with numpy in a loop (numpy lets go of the
+    interpreter while it computes).
+
+    python3 -m benchmarks.blas busy-thread --sizes 8192 --routines zgemmt zherk --calls 3 --rounds 2 --json out.json
+
+Reported per kind: best and median wall time, and each over the quiet calls' (the slowdown); the last call's
+result is checked on sampled entries.
+"""
+import datetime
+import platform
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+
+import hybridblas as hb
+from hybridblas import host_pinning
+from hybridblas.console import check_output_path, positive_int
+
+from benchmarks.common import command_line, two_gpus, write_json
+from benchmarks.measure.blas_gpu import call_hybrid, host_cases, sample_error
+
+ROUTINES = ("zherk", "zher2k", "zgemmt")
+KINDS = ("quiet", "spin", "numpy")
+
+
+def add_arguments(ap):
+    ap.add_argument("--sizes", nargs="+", type=positive_int, default=[8192], help="n = k of each run")
+    ap.add_argument("--routines", nargs="+", choices=ROUTINES, default=["zgemmt", "zherk"])
+    ap.add_argument("--calls", type=positive_int, default=3, help="calls of each kind a round")
+    ap.add_argument("--rounds", type=positive_int, default=2, help="rounds of the three kinds")
+    ap.add_argument("--json", metavar="PATH", help="write the results here as JSON")
+
+
+class Load:
+    """A daemon thread that, while ``kind`` is set ("spin" or "numpy"), runs that kind of work."""
+
+    def __init__(self):
+        self.kind = None
+        self.wake = threading.Event()
+        self.rounds = 0
+        threading.Thread(target=self._run, daemon=True, name="busy-load").start()
+
+    def set(self, kind):
+        self.kind = None if kind == "quiet" else kind
+        if self.kind:
+            self.wake.set()
+        else:
+            self.wake.clear()
+
+    def _run(self):
+        x = np.random.default_rng(0).standard_normal((256, 256))
+        while True:
+            self.wake.wait()
+            kind = self.kind
+            if kind == "spin":
+                s = 0
+                for i in range(2000):
+                    s += i
+            elif kind == "numpy":
+                x = x @ x
+                x /= np.abs(x).max()
+            self.rounds += 1
+
+
+def slowdown(rows):
+    """{kind: {"best", "median", "best_ratio", "median_ratio"}} of {kind: [seconds]}: each kind's best and median,
+    and each over the quiet calls' own."""
+    out = {}
+    for kind, values in rows.items():
+        out[kind] = {"best": min(values), "median": statistics.median(values)}
+    for kind in out:
+        out[kind]["best_ratio"] = out[kind]["best"] / out["quiet"]["best"]
+        out[kind]["median_ratio"] = out[kind]["median"] / out["quiet"]["median"]
+    return out
+
+
+def run(args):
+    if args.json:
+        check_output_path(args.json, "--json")
+    cp = two_gpus("busy-thread")
+    from hybridblas.devices.cuda import CUDADevice
+    gpus = (0, 1)
+    ctx = hb.Context(devices=[CUDADevice(g) for g in gpus])
+    doc = {"benchmark": "bench_blas_busy_thread", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "command": command_line(), "host": platform.node(), "switch_interval_s": sys.getswitchinterval(),
+           "gpus": [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in gpus], "results": []}
+    load = Load()
+    rng = np.random.default_rng(7)
+
+    def sync():
+        for g in gpus:
+            cp.cuda.Device(g).synchronize()
+    for n, routine, host_args, kw, c in host_cases(cp, args.sizes, args.routines):
+        for _ in range(2):
+            call_hybrid(routine, host_args, kw, c, ctx)
+        host_pinning.wait_ready()
+        for _ in range(2):
+            call_hybrid(routine, host_args, kw, c, ctx)
+        rows = {kind: [] for kind in KINDS}
+        for r in range(args.rounds):
+            for kind in KINDS if r % 2 == 0 else KINDS[::-1]:
+                load.set(kind)
+                for _ in range(args.calls):
+                    sync()
+                    t0 = time.perf_counter()
+                    call_hybrid(routine, host_args, kw, c, ctx)
+                    sync()
+                    rows[kind].append(time.perf_counter() - t0)
+                load.set("quiet")
+        res = slowdown(rows)
+        err = sample_error(routine, host_args, c, rng)
+        doc["results"].append(dict(routine=routine, n=n, seconds=rows, summary=res, rel_error=err))
+        print(f"== {routine} n = k = {n} (the last call's result: sampled entries' error {err:.1e})", flush=True)
+        for kind in KINDS:
+            s = res[kind]
+            print(f"  {kind:6s} best {s['best'] * 1e3:9.2f} ms ({s['best_ratio']:5.1f} x quiet)  median "
+                  f"{s['median'] * 1e3:9.2f} ms ({s['median_ratio']:5.1f} x)  calls (ms) "
+                  + " ".join(f"{x * 1e3:.1f}" for x in rows[kind]), flush=True)
+        write_json(args.json, doc)
+    write_json(args.json, doc)
+    return 0
+
