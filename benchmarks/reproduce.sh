@@ -87,7 +87,8 @@ run_stage() {
                 $BLAS band-settings --sizes 32768 --routines zherk zgemmt --setting default --calls 3 \
                     --json $O/band-settings-32768.json &&
                 $BLAS band-replay --sizes 8192 16384 --json $O/band-replay.json &&
-                $BLAS turns --sizes 8192 16384 24576 --routines zgemmt zherk zher2k --rounds 5 --json $O/turns.json ;;
+                $BLAS turns --sizes 8192 16384 24576 --routines zgemmt zherk zher2k --rounds 5 --json $O/turns.json &&
+                $BLAS busy-thread --sizes 8192 --routines zgemmt zherk --calls 3 --rounds 2 --json $O/busy-thread.json ;;
   emulation)    $BLAS emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --cublas-emulation \
                     --out $O/emulation ;;
   emulation-flapw) mkdir -p $O/emulation; for emulate in "" --emulate; do
