@@ -415,6 +415,7 @@ class _Call:
                         self.cp.get_default_memory_pool().free_all_blocks(stream=gpu.s_comp)
                 except Exception:   # noqa: BLE001 - a GPU in an error state: the blocks stay in the pool
                     pass
+                gpu.set.close()
             gpu.set = None
         for pin in self.pins + [self.pin_c]:
             host_pinning.release(pin)
@@ -757,18 +758,20 @@ class _Side:
 
     @classmethod
     def make(cls, streams):
-        """The set's side, or None where its cuBLAS handle cannot be made (the diagonals then go on s_comp)."""
+        """The set's side, or None where cuBLAS cannot make its handle (the diagonals then go on s_comp)."""
         try:
             return cls(streams)
         except Exception as exc:        # noqa: BLE001 - CuPy's CUBLASError, by name: its module may move
-            if type(exc).__name__ == "CUBLASError" and getattr(exc, "status", None) == 3:     # ALLOC_FAILED
+            if type(exc).__name__ == "CUBLASError":
                 return None
             raise
 
     def dots(self, backend, coef, x, y, out):
         """(values, event): op(x)[i, :] op(y)[:, i] for the diagonal of ``out``, queued on the side stream once
-        ``backend``'s stream has reached this point. The values are allocated on ``backend``'s stream, which
-        frees them: their memory is reused only by that stream's later work, after it waited for the event."""
+        ``backend``'s stream has reached this point. The values are allocated on ``backend``'s stream: its later
+        work that reuses their memory comes after its wait for the event (cuda_direct.gemmt_kx queues that wait
+        before it lets them go); where the herkx raises before that wait, the call stops and _settle waits for
+        the side stream before any of the arena's memory serves again."""
         cp = self.streams.cp
         with backend.stream:
             values = cp.empty((out.shape[0], 1, 1), dtype=out.dtype)
@@ -829,6 +832,18 @@ class _StreamSet:
     def all(self):
         """Every stream of the set, the side stream included."""
         return self.streams + (self.s_side,)
+
+    def close(self):
+        """Destroy the side stream's cuBLAS handle (a set dropped after its GPU failed)."""
+        h, self._side_handle = self._side_handle, None
+        if h is None:
+            return
+        try:
+            from cupy.cuda import cublas as cupy_cublas
+            with self.cp.cuda.Device(self.index):
+                cupy_cublas.destroy(h)
+        except Exception:               # noqa: BLE001 - a GPU in an error state keeps the handle
+            pass
 
     def side_handle(self):
         """A cuBLAS handle of this set's own, bound to s_side (made on first use; kept with the set)."""

@@ -179,3 +179,45 @@ def test_one_gpu_takes_bands_only_where_the_model_is_near_the_compute():
         prob = _problem(kind, n)
         lay = band_plan.layout_for(prob, speed, d2h, h2d, speeds=speed)
         assert cuda_bands.model_within(prob, lay, speed, h2d, d2h) is want, (kind, n)
+
+
+class CUBLASError(Exception):
+    """Stands for CuPy's error of that name (cuda_bands matches it by name)."""
+
+
+def test_the_side_stream_falls_back_when_cublas_cannot_make_its_handle():
+    """_Side.make: a cuBLAS error making the side stream's handle leaves the diagonals on the compute stream (None);
+    any other error is raised."""
+    def failing(exc):
+        def handle():
+            raise exc
+        return SimpleNamespace(side_handle=handle)
+    assert cuda_bands._Side.make(failing(CUBLASError("CUBLAS_STATUS_NOT_INITIALIZED"))) is None
+    with pytest.raises(RuntimeError, match="device lost"):
+        cuda_bands._Side.make(failing(RuntimeError("device lost")))
+
+
+def test_a_dropped_stream_set_destroys_its_side_handle_once(monkeypatch):
+    """_StreamSet.close: the side handle is destroyed on the set's GPU, once; a destroy that fails is tolerated."""
+    import contextlib
+    import sys
+    destroyed = []
+
+    def destroy(h):
+        destroyed.append(h)
+        if h == 13:
+            raise RuntimeError("a GPU in an error state")
+    fake_cublas = SimpleNamespace(destroy=destroy)
+    fake_cuda = SimpleNamespace(cublas=fake_cublas, Device=lambda i: contextlib.nullcontext())
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=fake_cuda))
+    monkeypatch.setitem(sys.modules, "cupy.cuda", fake_cuda)
+    for handle in (7, 13):
+        streams = object.__new__(cuda_bands._StreamSet)
+        streams.cp, streams.index, streams._side_handle = SimpleNamespace(cuda=fake_cuda), 1, handle
+        streams.close()
+        streams.close()
+        assert streams._side_handle is None
+    unused = object.__new__(cuda_bands._StreamSet)
+    unused.cp, unused.index, unused._side_handle = SimpleNamespace(cuda=fake_cuda), 0, None
+    unused.close()
+    assert destroyed == [7, 13]
