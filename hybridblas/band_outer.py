@@ -247,29 +247,18 @@ def pieces(layout, shared, speeds, piece_cls, k0, k1, uploaded, clock):
     p = layout.problem
     item, span = layout.item, k1 - k0
     share = span / p.k
-    reads = []                       # reads[g][b]: per unique factor, the merged ranges
     starts = []                      # starts[g][b]: the block's expected start (s) if compute never waited
     for g, bl in enumerate(layout.blocks):
-        reads.append([needs(p, layout.factor_of, len(layout.uniques), tasks) for tasks in bl])
         t, st = clock[g], []
         for tasks in bl:
             st.append(t)
             t += share * sum(x.flops for x in tasks) / max(speeds[g], 1.0)
         starts.append(st)
+    reads, spans = _reads(layout)
     segments = []                    # (need time, unique factor, o0, o1, {GPU: need time}, {GPU: its first block})
-    for u in range(len(layout.uniques)):
-        cuts = sorted({x for r in reads for blk in r for lo, hi in blk[u] for x in (lo, hi)})
-        at = {x: i for i, x in enumerate(cuts)}
-        firsts = [{} for _ in cuts[1:]]      # per span between cuts: GPU -> the first of its blocks that reads it
-        for g, r in enumerate(reads):
-            for bi, blk in enumerate(r):
-                for lo, hi in blk[u]:
-                    for i in range(at[lo], at[hi]):
-                        firsts[i].setdefault(g, bi)
-        for (a, b), block_of in zip(zip(cuts, cuts[1:]), firsts):
-            if block_of:
-                first = {g: starts[g][bi] for g, bi in block_of.items()}
-                segments.append((min(first.values()), u, a, b, first, block_of))
+    for u, a, b, block_of in spans:
+        first = {g: starts[g][bi] for g, bi in block_of.items()}
+        segments.append((min(first.values()), u, a, b, first, block_of))
     segments.sort(key=lambda s: (s[0], s[1], s[2]))
     rows_cap = max(1, PIECE_BYTES // max(span * item, 1))
     base = len(layout.pieces)
@@ -291,6 +280,31 @@ def pieces(layout, shared, speeds, piece_cls, k0, k1, uploaded, clock):
                 for g in needers:
                     per_block[g][block_of[g]].append(index)
     return out, per_block
+
+
+def _reads(layout):
+    """(reads, spans) of ``layout.blocks``, kept on the layout for that list of blocks (the outer order's model
+    lays out pieces for several final starts over the same blocks): reads[g][b] per unique factor the merged
+    ranges block b of GPU g reads; spans: (unique factor, o0, o1, {GPU: the first of its blocks that reads it})
+    for each stretch between the cuts of those ranges that some block reads, in factor then index order."""
+    kept = getattr(layout, "_kept_reads", None)
+    if kept is not None and kept[0] is layout.blocks:
+        return kept[1], kept[2]
+    p = layout.problem
+    reads = [[needs(p, layout.factor_of, len(layout.uniques), tasks) for tasks in bl] for bl in layout.blocks]
+    spans = []
+    for u in range(len(layout.uniques)):
+        cuts = sorted({x for r in reads for blk in r for lo, hi in blk[u] for x in (lo, hi)})
+        at = {x: i for i, x in enumerate(cuts)}
+        firsts = [{} for _ in cuts[1:]]      # per span between cuts: GPU -> the first of its blocks that reads it
+        for g, r in enumerate(reads):
+            for bi, blk in enumerate(r):
+                for lo, hi in blk[u]:
+                    for i in range(at[lo], at[hi]):
+                        firsts[i].setdefault(g, bi)
+        spans += [(u, a, b, block_of) for (a, b), block_of in zip(zip(cuts, cuts[1:]), firsts) if block_of]
+    layout._kept_reads = (layout.blocks, reads, spans)
+    return reads, spans
 
 
 def simulate(layout, speeds, h2d, d2h, peer=PEER_RATE, trace=None):

@@ -294,15 +294,15 @@ class BandLayout:
         many bytes (``uploaded``: the bytes each has uploaded so far, updated)."""
         uploaded = [0] * self.slots if uploaded is None else uploaded
         out = []
+        todo = []                                   # the same cuts in every unit
+        for u in range(len(self.uniques)):
+            for o0, o1, needers in self._segments(u):
+                if shared:
+                    todo.append((u, o0, o1, needers))
+                else:
+                    todo += [(u, o0, o1, (g,)) for g in needers]
+        todo.sort(key=lambda t: len(t[3]) > 1)        # pieces only one GPU needs go to it first
         for k0, k1 in units:
-            todo = []
-            for u in range(len(self.uniques)):
-                for o0, o1, needers in self._segments(u):
-                    if shared:
-                        todo.append((u, o0, o1, needers))
-                    else:
-                        todo += [(u, o0, o1, (g,)) for g in needers]
-            todo.sort(key=lambda t: len(t[3]) > 1)        # pieces only one GPU needs go to it first
             for u, o0, o1, needers in todo:
                 nbytes = (o1 - o0) * (k1 - k0) * self.item
                 owner = min(needers, key=lambda g: (uploaded[g], g))

@@ -11,6 +11,8 @@ host problems, without a GPU:
   compute: zgemmt at n = 8192 on two GPUs), the k order for gemm and beta != 0, caches by signature and
   keeps no reference to the call's arrays; the model is monotone in the rates.
 """
+import copy
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,8 @@ from hybridblas import band_outer as O
 from hybridblas import band_plan as B
 from hybridblas import problem as P
 from test_band_plan import CASES, IDS, OPS, Z, build, covers, disjoint, grid, inside, mat, tally
+
+needs = O.needs
 
 RATES = [(1e13,), (1e13, 1e13), (1e13, 3e13), (2e13, 1e13, 5e12)]
 FAST, SLOW = (1e15, 1e15), (3e9, 6e9)          # (write-back, upload) bytes/s: the final start varies
@@ -352,3 +356,27 @@ def test_one_gpu_takes_the_outer_order_only_by_outer_gain_one_gpu():
         k_order, speeds, up, wb)
     assert B.layout_for(her2k, speeds, wb, up).order == "k"
     assert B.layout_for(her2k, speeds * 2, wb, up).order == "outer"
+
+
+@pytest.mark.parametrize("case", TRI, ids=[IDS[i] for i in TRI])
+def test_pieces_read_the_blocks_once_and_lay_out_as_if_afresh(case, monkeypatch):
+    """The outer order's model lays out pieces for several final starts over the same blocks: what the blocks
+    read is worked out once per list of blocks, and the pieces are those a fresh reading gives."""
+    prob = build(*CASES[case])
+    lay = B.BandLayout(prob, [1e13, 3e13], *SLOW, order="outer")
+    k0, k1 = lay.final
+    steps = [x for x in lay.pieces if x.k1 <= k0]
+    clock = [0.0] * lay.slots
+
+    def again(layout):
+        layout.pieces = list(steps)
+        return O.pieces(layout, True, [1e13, 3e13], B.Piece, k0, k1, [0] * lay.slots, clock)
+    kept = again(copy.copy(lay))
+    counted = []
+    monkeypatch.setattr(O, "needs", lambda *args: counted.append(1) or needs(*args))
+    afresh = copy.copy(lay)
+    afresh._kept_reads = None
+    assert again(afresh) == kept
+    assert len(counted) == sum(len(bl) for bl in lay.blocks)
+    counted.clear()
+    assert again(afresh) == kept and not counted
