@@ -11,6 +11,7 @@ cuBLASXt on GPUs, small calls, host-to-GPU staging, the static split's ratios, t
     python3 -m benchmarks.blas band-trace --sizes 8192 --json out.json --plot out.png
     python3 -m benchmarks.blas turns --sizes 8192 16384 --routines zgemmt --rounds 8 --json out.json
     python3 -m benchmarks.blas busy-thread --sizes 8192 --routines zgemmt zherk --json out.json
+    python3 -m benchmarks.blas layout-build --sizes 8192 16384 --repeats 30
 """
 if not __package__:                      # run as a file: start again as a module of the repository
     import os, runpy, sys                # noqa: E401
@@ -33,6 +34,7 @@ COMMANDS = {
     "band-trace": ("blas_band_trace", "a two-GPU band call's timeline (uploads, copies, products) and its model"),
     "turns": ("blas_turns", "device cuBLAS on both GPUs and hybridblas on host operands in turn, with SM clocks"),
     "busy-thread": ("blas_busy_thread", "two-GPU calls on host operands while another Python thread spins or computes"),
+    "layout-build": ("blas_layout_build", "host time of laying out a two-GPU band call (no GPU used)"),
     "herkx-widths": ("blas_herkx_widths", "a band call's diagonal-block herkx on one GPU against its width and k"),
     "sweep-ratio": ("blas_sweep_ratio", "hand sweep of the static split's ratios against the calibrated profile"),
     "kernels": ("blas_kernels", "the float32 tall-skinny Gram kernel at several launch sizes against cupy"),

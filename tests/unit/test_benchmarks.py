@@ -259,6 +259,18 @@ def test_busy_thread_slowdowns_and_its_refusal_without_two_gpus(capsys, monkeypa
     assert "busy-thread compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
 
 
+def test_layout_build_times_each_routines_layout(capsys, tmp_path):
+    """benchmarks.blas layout-build needs no GPU: each case's layout made from an empty cache, timed."""
+    out = tmp_path / "layout.json"
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["layout-build", "--sizes", "512", "--repeats", "2",
+                                                       "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert all(f"{r} n = k = 512" in printed for r in ("zherk", "zher2k", "zgemmt"))
+    doc = json.loads(out.read_text())
+    assert [(r["routine"], len(r["seconds"])) for r in doc["results"]] == [("zherk", 2), ("zher2k", 2), ("zgemmt", 2)]
+    assert all(0 < r["best_s"] <= r["median_s"] and r["pieces"] > 0 for r in doc["results"])
+
+
 def _has_matplotlib():
     try:
         import matplotlib  # noqa: F401
