@@ -28,6 +28,7 @@
 
 Everything here is arithmetic on the problem's shape: it runs, and is tested, without a GPU.
 """
+import bisect
 import threading
 import time
 from collections import OrderedDict
@@ -112,7 +113,13 @@ class BandLayout:
         blocks."""
         k = self.k
         band = sum(t.flops for t in self.band_tasks[g])         # flops are linear in k
-        out = [([x.index for x in self.pieces_for(g, k0, k1)], band * (k1 - k0) / k, 0) for k0, k1 in self.steps]
+        starts, gather = [k0 for k0, _ in self.steps], [[] for _ in self.steps]
+        for x in self.pieces:                   # each step's pieces_for(g, ...), in one pass over the pieces
+            if x.owner == g or g in x.readers:
+                i = bisect.bisect_right(starts, x.k0) - 1
+                if i >= 0 and x.k1 <= self.steps[i][1]:
+                    gather[i].append(x.index)
+        out = [(gather[i], band * (k1 - k0) / k, 0) for i, (k0, k1) in enumerate(self.steps)]
         share = (k - self.final_start) / k
         for gather, tasks in zip(self.block_pieces[g], self.blocks[g]):
             out.append((gather, share * sum(t.flops for t in tasks), sum(self.write_bytes(t) for t in tasks)))
