@@ -112,3 +112,19 @@ def two_gpus(command):
     if count < 2:
         refuse(f"{command} compares two GPUs: this node has {count} that CuPy can use")
     return cupy
+
+
+def two_gpu_run(command, benchmark, **fields):
+    """(cupy, a hybridblas Context of GPUs 0 and 1, their indices, the run's JSON document: benchmark, date,
+    command line, host, ``fields``, the GPUs' names and an empty results list); refused as two_gpus is."""
+    import datetime
+    import platform
+
+    import hybridblas as hb
+    cp = two_gpus(command)
+    from hybridblas.devices.cuda import CUDADevice
+    gpus = (0, 1)
+    doc = {"benchmark": benchmark, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "command": command_line(), "host": platform.node(), **fields,
+           "gpus": [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in gpus], "results": []}
+    return cp, hb.Context(devices=[CUDADevice(g) for g in gpus]), gpus, doc

@@ -14,8 +14,6 @@ up to the interpreter's switch interval (sys.getswitchinterval(), 5 ms) at every
 Reported per kind: best and median wall time, and each over the quiet calls' (the slowdown); the last call's
 result is checked on sampled entries.
 """
-import datetime
-import platform
 import statistics
 import sys
 import threading
@@ -23,11 +21,10 @@ import time
 
 import numpy as np
 
-import hybridblas as hb
 from hybridblas import host_pinning
 from hybridblas.console import check_output_path, positive_int
 
-from benchmarks.common import command_line, two_gpus, write_json
+from benchmarks.common import two_gpu_run, write_json
 from benchmarks.measure.blas_gpu import call_hybrid, host_cases, sample_error
 
 ROUTINES = ("zherk", "zher2k", "zgemmt")
@@ -88,13 +85,8 @@ def slowdown(rows):
 def run(args):
     if args.json:
         check_output_path(args.json, "--json")
-    cp = two_gpus("busy-thread")
-    from hybridblas.devices.cuda import CUDADevice
-    gpus = (0, 1)
-    ctx = hb.Context(devices=[CUDADevice(g) for g in gpus])
-    doc = {"benchmark": "bench_blas_busy_thread", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "command": command_line(), "host": platform.node(), "switch_interval_s": sys.getswitchinterval(),
-           "gpus": [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in gpus], "results": []}
+    cp, ctx, gpus, doc = two_gpu_run("busy-thread", "bench_blas_busy_thread",
+                                     switch_interval_s=sys.getswitchinterval())
     load = Load()
     rng = np.random.default_rng(7)
 

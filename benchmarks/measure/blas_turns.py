@@ -18,19 +18,16 @@ reported beside its times.
 Ratios: hybridblas's time against the time both GPUs' device rates give together (1 / (1/t0 + 1/t1)), best
 against best and median against median.
 """
-import datetime
-import platform
 import statistics
 import threading
 import time
 
 import numpy as np
 
-import hybridblas as hb
 from hybridblas import host_pinning
 from hybridblas.console import check_output_path, positive_int
 
-from benchmarks.common import command_line, two_gpus, write_json
+from benchmarks.common import two_gpu_run, write_json
 from benchmarks.measure.blas_band_replay import Clocks
 from benchmarks.measure.blas_gpu import FLOPS, call_device, call_hybrid, host_cases, sample_error
 
@@ -124,13 +121,7 @@ def _report(entry, rows, mhz):
 def run(args):
     if args.json:
         check_output_path(args.json, "--json")
-    cp = two_gpus("turns")
-    from hybridblas.devices.cuda import CUDADevice
-    gpus = (0, 1)
-    ctx = hb.Context(devices=[CUDADevice(g) for g in gpus])
-    doc = {"benchmark": "bench_blas_turns", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "command": command_line(), "host": platform.node(),
-           "gpus": [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in gpus], "results": []}
+    cp, ctx, gpus, doc = two_gpu_run("turns", "bench_blas_turns")
     clocks = Clocks(len(gpus), CLOCK_INTERVAL)
     rng = np.random.default_rng(7)
     try:
