@@ -221,3 +221,39 @@ def test_a_dropped_stream_set_destroys_its_side_handle_once(monkeypatch):
     unused.cp, unused.index, unused._side_handle = SimpleNamespace(cuda=fake_cuda), 0, None
     unused.close()
     assert destroyed == [7, 13]
+
+
+def test_the_side_stream_computes_the_dots_after_the_compute_stream_reached_them(monkeypatch):
+    """_Side.dots: the values are allocated while the compute stream is current (its arena frees them after its
+    own wait), the side stream waits for an event the compute stream records after that, computes the dots,
+    and hands back the buffer with an event recorded after them."""
+    seen, current = [], []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            current.append(self.name)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+        def wait_event(self, event):
+            seen.append(("wait", self.name, event))
+
+    comp, side = Stream("comp"), Stream("side")
+    cp = SimpleNamespace(empty=lambda shape, dtype: seen.append(("alloc", current[-1], shape)) or "values")
+
+    def record(stream):
+        seen.append(("record", stream.name))
+        return f"event-{len(seen)}"
+    streams = SimpleNamespace(cp=cp, s_side=side, event=record, side_handle=lambda: 7)
+    monkeypatch.setattr(cuda_bands.cuda_direct, "diagonal_dots",
+                        lambda backend, coef, x, y, out: seen.append(("dots", backend.stream.name, out)))
+    monkeypatch.setitem(__import__("sys").modules, "cupy", SimpleNamespace())      # cublas.Backend imports it
+    values, ready = cuda_bands._Side(streams).dots(SimpleNamespace(stream=comp), 1.0, "x", "y",
+                                                   np.empty((5, 5), np.complex128))
+    assert seen == [("alloc", "comp", (5, 1, 1)), ("record", "comp"), ("wait", "side", "event-2"),
+                    ("dots", "side", "values"), ("record", "side")]
+    assert (values, ready) == ("values", "event-5")
