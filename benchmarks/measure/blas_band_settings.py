@@ -23,10 +23,9 @@ from hybridblas.console import check_output_path, positive_int
 from hybridblas.devices import cuda_bands, cuda_tri_store
 
 from benchmarks.common import command_line, refuse, two_gpus, write_json
-from benchmarks.measure.blas_gpu import call_device, call_hybrid, host_cases, timed
+from benchmarks.measure.blas_gpu import ROUTINES, call_device, call_hybrid, host_cases, timed
 
 MODULES = {"band_plan": band_plan, "band_outer": band_outer, "cuda_bands": cuda_bands, "cuda_tri_store": cuda_tri_store}
-ROUTINES = ("zherk", "zher2k", "zgemmt")
 STATS = ("order", "steps", "blocks", "kernel_s", "lead_s", "gaps_s", "tail_s", "wall_s", "host_worker_s",
          "host_first_upload_s", "host_first_product_s", "kernels", "upload_gbps", "writeback_gbps")
 

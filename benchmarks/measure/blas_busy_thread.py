@@ -25,9 +25,8 @@ from hybridblas import host_pinning
 from hybridblas.console import check_output_path, positive_int
 
 from benchmarks.common import two_gpu_run, write_json
-from benchmarks.measure.blas_gpu import call_hybrid, host_cases, sample_error
+from benchmarks.measure.blas_gpu import ROUTINES, call_hybrid, host_cases, sample_error
 
-ROUTINES = ("zherk", "zher2k", "zgemmt")
 KINDS = ("quiet", "spin", "numpy")
 
 
@@ -45,7 +44,6 @@ class Load:
     def __init__(self):
         self.kind = None
         self.wake = threading.Event()
-        self.rounds = 0
         threading.Thread(target=self._run, daemon=True, name="busy-load").start()
 
     def set(self, kind):
@@ -67,7 +65,6 @@ class Load:
             elif kind == "numpy":
                 x = x @ x
                 x /= np.abs(x).max()
-            self.rounds += 1
 
 
 def slowdown(rows):

@@ -18,8 +18,7 @@ from hybridblas import problem as P
 from hybridblas.console import check_output_path, positive_int
 
 from benchmarks.common import command_line, write_json
-
-ROUTINES = ("zherk", "zher2k", "zgemmt")
+from benchmarks.measure.blas_gpu import ROUTINES
 
 
 def add_arguments(ap):

@@ -29,9 +29,8 @@ from hybridblas.console import check_output_path, positive_int
 
 from benchmarks.common import two_gpu_run, write_json
 from benchmarks.measure.blas_band_replay import Clocks
-from benchmarks.measure.blas_gpu import FLOPS, call_device, call_hybrid, host_cases, sample_error
+from benchmarks.measure.blas_gpu import FLOPS, ROUTINES, call_device, call_hybrid, host_cases, sample_error
 
-ROUTINES = ("zherk", "zher2k", "zgemmt")
 CLOCK_INTERVAL = 0.01
 
 
