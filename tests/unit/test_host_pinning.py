@@ -184,3 +184,99 @@ def test_copy_threads_from_the_environment(monkeypatch):
             cuda_transfer.copy_threads()
     monkeypatch.delenv("HYBRIDBLAS_COPY_THREADS")
     assert 2 <= cuda_transfer.copy_threads() <= cuda_transfer.MAX_COPY_THREADS
+
+
+class _LoggingCudart:
+    def __init__(self, log):
+        self.log = log
+
+    def cudaHostUnregister(self, ptr):
+        self.log.append(("unregister", ptr))
+        return 0
+
+    def cudaGetLastError(self):
+        return 0
+
+
+def test_memory_is_unlocked_only_after_the_gpus_finished_their_queued_work(monkeypatch):
+    """A copy queued from page-locked memory (cupy.asarray copies it asynchronously) must land before the memory is
+    unregistered: every way a lock of ours is undone (clear, eviction under the cap, numpy freeing the array)
+    waits for the GPUs first; a lock that is someone else's, or not in place yet, is left alone."""
+    log = []
+    monkeypatch.setattr(host_pinning, "cudart", lambda: _LoggingCudart(log))
+    monkeypatch.setattr(host_pinning, "quiesce", lambda: log.append("quiesce"))
+    monkeypatch.setattr(host_pinning, "_pins", {})
+
+    def locked(ptr, ours=True, ready=True, users=0):
+        pin = host_pinning._Pin(ptr, 1 << 20)
+        pin.ours, pin.users = ours, users
+        if ready:
+            pin.ready.set()
+        pin.done.set()
+        host_pinning._pins[ptr] = pin
+        return pin
+
+    locked(0x1000)
+    locked(0x2000, ours=False)
+    locked(0x3000, ready=False)
+    locked(0x4000, users=1)                          # in use by a call: clear() keeps it
+    host_pinning.clear()
+    assert log == ["quiesce", ("unregister", 0x1000)]
+    assert set(host_pinning._pins) == {0x4000}
+    log.clear()
+    host_pinning._freed(0x4000)                      # numpy frees it
+    assert log == ["quiesce", ("unregister", 0x4000)] and not host_pinning._pins
+    log.clear()
+    pin = locked(0x5000)
+    pin.last = 0.0
+    monkeypatch.setattr(host_pinning, "max_bytes", lambda: 1 << 20)
+    assert host_pinning._make_room(1 << 20)          # evicted to make room
+    assert log == ["quiesce", ("unregister", 0x5000)]
+
+
+def test_quiesce_waits_on_the_gpus_that_have_a_context_only(monkeypatch):
+    synced = []
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    current = []
+
+    def device(index):
+        d = Device(index)
+        current.append(index)
+        return d
+
+    def synchronize():
+        if current[-1] == 2:
+            raise RuntimeError("cudaErrorLaunchFailure")     # a GPU in an error state: passed over
+        synced.append(current[-1])
+
+    from types import SimpleNamespace
+    fake = SimpleNamespace(cuda=SimpleNamespace(Device=device, runtime=SimpleNamespace(
+        getDeviceCount=lambda: 4, deviceSynchronize=synchronize)))
+    monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
+    monkeypatch.setattr(host_pinning, "_active_devices", lambda cupy: [0, 2, 3])
+    host_pinning.quiesce()
+    assert synced == [0, 3]
+
+    class Driver:                                   # GPUs 1 and 3 have an active primary context
+        def cuDeviceGet(self, dev, index):
+            dev._obj.value = index
+            return 0
+
+        def cuDevicePrimaryCtxGetState(self, dev, flags, active):
+            active._obj.value = int(dev.value in (1, 3))
+            return 0
+    monkeypatch.undo()
+    monkeypatch.setattr(host_pinning, "_cuda_driver", lambda: Driver())
+    assert host_pinning._active_devices(fake) == [1, 3]
+    monkeypatch.setattr(host_pinning, "_cuda_driver", lambda: None)
+    assert host_pinning._active_devices(fake) == [0, 1, 2, 3]
