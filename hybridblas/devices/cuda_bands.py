@@ -17,8 +17,9 @@ Per GPU of the call three jobs run:
   the first block in the k order; the outer order's blocks start while later pieces are still coming:
   band_outer), each handed to the writer;
 - the writer copies each finished block into the caller's C (``s_out``: DMA straight into a page-locked C, the
-  diagonal blocks' triangles stored by a kernel straight into it where the GPU can reach it (cuda_tri_store),
-  else by 128-column panels; C not page-locked: through the staging ring), and marks it written.
+  diagonal blocks' triangles by 128-column panels, their own diagonal blocks stored by a kernel straight into it
+  where the GPU can reach it (cuda_tri_store), else through a page-locked buffer; C not page-locked: through the
+  staging ring), and marks it written.
 
 The streams of a GPU are a set that serves one call at a time and is kept for the next one: the pool's
 arena of its compute stream keeps the call's arrays' blocks, so a call of the same shapes allocates no GPU

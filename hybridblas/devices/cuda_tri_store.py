@@ -1,6 +1,7 @@
-"""One triangle of a square GPU block stored straight into page-locked host memory by a kernel: each column's
-part inside the triangle (the diagonal included) is written over PCIe by the GPU's threads, nothing else of the
-host array is touched, and no host step follows.
+"""One triangle of a square GPU block stored straight into page-locked host memory: the triangle's diagonal
+blocks (PANEL wide) by a kernel, whose threads write each column's part inside them (the diagonal included)
+over PCIe, and the rest of each panel of columns by DMA; nothing else of the host array is touched, and no host
+step follows.
 
 The band call's write-back (devices.cuda_bands) stores its diagonal blocks so. A DMA copy cannot stop at the
 diagonal: downloads.queue_triangle sends each 128-column panel's part below its diagonal block by DMA and the
@@ -21,17 +22,26 @@ from ..problem import leading_dim
 
 ENABLED = True            # module switch (benchmarks.blas band-settings compares the DMA panels on the same inputs)
 THREADS = 128             # threads per column of the triangle
+PANEL = 128               # queue(): the parts of the triangle outside its PANEL-wide diagonal blocks go by DMA, the
+                          # kernel stores those blocks' triangles only (0: the whole triangle by the kernel, whose
+                          # threads then share the SMs with the band call's products for the whole write-back). 2 x
+                          # H100, settings in turns (benchmarks.blas band-settings --turns), n = k: the whole triangle
+                          # by the kernel took 1.025 / 1.028 x as long for zherk at 8192 / 16384, 1.016 / 1.002 for
+                          # zher2k, 1.00-1.01 for zgemmt
 CAN_USE_HOST_POINTER = 91  # cudaDevAttrCanUseHostPointerForRegisteredMem
 
 _SOURCE = r"""
 extern "C" __global__ void tri_store(unsigned long long src_addr, long long lds,
                                      unsigned long long dst_addr, long long ldd,
-                                     int n, int words, int lower)
+                                     int n, int words, int lower, int panel)
 {
-    // column j of an n x n block whose entries are `words` doubles each: rows [j, n) (lower) or [0, j] (upper)
+    // column j of an n x n block whose entries are `words` doubles each, within its panel's diagonal block
+    // (panels of `panel` columns): rows [j, end of the panel) (lower) or [start of the panel, j] (upper)
     int j = blockIdx.x;
-    long long r0 = lower ? (long long) j * words : 0;
-    long long r1 = lower ? (long long) n * words : (long long) (j + 1) * words;
+    long long p0 = (long long) (j / panel) * panel;
+    long long p1 = p0 + panel < n ? p0 + panel : n;
+    long long r0 = lower ? (long long) j * words : p0 * words;
+    long long r1 = lower ? p1 * words : (long long) (j + 1) * words;
     const double* s = (const double*) src_addr + (long long) j * lds;
     double* d = (double*) dst_addr + (long long) j * ldd;
     for (long long r = r0 + threadIdx.x; r < r1; r += blockDim.x)
@@ -84,16 +94,29 @@ def address(cupy, dst):
     return out.value
 
 
-def queue(cupy, dst, dst_address, src, lower, stream):
+def queue(cupy, dst, dst_address, src, lower, stream, panel=None):
     """dst[tri] <- src[tri] on ``stream`` (the lower triangle with ``lower``, else the upper; the diagonal
     included): ``src`` a column-major square cupy view of float64 or complex128, ``dst`` a column-major host view
-    of the same shape and dtype whose first entry has device address ``dst_address`` (``address``)."""
+    of the same shape and dtype whose first entry has device address ``dst_address`` (``address``). ``panel``
+    (default PANEL): in panels of that many columns, each panel's part below (above) its diagonal block one 2D
+    DMA, the diagonal blocks' triangles by the kernel; 0, or n and more: the whole triangle by the kernel."""
     import numpy as np
     n = src.shape[0]
     if n == 0:
         return
+    panel = PANEL if panel is None else panel
+    panel = n if not panel or panel >= n else int(panel)
     words = src.dtype.itemsize // 8
+    lds, ldd = leading_dim(src), leading_dim(dst)
     _kernel(cupy)((n,), (THREADS,),
-                  (np.uint64(src.data.ptr), np.int64(leading_dim(src) * words), np.uint64(dst_address),
-                   np.int64(leading_dim(dst) * words), np.int32(n), np.int32(words), np.int32(bool(lower))),
+                  (np.uint64(src.data.ptr), np.int64(lds * words), np.uint64(dst_address), np.int64(ldd * words),
+                   np.int32(n), np.int32(words), np.int32(bool(lower)), np.int32(panel)),
                   stream=stream)
+    rt, item = cupy.cuda.runtime, src.dtype.itemsize
+    for c0 in range(0, n, panel):
+        c1 = min(n, c0 + panel)
+        r0, r1 = (c1, n) if lower else (0, c0)
+        if r1 > r0:
+            rt.memcpy2DAsync(dst.ctypes.data + (c0 * ldd + r0) * item, ldd * item,
+                             src.data.ptr + (c0 * lds + r0) * item, lds * item, (r1 - r0) * item, c1 - c0,
+                             rt.memcpyDeviceToHost, stream.ptr)

@@ -1,7 +1,8 @@
 """devices.cuda_tri_store: one triangle of a GPU block stored by a kernel straight into page-locked host memory,
 the diagonal included, every other entry of the host array (the other triangle, the rows past the block in a
 larger array) left as it was; float64 and complex128, views with a leading dimension on both sides, sizes 1,
-odd and past one thread block's stride; no device address for memory that is not page-locked."""
+odd and past one thread block's stride, the whole triangle by the kernel and in panels of 1, 16 and 128 columns
+(the parts outside the panels' diagonal blocks by DMA); no device address for memory that is not page-locked."""
 import numpy as np
 import pytest
 
@@ -20,8 +21,9 @@ def _rand(rng, shape, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
 @pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.parametrize("panel", [0, 1, 16, 128])
 @pytest.mark.parametrize("n", [1, 2, 37, 130, 300])
-def test_stores_the_triangle_and_nothing_else(n, lower, dtype, rng):
+def test_stores_the_triangle_and_nothing_else(n, lower, dtype, panel, rng):
     import cupy
     big = _rand(rng, (n + 5, n + 3), dtype)                 # the host array: C with a leading dimension n + 5
     before = big.copy()
@@ -35,7 +37,7 @@ def test_stores_the_triangle_and_nothing_else(n, lower, dtype, rng):
         where = cuda_tri_store.address(cupy, dst)
         assert where is not None
         stream = cupy.cuda.Stream(non_blocking=True)
-        cuda_tri_store.queue(cupy, dst, where, src, lower, stream)
+        cuda_tri_store.queue(cupy, dst, where, src, lower, stream, panel=panel)
         stream.synchronize()
         keep = np.tril(np.ones((n, n), bool)) if lower else np.triu(np.ones((n, n), bool))
         want = before.copy()
