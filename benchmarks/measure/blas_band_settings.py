@@ -8,12 +8,21 @@ twice shows the drift.
     python3 -m benchmarks.blas band-settings --sizes 8192 16384 --routines zherk zher2k \\
         --setting k band_plan.OUTER_GAIN=0 --setting outer band_plan.OUTER_GAIN=10 --calls 6 --json out.json
 
+With ``--turns ROUNDS`` the settings take turns instead: each round switches to every setting in turn (reversed
+every other round), makes one untimed call (the switch clears the layout cache) and ``--calls`` timed ones, so that
+the machine's drift falls on all of them (2 x H100, zgemmt n = k = 16384: blocks of seven calls per setting gave
+best calls 183-197 ms for the same setting within two minutes).
+
+    python3 -m benchmarks.blas band-settings --sizes 16384 --routines zgemmt --turns 8 --calls 2 \
+        --setting base --setting whole-triangle cuda_tri_store.PANEL=0 --json out.json
+
 A setting is NAME followed by MODULE.CONSTANT=VALUE items (VALUE a Python literal); ``one-gpu`` as an item runs
 that setting on the first GPU only.
 """
 import ast
 import datetime
 import platform
+import statistics
 
 import numpy as np
 
@@ -38,6 +47,11 @@ def add_arguments(ap):
                          "defaults, twice)")
     ap.add_argument("--calls", type=positive_int, default=6, help="timed calls per setting; the best of all but "
                                                                      "the first is reported")
+    ap.add_argument("--turns", type=positive_int, metavar="ROUNDS",
+                    help="the settings take turns instead, ROUNDS rounds (in reverse order every other round), each "
+                         "turn one untimed call after the switch and then --calls timed ones; reported: best and "
+                         "median of all timed calls, and the median over the rounds of each setting's best call "
+                         "over the first setting's in the same round")
     ap.add_argument("--json", metavar="PATH", help="write the results here as JSON")
 
 
@@ -95,6 +109,15 @@ def run(args):
            "command": command_line(), "host": platform.node(),
            "gpus": [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in (0, 1)], "results": []}
 
+    def apply(values):
+        for key, value in defaults.items():
+            setattr(MODULES[key[0]], key[1], values.get(key, value))
+        band_plan._cache.clear()
+        last_stats.clear()
+
+    def stats():
+        return {gpu: {k: v for k, v in st.items() if k in STATS} for gpu, st in last_stats.items()}
+
     try:
         for n, routine, host_args, kw, c in host_cases(cp, args.sizes, args.routines):
             alone = [_device_alone(cp, routine, host_args, n, g) for g in (0, 1)]
@@ -105,25 +128,52 @@ def run(args):
             for _ in range(2):
                 call_hybrid(routine, host_args, kw, c, ctx[False])
             host_pinning.wait_ready()
-            for name, values, one in settings:
-                for key, value in defaults.items():
-                    setattr(MODULES[key[0]], key[1], values.get(key, value))
-                band_plan._cache.clear()
-                last_stats.clear()
-                times = _timed(cp, lambda: call_hybrid(routine, host_args, kw, c, ctx[one]), args.calls)
-                best = min(times[1:] or times)
-                stats = {gpu: {k: v for k, v in st.items() if k in STATS} for gpu, st in last_stats.items()}
-                doc["results"].append(dict(routine=routine, n=n, setting=name, values={
-                    f"{m}.{k}": v for (m, k), v in values.items()}, one_gpu=one, seconds=times, best_s=best,
-                    device_alone_s=alone, ratio_to_sum=ceiling / best, last_call=stats))
-                print(f"  {name:16s} best {best * 1e3:9.2f} ms  {ceiling / best:.3f} of the sum  calls (ms) "
-                      f"{' '.join(f'{t * 1e3:.1f}' for t in times)}", flush=True)
-                for gpu, st in stats.items():
-                    print(f"      {gpu}: " + ", ".join(f"{k} {v * 1e3:.2f} ms" if k.endswith("_s") else f"{k} {v}"
-                                                     for k, v in st.items()), flush=True)
+            case = dict(routine=routine, n=n, device_alone_s=alone)
+            if args.turns:
+                _take_turns(cp, settings, args, case, apply, stats, ceiling, doc,
+                            lambda one: call_hybrid(routine, host_args, kw, c, ctx[one]))
+            else:
+                for name, values, one in settings:
+                    apply(values)
+                    times = _timed(cp, lambda: call_hybrid(routine, host_args, kw, c, ctx[one]), args.calls)
+                    _report(doc, case, name, values, one, times, min(times[1:] or times), ceiling, stats())
             write_json(args.json, doc)
     finally:
         for key, value in defaults.items():
             setattr(MODULES[key[0]], key[1], value)
     write_json(args.json, doc)
     return 0
+
+
+def _report(doc, case, name, values, one, times, best, ceiling, stats, **extra):
+    doc["results"].append(dict(case, setting=name, values={f"{m}.{k}": v for (m, k), v in values.items()},
+                               one_gpu=one, seconds=times, best_s=best, ratio_to_sum=ceiling / best,
+                               last_call=stats, **extra))
+    print(f"  {name:16s} best {best * 1e3:9.2f} ms  {ceiling / best:.3f} of the sum  calls (ms) "
+          f"{' '.join(f'{t * 1e3:.1f}' for t in times)}", flush=True)
+    for gpu, st in stats.items():
+        print(f"      {gpu}: " + ", ".join(f"{k} {v * 1e3:.2f} ms" if k.endswith("_s") else f"{k} {v}"
+                                         for k, v in st.items()), flush=True)
+
+
+def _take_turns(cp, settings, args, case, apply, stats, ceiling, doc, call):
+    """--turns: per round every setting in turn (reversed every other round), one untimed call after the switch
+    and --calls timed ones; each setting's calls, best, median and its rounds' best over the first setting's."""
+    times = [[] for _ in settings]
+    bests = [[] for _ in settings]
+    last = [None] * len(settings)
+    for r in range(args.turns):
+        order = list(range(len(settings)))
+        for i in (order if r % 2 == 0 else order[::-1]):
+            name, values, one = settings[i]
+            apply(values)
+            got = _timed(cp, lambda: call(one), args.calls + 1)[1:]
+            times[i] += got
+            bests[i].append(min(got))
+            last[i] = stats()
+    for i, (name, values, one) in enumerate(settings):
+        paired = statistics.median(b / a for a, b in zip(bests[0], bests[i]))
+        _report(doc, case, name, values, one, times[i], min(times[i]), ceiling, last[i],
+                median_s=statistics.median(times[i]), paired_to_first=paired)
+        print(f"      median {statistics.median(times[i]) * 1e3:.2f} ms, rounds' best over {settings[0][0]}'s: "
+              f"median {paired:.3f}", flush=True)

@@ -202,6 +202,33 @@ def test_band_settings_parse_module_constants_and_the_one_gpu_item():
     assert parse_setting(["default"]) == ("default", {}, False)
 
 
+def test_band_settings_turns_alternate_the_settings_and_pair_each_round(monkeypatch, capsys):
+    """--turns: every round switches to each setting (reversed every other round), drops the call after the
+    switch, keeps --calls timed ones; the paired figure is the median of each round's best over the first
+    setting's best in that round."""
+    from benchmarks.measure import blas_band_settings as S
+    seen, applied = [], []
+    clock = iter([10.0, 1.0, 2.0, 20.0, 3.0, 4.0, 20.0, 1.5, 2.5, 10.0, 2.0, 1.0, 10.0, 1.0, 1.0, 20.0, 2.0, 2.0])
+
+    def fake_timed(cp, fn, count):
+        fn()
+        return [next(clock) for _ in range(count)]
+    monkeypatch.setattr(S, "_timed", fake_timed)
+    settings = [("a", {}, False), ("b", {("cuda_tri_store", "PANEL"): 0}, True)]
+    doc = {"results": []}
+    args = SimpleNamespace(turns=3, calls=2)
+    S._take_turns(None, settings, args, {"routine": "zgemmt", "n": 8}, applied.append, lambda: {}, 1.0, doc,
+                  seen.append)
+    assert seen == [False, True, True, False, False, True]
+    assert applied == [{}, settings[1][1], settings[1][1], {}, {}, settings[1][1]]
+    a, b = doc["results"]
+    assert a["seconds"] == [1.0, 2.0, 2.0, 1.0, 1.0, 1.0] and b["seconds"] == [3.0, 4.0, 1.5, 2.5, 2.0, 2.0]
+    assert (a["best_s"], b["best_s"]) == (1.0, 1.5)
+    assert b["paired_to_first"] == 2.0 and a["paired_to_first"] == 1.0      # rounds: 3/1, 1.5/1, 2/1
+    assert b["median_s"] == 2.25 and b["one_gpu"] and b["values"] == {"cuda_tri_store.PANEL": 0}
+    assert "rounds' best over a's: median 2.000" in capsys.readouterr().out
+
+
 def test_band_replay_rates_by_class_and_its_refusal_without_two_gpus(capsys, monkeypatch):
     from benchmarks.measure.blas_band_replay import _rates
     from hybridblas import problem as P
