@@ -254,46 +254,13 @@ def quiesce():
         import cupy
     except ImportError:                         # no CuPy: nothing was queued through it
         return
-    for index in _active_devices(cupy):
+    from .testing import gpus_with_contexts
+    for index in gpus_with_contexts():
         try:
             with cupy.cuda.Device(index):
                 cupy.cuda.runtime.deviceSynchronize()
         except Exception:                       # noqa: BLE001 - a GPU in an error state: nothing more to wait for
             pass
-
-
-def _active_devices(cupy):
-    """Indices of the GPUs whose primary CUDA context is active (cuDevicePrimaryCtxGetState); every GPU where the
-    driver library cannot be asked."""
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception:                           # noqa: BLE001 - no driver: no GPU
-        return []
-    lib = _cuda_driver()
-    if lib is None:
-        return list(range(count))
-    out = []
-    for index in range(count):
-        dev, flags, active = ctypes.c_int(), ctypes.c_uint(), ctypes.c_int()
-        if lib.cuDeviceGet(ctypes.byref(dev), index) != 0 or \
-                lib.cuDevicePrimaryCtxGetState(dev, ctypes.byref(flags), ctypes.byref(active)) != 0:
-            out.append(index)
-        elif active.value:
-            out.append(index)
-    return out
-
-
-_libcuda = None
-
-
-def _cuda_driver():
-    global _libcuda
-    if _libcuda is None:
-        try:
-            _libcuda = ctypes.CDLL("libcuda.so.1")
-        except OSError:
-            _libcuda = False
-    return _libcuda or None
 
 
 def _freed(ptr):

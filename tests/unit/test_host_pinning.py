@@ -235,11 +235,14 @@ def test_memory_is_unlocked_only_after_the_gpus_finished_their_queued_work(monke
 
 
 def test_quiesce_waits_on_the_gpus_that_have_a_context_only(monkeypatch):
-    synced = []
+    from types import SimpleNamespace
+
+    from hybridblas import testing
+    synced, current = [], []
 
     class Device:
         def __init__(self, index):
-            self.index = index
+            current.append(index)
 
         def __enter__(self):
             return self
@@ -247,36 +250,16 @@ def test_quiesce_waits_on_the_gpus_that_have_a_context_only(monkeypatch):
         def __exit__(self, *exc):
             return False
 
-    current = []
-
-    def device(index):
-        d = Device(index)
-        current.append(index)
-        return d
-
     def synchronize():
         if current[-1] == 2:
             raise RuntimeError("cudaErrorLaunchFailure")     # a GPU in an error state: passed over
         synced.append(current[-1])
 
-    from types import SimpleNamespace
-    fake = SimpleNamespace(cuda=SimpleNamespace(Device=device, runtime=SimpleNamespace(
-        getDeviceCount=lambda: 4, deviceSynchronize=synchronize)))
+    fake = SimpleNamespace(cuda=SimpleNamespace(Device=Device, runtime=SimpleNamespace(deviceSynchronize=synchronize)))
     monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
-    monkeypatch.setattr(host_pinning, "_active_devices", lambda cupy: [0, 2, 3])
+    monkeypatch.setattr(testing, "gpus_with_contexts", lambda: [0, 2, 3])
     host_pinning.quiesce()
     assert synced == [0, 3]
-
-    class Driver:                                   # GPUs 1 and 3 have an active primary context
-        def cuDeviceGet(self, dev, index):
-            dev._obj.value = index
-            return 0
-
-        def cuDevicePrimaryCtxGetState(self, dev, flags, active):
-            active._obj.value = int(dev.value in (1, 3))
-            return 0
-    monkeypatch.undo()
-    monkeypatch.setattr(host_pinning, "_cuda_driver", lambda: Driver())
-    assert host_pinning._active_devices(fake) == [1, 3]
-    monkeypatch.setattr(host_pinning, "_cuda_driver", lambda: None)
-    assert host_pinning._active_devices(fake) == [0, 1, 2, 3]
+    monkeypatch.setattr(testing, "gpus_with_contexts", lambda: [])
+    host_pinning.quiesce()
+    assert synced == [0, 3]
