@@ -122,11 +122,7 @@ def queue_triangle(dst, src, lower, stream):
                          lds, (c1 - c0) * item, c1 - c0, rt.memcpyDeviceToHost, stream.ptr)
     landed = cupy.cuda.Event(disable_timing=True)
     landed.record(stream)
-    for c0, c1 in panels:
-        r0, r1 = (c1, n) if lower else (0, c0)
-        if r1 > r0:
-            rt.memcpy2DAsync(dst.ctypes.data + c0 * ldd + r0 * item, ldd, src.data.ptr + c0 * lds + r0 * item, lds,
-                             (r1 - r0) * item, c1 - c0, rt.memcpyDeviceToHost, stream.ptr)
+    queue_off_diagonal(dst, src, lower, stream, width)
 
     def finish(mem=mem):
         landed.synchronize()
@@ -135,6 +131,23 @@ def queue_triangle(dst, src, lower, stream):
         per = max(1, -(-len(jobs) // copy_threads()))
         _run_all([(_run_jobs, (jobs[i:i + per],)) for i in range(0, len(jobs), per)])
     return finish
+
+
+def queue_off_diagonal(dst, src, lower, stream, width):
+    """Queue, for each panel of ``width`` columns of square ``src`` (cupy) and ``dst`` (page-locked host, the same
+    shape and dtype, both column-major), the part below (``lower``) or above the panel's diagonal block into
+    place: one 2D DMA per panel. The diagonal blocks are left to the caller."""
+    import cupy
+    rt = cupy.cuda.runtime
+    item = dst.dtype.itemsize
+    n = src.shape[1]
+    lds, ldd = leading_dim(src) * item, leading_dim(dst) * item
+    for c0 in range(0, n, width):
+        c1 = min(n, c0 + width)
+        r0, r1 = (c1, n) if lower else (0, c0)
+        if r1 > r0:
+            rt.memcpy2DAsync(dst.ctypes.data + c0 * ldd + r0 * item, ldd, src.data.ptr + c0 * lds + r0 * item, lds,
+                             (r1 - r0) * item, c1 - c0, rt.memcpyDeviceToHost, stream.ptr)
 
 
 def _run_jobs(jobs):

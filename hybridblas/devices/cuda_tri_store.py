@@ -3,11 +3,12 @@ blocks (PANEL wide) by a kernel, whose threads write each column's part inside t
 over PCIe, and the rest of each panel of columns by DMA; nothing else of the host array is touched, and no host
 step follows.
 
-The band call's write-back (devices.cuda_bands) stores its diagonal blocks so. A DMA copy cannot stop at the
-diagonal: downloads.queue_triangle sends each 128-column panel's part below its diagonal block by DMA and the
-diagonal blocks through a page-locked buffer, then copies their triangles on the host once they have landed,
-a step that held the last block's write-back of a call back by 1-2 ms on 2 x H100 (zgemmt n = 8192, where the
-host threads that queue the call's work take turns for the interpreter).
+The band call stores its diagonal blocks so: the kernel's part (queue_diagonals) on its compute stream right after
+the product that made the block, the DMA's part (queue_off_diagonal) on its write-back stream. A DMA copy cannot
+stop at the diagonal: downloads.queue_triangle sends each 128-column panel's part below its diagonal block by DMA
+and the diagonal blocks through a page-locked buffer, then copies their triangles on the host once they have
+landed, a step that held the last block's write-back of a call back by 1-2 ms on 2 x H100 (zgemmt n = 8192, where
+the host threads that queue the call's work take turns for the interpreter).
 
 Host memory is reachable from the GPU where the device can use the host pointer of registered memory
 (cudaDevAttrCanUseHostPointerForRegisteredMem) and CUDA gives a device address for it (cudaHostGetDevicePointer):
@@ -17,7 +18,7 @@ Host memory is reachable from the GPU where the device can use the host pointer 
 import ctypes
 import threading
 
-from .. import host_pinning
+from .. import downloads, host_pinning
 from ..problem import leading_dim
 
 ENABLED = True            # module switch (benchmarks.blas band-settings compares the DMA panels on the same inputs)
@@ -94,29 +95,46 @@ def address(cupy, dst):
     return out.value
 
 
+def panel_width(n, panel=None):
+    """Columns per panel for an n x n triangle: ``panel`` (default PANEL), or n where it is 0 or at least n (the
+    whole triangle by the kernel)."""
+    panel = PANEL if panel is None else panel
+    return n if not panel or panel >= n else int(panel)
+
+
 def queue(cupy, dst, dst_address, src, lower, stream, panel=None):
     """dst[tri] <- src[tri] on ``stream`` (the lower triangle with ``lower``, else the upper; the diagonal
     included): ``src`` a column-major square cupy view of float64 or complex128, ``dst`` a column-major host view
     of the same shape and dtype whose first entry has device address ``dst_address`` (``address``). ``panel``
     (default PANEL): in panels of that many columns, each panel's part below (above) its diagonal block one 2D
     DMA, the diagonal blocks' triangles by the kernel; 0, or n and more: the whole triangle by the kernel."""
+    queue_diagonals(cupy, dst, dst_address, src, lower, stream, panel)
+    queue_off_diagonal(dst, src, lower, stream, panel)
+
+
+def queue_diagonals(cupy, dst, dst_address, src, lower, stream, panel=None):
+    """The kernel's part of ``queue``: the triangles of the panels' diagonal blocks (the whole triangle where
+    panel_width is n). It runs on the SMs: the band call queues it on its compute stream right after the product
+    that made the block, where it takes its turn between products; on the write-back's stream it waited for SMs
+    until the product after it ended (2 x H100, zgemmt n = k = 16384: blocks with a diagonal block went back at
+    7-11 GB/s, those without at 28-46)."""
     import numpy as np
     n = src.shape[0]
     if n == 0:
         return
-    panel = PANEL if panel is None else panel
-    panel = n if not panel or panel >= n else int(panel)
+    panel = panel_width(n, panel)
     words = src.dtype.itemsize // 8
     lds, ldd = leading_dim(src), leading_dim(dst)
     _kernel(cupy)((n,), (THREADS,),
                   (np.uint64(src.data.ptr), np.int64(lds * words), np.uint64(dst_address), np.int64(ldd * words),
                    np.int32(n), np.int32(words), np.int32(bool(lower)), np.int32(panel)),
                   stream=stream)
-    rt, item = cupy.cuda.runtime, src.dtype.itemsize
-    for c0 in range(0, n, panel):
-        c1 = min(n, c0 + panel)
-        r0, r1 = (c1, n) if lower else (0, c0)
-        if r1 > r0:
-            rt.memcpy2DAsync(dst.ctypes.data + (c0 * ldd + r0) * item, ldd * item,
-                             src.data.ptr + (c0 * lds + r0) * item, lds * item, (r1 - r0) * item, c1 - c0,
-                             rt.memcpyDeviceToHost, stream.ptr)
+
+
+def queue_off_diagonal(dst, src, lower, stream, panel=None):
+    """The DMA part of ``queue``: each panel's part below (above) its diagonal block, one 2D copy each (nothing
+    where panel_width is n)."""
+    n = src.shape[0]
+    panel = panel_width(n, panel)
+    if 0 < n and panel < n:
+        downloads.queue_off_diagonal(dst, src, lower, stream, panel)

@@ -2,7 +2,8 @@
 the diagonal included, every other entry of the host array (the other triangle, the rows past the block in a
 larger array) left as it was; float64 and complex128, views with a leading dimension on both sides, sizes 1,
 odd and past one thread block's stride, the whole triangle by the kernel and in panels of 1, 16 and 128 columns
-(the parts outside the panels' diagonal blocks by DMA); no device address for memory that is not page-locked."""
+(the parts outside the panels' diagonal blocks by DMA), the kernel's and the DMA's parts queued together or on two
+streams at once; no device address for memory that is not page-locked."""
 import numpy as np
 import pytest
 
@@ -23,7 +24,8 @@ def _rand(rng, shape, dtype):
 @pytest.mark.parametrize("lower", [True, False])
 @pytest.mark.parametrize("panel", [0, 1, 16, 128])
 @pytest.mark.parametrize("n", [1, 2, 37, 130, 300])
-def test_stores_the_triangle_and_nothing_else(n, lower, dtype, panel, rng):
+@pytest.mark.parametrize("split", [False, True])
+def test_stores_the_triangle_and_nothing_else(n, lower, dtype, panel, split, rng):
     import cupy
     big = _rand(rng, (n + 5, n + 3), dtype)                 # the host array: C with a leading dimension n + 5
     before = big.copy()
@@ -36,9 +38,14 @@ def test_stores_the_triangle_and_nothing_else(n, lower, dtype, panel, rng):
         src = src_all[3:n + 3, 2:n + 2]                     # a view with a leading dimension n + 4
         where = cuda_tri_store.address(cupy, dst)
         assert where is not None
-        stream = cupy.cuda.Stream(non_blocking=True)
-        cuda_tri_store.queue(cupy, dst, where, src, lower, stream, panel=panel)
+        stream, other = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+        if split:                       # the band call's way: the kernel on its compute stream, the DMA beside it
+            cuda_tri_store.queue_diagonals(cupy, dst, where, src, lower, other, panel=panel)
+            cuda_tri_store.queue_off_diagonal(dst, src, lower, stream, panel=panel)
+        else:
+            cuda_tri_store.queue(cupy, dst, where, src, lower, stream, panel=panel)
         stream.synchronize()
+        other.synchronize()
         keep = np.tril(np.ones((n, n), bool)) if lower else np.triu(np.ones((n, n), bool))
         want = before.copy()
         want[2:n + 2, 1:n + 1] = np.where(keep, cupy.asnumpy(src), before[2:n + 2, 1:n + 1])
