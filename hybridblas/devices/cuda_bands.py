@@ -17,9 +17,10 @@ Per GPU of the call three jobs run:
   the first block in the k order; the outer order's blocks start while later pieces are still coming:
   band_outer), each handed to the writer;
 - the writer copies each finished block into the caller's C (``s_out``: DMA straight into a page-locked C, the
-  diagonal blocks' triangles by 128-column panels, their own diagonal blocks stored by a kernel straight into it
-  where the GPU can reach it (cuda_tri_store), else through a page-locked buffer; C not page-locked: through the
-  staging ring), and marks it written.
+  diagonal blocks' triangles by 128-column panels, the panels' own diagonal blocks stored straight into it by a
+  kernel that the worker queues on ``s_comp`` after the block's products where the GPU can reach C
+  (cuda_tri_store), else through a page-locked buffer; C not page-locked: through the staging ring), and marks it
+  written.
 
 The streams of a GPU are a set that serves one call at a time and is kept for the next one: the pool's
 arena of its compute stream keeps the call's arrays' blocks, so a call of the same shapes allocates no GPU
@@ -55,6 +56,10 @@ from ..problem import Operand
 from . import cuda, cuda_direct, cuda_tri_store
 
 ENABLED = True            # module switch (benchmarks compare the tiled run on the same inputs)
+STORE_ON_COMPUTE = True   # the diagonal blocks' store kernel on s_comp after their products (False: on s_out before
+                          # their DMA, where it waited for SMs until the next product ended). 2 x H100, zgemmt
+                          # n = k = 16384: blocks with a diagonal block went back at 7-11 GB/s, so at 30-45; the kernel
+                          # takes 0.07-0.1 ms of s_comp a block; whole calls in turns: 0.99-1.015 x as long on s_out
 POLL = 0.05               # s: how often a wait looks whether the call is being stopped
 UPLOAD_SHARE = 0.8        # bands only where the uploads take at most this share of compute plus write-back
 ONE_GPU_MODEL = 1.25      # on one GPU, bands where their modelled time is within this many times the compute
@@ -517,8 +522,29 @@ class _Call:
                 beta = 1.0
             for t in block:
                 self._product(gpu, backend, operands, kx, t, k0, k1, beta, "final", side)
-            gpu.writes.put((b, gpu.set.event(gpu.s_comp)))
+            stored = self._store_diagonals(gpu, b, block)
+            gpu.writes.put((b, gpu.set.event(gpu.s_comp), stored))
         gpu.writes.put(None)
+
+    def _store_diagonals(self, gpu, b, block):
+        """The diagonal tasks of a finished block whose panels' diagonal blocks a kernel stores straight into a
+        page-locked C the GPU reaches (cuda_tri_store.queue_diagonals), queued on s_comp right after the block's
+        products, so that it takes its turn between products instead of waiting for SMs on s_out; the writer
+        sends the rest of those triangles by DMA. The tasks so queued (their block is 'touched' from here on)."""
+        if not (self.direct_c and STORE_ON_COMPUTE):
+            return ()
+        p = self.problem
+        out = []
+        for t in block:
+            if not t.diag:
+                continue
+            dst = p.c[t.i0:t.i1, t.j0:t.j1]
+            where = cuda_tri_store.address(self.cp, dst)
+            if where is not None:
+                gpu.state[b] = "touched"
+                cuda_tri_store.queue_diagonals(self.cp, dst, where, self._view(gpu, gpu.box, t), p.lower, gpu.s_comp)
+                out.append(t)
+        return tuple(out)
 
     def _gather(self, gpu, pieces):
         """Make s_comp wait until ``pieces`` (that this GPU reads) are on it."""
@@ -588,7 +614,7 @@ class _Call:
             if item is None:
                 gpu.measured = self._measure(gpu)       # beside the other GPUs' work, not after it
                 return
-            b, done = item
+            b, done, stored = item
             direct = self.direct_c
             if direct:
                 gpu.s_out.wait_event(done)
@@ -602,6 +628,8 @@ class _Call:
                     dst, src = p.c[t.i0:t.i1, t.j0:t.j1], self._view(gpu, gpu.box, t)
                     if not direct:
                         cuda_transfer.download(dst, src, gpu.ring_out, gpu.s_out, tri if t.diag else None)
+                    elif t in stored:
+                        cuda_tri_store.queue_off_diagonal(dst, src, p.lower, gpu.s_out)
                     elif t.diag:
                         where = cuda_tri_store.address(self.cp, dst)
                         if where is None:
