@@ -60,6 +60,12 @@ STORE_ON_COMPUTE = True   # the diagonal blocks' store kernel on s_comp after th
                           # their DMA, where it waited for SMs until the next product ended). 2 x H100, zgemmt
                           # n = k = 16384: blocks with a diagonal block went back at 7-11 GB/s, so at 30-45; the kernel
                           # takes 0.07-0.1 ms of s_comp a block; whole calls in turns: 0.99-1.015 x as long on s_out
+RECT_COLUMNS = 768        # the corner order (gemmt, two factors): a block's rectangle as cuBLAS calls of about this
+                          # many columns each (0: one call). One H100, zgemm A^H B, k = 16384: cuBLAS ran 1344 x 5312
+                          # at 41 TF/s in one call, 53 in 768-column calls. 2 x H100, zgemmt in turns, one call over
+                          # 768-column calls: 1.032 x as long at n = k = 16384, 1.045 x at 24576, 1.016 x at 8192 (640:
+                          # like 768, 512 and 896: less gain); zher2k in 768-column calls took 1.039 x at 8192: other
+                          # kinds make one call
 POLL = 0.05               # s: how often a wait looks whether the call is being stopped
 UPLOAD_SHARE = 0.8        # bands only where the uploads take at most this share of compute plus write-back
 ONE_GPU_MODEL = 1.25      # on one GPU, bands where their modelled time is within this many times the compute
@@ -281,6 +287,7 @@ class _Call:
         known, problem.run.bands = problem.run.bands, None      # a layout may refer to the problem: no cycle kept
         self.prepared = known is not None and known[:2] == (_names(devices), self.rates)
         self.layout, self.shared = known[2:] if self.prepared else _layout(problem, self.devices, self.rates, ctx)[:2]
+        self.columns = rect_columns(self.layout)        # the rectangles' cuBLAS calls' width (queue_product)
         self.stop = threading.Event()
         self.board = _Board(len(self.layout.pieces), self.stop)
         self.errors = []
@@ -576,7 +583,7 @@ class _Call:
         out = self._view(gpu, gpu.box, task)
         start = gpu.set.event(gpu.s_comp, timing=True)
         with gpu.s_comp:
-            queue_product(backend, p, operands, kx, part, out, beta, side)
+            queue_product(backend, p, operands, kx, part, out, beta, side, self.columns)
         gpu.marks.setdefault("host_first_product_s", time.perf_counter() - self.t0)
         label = f"{phase}-{'diag' if task.diag else 'rect'}"
         gpu.kernel_events.append((start, gpu.set.event(gpu.s_comp, timing=True), label, part.flops, part))
@@ -763,16 +770,29 @@ _unsettled = []            # sets whose work may not have finished: kept (a dest
                            # back for a new stream, with the arena of blocks that work may still use)
 
 
-def queue_product(backend, problem, factors, kx, task, out, beta, side=None):
+def rect_columns(layout):
+    """The width of the cuBLAS calls a layout's rectangles go in (queue_product's ``columns``): RECT_COLUMNS in
+    the corner order (gemmt of two factors, outer order), else 0 (one call each)."""
+    return RECT_COLUMNS if layout.corner and layout.order == "outer" else 0
+
+
+def queue_product(backend, problem, factors, kx, task, out, beta, side=None, columns=0):
     """out (+)= ``task``'s product on ``backend``'s stream, as a band call queues it: a diagonal block of a gemmt
     as one cuBLAS herkx/syrkx (``kx`` from cuda_direct.rank_kx over ``factors``; None for other kinds), anything
     else by kernels.compute_block. ``side``: a _Side whose stream computes a herkx's diagonal values while the
-    herkx runs (their reads of the factors are memory-bound; the herkx leaves SMs idle in its last wave)."""
+    herkx runs (their reads of the factors are memory-bound; the herkx leaves SMs idle in its last wave).
+    ``columns``: a rectangle at least twice as wide goes as calls of about that many columns (multiples of 64)."""
     if task.diag and kx is not None:
         kind, coef, x, y = kx
         xb, yb = x.block(task.i0, task.i1, task.k0, task.k1), y.block(task.k0, task.k1, task.i0, task.i1)
         dots = side.dots(backend, coef, xb, yb, out) if side is not None and kind == "herkx" else None
         cuda_direct.gemmt_kx(backend, kind, coef, xb, yb, out, problem.lower, beta, dots=dots)
+    elif columns and not task.diag and task.j1 - task.j0 >= 2 * columns:
+        count = round((task.j1 - task.j0) / columns)
+        cuts = [task.j0 + (task.j1 - task.j0) * i // count // 64 * 64 for i in range(count)] + [task.j1]
+        for a, b in zip(cuts, cuts[1:]):
+            sub = plan.make_task(problem, task.i0, task.i1, a, b, task.k0, task.k1)
+            compute_block(backend, problem, sub, out[:, a - task.j0:b - task.j0], beta, factors=factors)
     else:
         compute_block(backend, problem, task, out, beta, factors=factors)
 
