@@ -88,7 +88,11 @@ run_stage() {
                     --json $O/band-settings-32768.json &&
                 $BLAS band-replay --sizes 8192 16384 --json $O/band-replay.json &&
                 $BLAS turns --sizes 8192 16384 24576 --routines zgemmt zherk zher2k --rounds 5 --json $O/turns.json &&
-                $BLAS busy-thread --sizes 8192 --routines zgemmt zherk --calls 3 --rounds 2 --json $O/busy-thread.json ;;
+                $BLAS busy-thread --sizes 8192 --routines zgemmt zherk --calls 3 --rounds 2 --json $O/busy-thread.json &&
+                $BLAS band-settings --sizes 16384 8192 --routines zgemmt --turns 6 --calls 2 --setting columns-768 \
+                    --setting one-call cuda_bands.RECT_COLUMNS=0 --json $O/band-settings-columns.json &&
+                $BLAS rect-columns --sizes 8192 16384 --columns 0 512 640 768 1024 --json $O/rect-columns.json &&
+                $BLAS links --gib 1 --down-share 0.25 --json $O/links.json ;;
   emulation)    $BLAS emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --cublas-emulation \
                     --out $O/emulation ;;
   emulation-flapw) mkdir -p $O/emulation; for emulate in "" --emulate; do

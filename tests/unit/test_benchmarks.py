@@ -352,5 +352,27 @@ def test_herkx_widths_counts_waves_and_refuses_without_a_gpu(capsys, monkeypatch
     assert "--widths LAST must be at least FIRST, got 512 256 64" in capsys.readouterr().err
 
 
+def test_rect_columns_lays_out_the_corner_order_and_refuses_without_a_gpu(capsys, monkeypatch):
+    from benchmarks.measure import blas_rect_columns as R
+    rects = R.rectangles(4096)
+    assert rects and {g for g, *_ in rects} == {0, 1}
+    assert all(i1 > i0 and j1 > j0 and j1 <= i0 for _, i0, i1, j0, j1 in rects)    # below the diagonal
+    no_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=_no_driver)))
+    monkeypatch.setitem(sys.modules, "cupy", no_gpu)
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["rect-columns", "--sizes", "64"]) == 2
+    assert "rect-columns times a GPU: CuPy sees none" in capsys.readouterr().err
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["rect-columns", "--columns", "0", "-64"]) == 2
+    assert "--columns must be 0 or more, got -64" in capsys.readouterr().err
+
+
+def test_links_refuses_without_a_gpu_and_a_share_past_one(capsys, monkeypatch):
+    no_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=_no_driver)))
+    monkeypatch.setitem(sys.modules, "cupy", no_gpu)
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["links", "--gib", "0.01"]) == 2
+    assert "links times GPUs: CuPy sees none" in capsys.readouterr().err
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["links", "--down-share", "1.5"]) == 2
+    assert "--down-share must be at most 1, got 1.5" in capsys.readouterr().err
+
+
 def _no_driver():
     raise RuntimeError("no CUDA driver")

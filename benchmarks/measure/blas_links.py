@@ -1,0 +1,109 @@
+"""The links a band call moves its bytes over, page-locked host memory and GPU memory, GB/s per GPU: uploads
+(host to GPU) on each GPU alone and on every GPU at once, write-backs (GPU to host) likewise, uploads and
+write-backs on every GPU at once (as a band call overlaps them: ``--down-share`` of the upload's bytes go down),
+and a peer copy between the first two GPUs. Best of ``--repeats``.
+
+    python3 -m benchmarks.blas links --gib 1 --down-share 0.25 --json out.json
+"""
+import datetime
+import platform
+import time
+
+from hybridblas.console import check_output_path, positive_float, positive_int
+
+from benchmarks.common import command_line, refuse, write_json
+
+
+def add_arguments(ap):
+    ap.add_argument("--gib", type=positive_float, default=1.0, help="bytes each GPU uploads, GiB")
+    ap.add_argument("--down-share", type=positive_float, default=0.25,
+                    help="the write-back's bytes as a share of the upload's (zgemmt n = k on two GPUs: 0.25)")
+    ap.add_argument("--repeats", type=positive_int, default=5, help="timed runs of each case (the best is kept)")
+    ap.add_argument("--json", metavar="PATH", help="write the results here as JSON")
+
+
+def run(args):
+    if args.json:
+        check_output_path(args.json, "--json")
+    if args.down_share > 1:
+        refuse(f"--down-share must be at most 1, got {args.down_share}")
+    try:
+        import cupy as cp
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception:                   # noqa: BLE001 - no CuPy, or no CUDA driver
+        refuse("links times GPUs: CuPy sees none")
+    up_bytes = int(args.gib * 2**30)
+    down_bytes = int(up_bytes * args.down_share)
+    gpus = list(range(count))
+    links = [_Link(cp, g, up_bytes, down_bytes) for g in gpus]
+    doc = {"benchmark": "bench_links", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "command": command_line(), "host": platform.node(), "up_bytes": up_bytes, "down_bytes": down_bytes,
+           "gpus": [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in gpus], "results": {}}
+
+    def case(name, queue, nbytes):
+        best = min(_timed(links, queue) for _ in range(args.repeats + 1))
+        doc["results"][name] = {"s": round(best, 6), "GBps_per_gpu": round(nbytes / best / 1e9, 2)}
+        print(f"{name:44s} {best * 1e3:8.2f} ms  {nbytes / best / 1e9:6.1f} GB/s per GPU", flush=True)
+
+    for link in links:
+        case(f"up, GPU {link.g} alone", [link.up], up_bytes)
+    case("up, every GPU at once", [x.up for x in links], up_bytes)
+    for link in links:
+        case(f"down, GPU {link.g} alone", [link.down], down_bytes)
+    case("down, every GPU at once", [x.down for x in links], down_bytes)
+    case("up and down, every GPU at once", [f for x in links for f in (x.up, x.down)], up_bytes + down_bytes)
+    if count > 1:
+        with cp.cuda.Device(0):
+            try:
+                cp.cuda.runtime.deviceEnablePeerAccess(1)       # as a band call does (NVLink where there is one)
+            except cp.cuda.runtime.CUDARuntimeError:            # already enabled, or no peer access
+                pass
+        case("peer, GPU 1 to GPU 0", [lambda: links[0].peer(links[1])], down_bytes)
+    write_json(args.json, doc)
+    return 0
+
+
+def _timed(links, queue):
+    for x in links:
+        x.sync()
+    t0 = time.perf_counter()
+    for fn in queue:
+        fn()
+    for x in links:
+        x.sync()
+    return time.perf_counter() - t0
+
+
+class _Link:
+    """One GPU's buffers: page-locked host memory and GPU memory each way, a stream each way."""
+
+    def __init__(self, cp, g, up_bytes, down_bytes):
+        self.cp, self.g, self.rt = cp, g, cp.cuda.runtime
+        self.up_bytes, self.down_bytes = up_bytes, down_bytes
+        self.host_up = cp.cuda.alloc_pinned_memory(up_bytes)
+        self.host_down = cp.cuda.alloc_pinned_memory(max(down_bytes, 1))
+        with cp.cuda.Device(g):
+            self.dev_up = cp.cuda.alloc(up_bytes)
+            self.dev_down = cp.cuda.alloc(max(down_bytes, 1))
+            self.s_up, self.s_down = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+
+    def up(self):
+        with self.cp.cuda.Device(self.g):
+            self.rt.memcpyAsync(self.dev_up.ptr, self.host_up.ptr, self.up_bytes, self.rt.memcpyHostToDevice,
+                                self.s_up.ptr)
+
+    def down(self):
+        with self.cp.cuda.Device(self.g):
+            self.rt.memcpyAsync(self.host_down.ptr, self.dev_down.ptr, self.down_bytes, self.rt.memcpyDeviceToHost,
+                                self.s_down.ptr)
+
+    def peer(self, other):
+        """down_bytes from ``other``'s GPU memory into this GPU's, on this GPU's write-back stream."""
+        with self.cp.cuda.Device(self.g):
+            self.rt.memcpyPeerAsync(self.dev_down.ptr, self.g, other.dev_down.ptr, other.g, self.down_bytes,
+                                    self.s_down.ptr)
+
+    def sync(self):
+        with self.cp.cuda.Device(self.g):
+            self.s_up.synchronize()
+            self.s_down.synchronize()

@@ -1,0 +1,98 @@
+"""The rectangles of a two-GPU zgemmt corner-order call (A^H B, lower, n = k; laid out as benchmarks.blas
+layout-build does, at rates near two H100s') alone on one GPU, device operands: each as one cuBLAS call and as
+calls of about ``--columns`` columns (devices.cuda_bands.queue_product, as the band call queues them), best of
+``--repeats``; per width, the rectangles' summed time and TF/s.
+
+    python3 -m benchmarks.blas rect-columns --sizes 16384 --columns 0 512 640 768 1024 --json out.json
+"""
+import datetime
+import platform
+
+import numpy as np
+
+from hybridblas import band_plan, cublas, plan
+from hybridblas import problem as P
+from hybridblas.console import check_output_path, positive_int
+from hybridblas.devices.cuda_bands import queue_product
+
+from benchmarks.common import command_line, refuse, write_json
+from benchmarks.measure.blas_layout_build import problem as host_problem
+
+
+def add_arguments(ap):
+    ap.add_argument("--sizes", nargs="+", type=positive_int, default=[16384], help="n = k of each call")
+    ap.add_argument("--columns", nargs="+", type=int, default=[0, 512, 640, 768, 1024],
+                    help="widths of the cuBLAS calls (0: one call per rectangle)")
+    ap.add_argument("--repeats", type=positive_int, default=3, help="timed runs per width (the best is kept)")
+    ap.add_argument("--json", metavar="PATH", help="write the results here as JSON")
+
+
+def rectangles(n, sms=132):
+    """(GPU slot, i0, i1, j0, j1) of every rectangle of the corner-order layout of zgemmt n = k on two GPUs."""
+    prob = host_problem("zgemmt", n)
+    band_plan._cache.clear()
+    speeds, d2h, h2d = [50e12, 53e12], 30e9, 45e9
+    lay = band_plan.BandLayout(prob, speeds, d2h, h2d, speeds=speeds, order="outer", sms=sms)
+    band_plan._cache.clear()
+    return [(g, t.i0, t.i1, t.j0, t.j1) for g, blocks in enumerate(lay.blocks) for blk in blocks for t in blk
+            if not t.diag]
+
+
+def run(args):
+    if args.json:
+        check_output_path(args.json, "--json")
+    bad = [w for w in args.columns if w < 0]
+    if bad:
+        refuse(f"--columns must be 0 or more, got {bad[0]}")
+    try:
+        import cupy as cp
+        cp.cuda.runtime.getDeviceCount()
+    except Exception:                   # noqa: BLE001 - no CuPy, or no CUDA driver
+        refuse("rect-columns times a GPU: CuPy sees none")
+    sms = cp.cuda.runtime.deviceGetAttribute(16, 0)      # cudaDevAttrMultiProcessorCount
+    doc = {"benchmark": "bench_rect_columns", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "command": command_line(), "host": platform.node(),
+           "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "results": []}
+    with cp.cuda.Device(0):
+        for n in args.sizes:
+            doc["results"].append(_one(cp, n, rectangles(n, sms), args.columns, args.repeats))
+            write_json(args.json, doc)
+            cp.get_default_memory_pool().free_all_blocks()
+    return 0
+
+
+def _one(cp, n, rects, widths, repeats):
+    rs = cp.random.RandomState(n)
+    a = cp.asfortranarray(rs.standard_normal((n, n)) + 1j * rs.standard_normal((n, n)))
+    b = cp.asfortranarray(rs.standard_normal((n, n)) + 1j * rs.standard_normal((n, n)))
+    c = cp.empty((n, n), np.complex128, order="F")
+    prob = P.build_problem("gemmt", 1.0, [a, b], 0.0, c, [P.C, P.N], True, None)
+    stream = cp.cuda.Stream(non_blocking=True)
+    backend = cublas.Backend(cublas.handle(), stream)
+    factors = list(prob.factors)
+    rows, totals = [], {}
+    for g, i0, i1, j0, j1 in rects:
+        task = plan.make_task(prob, i0, i1, j0, j1, 0, n)
+        row = {"gpu": g, "rows": i1 - i0, "columns": j1 - j0, "tflops": {}}
+        for w in widths:
+            times = []
+            for _ in range(repeats + 1):            # the first loads the kernels
+                start, end = cp.cuda.Event(), cp.cuda.Event()
+                with stream:
+                    start.record(stream)
+                    queue_product(backend, prob, factors, None, task, c[i0:i1, j0:j1], 0.0, columns=w)
+                    end.record(stream)
+                end.synchronize()
+                times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
+            t = min(times[1:])
+            row["tflops"][w] = round(task.flops / t / 1e12, 2)
+            totals[w] = totals.get(w, 0.0) + t
+        rows.append(row)
+        print(f"n = {n}  GPU {g}  {i1 - i0:5d} x {j1 - j0:5d}: "
+              + "  ".join(f"{w or 'one'}: {v:5.1f}" for w, v in row["tflops"].items()) + " TF/s", flush=True)
+    flops = sum(plan.make_task(prob, i0, i1, j0, j1, 0, n).flops for _, i0, i1, j0, j1 in rects)
+    summary = {w: {"s": round(t, 5), "tflops": round(flops / t / 1e12, 2)} for w, t in totals.items()}
+    for w, v in summary.items():
+        print(f"n = {n}  every rectangle, {('calls of ' + str(w) + ' columns') if w else 'one call each'}: "
+              f"{v['s'] * 1e3:8.2f} ms {v['tflops']:5.1f} TF/s", flush=True)
+    return {"n": n, "k": n, "rectangles": rows, "total": summary}
