@@ -102,6 +102,27 @@ def refuse(message):
     raise CLIError(message)
 
 
+def gpus_or_refuse(command, what="a GPU"):
+    """(CuPy, how many GPUs it sees); the command is refused (exit 2) where there is no CuPy or no CUDA driver."""
+    try:
+        import cupy
+        return cupy, cupy.cuda.runtime.getDeviceCount()
+    except Exception:                   # noqa: BLE001 - no CuPy, or no CUDA driver
+        refuse(f"{command} times {what}: CuPy sees none")
+
+
+def one_gpu_doc(cp, benchmark, **fields):
+    """The JSON document of a run on GPU 0: benchmark, date, command line, host, the GPU's name and SMs, ``fields``
+    and an empty results list."""
+    import datetime
+    import platform
+    return {"benchmark": benchmark, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "command": command_line(), "host": platform.node(),
+            "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+            "sms": cp.cuda.runtime.deviceGetAttribute(16, 0),        # cudaDevAttrMultiProcessorCount
+            **fields, "results": []}
+
+
 def two_gpus(command):
     """CuPy, where it sees at least two GPUs; else the command is refused (exit 2) saying how many it sees."""
     try:

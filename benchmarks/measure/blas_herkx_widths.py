@@ -5,8 +5,6 @@ take on this GPU's SMs (band_outer.diag_width's rule), and the width diag_width 
 
     python3 -m benchmarks.blas herkx-widths --ks 8192 16384 --widths 192 3072 64 --json out.json
 """
-import datetime
-import platform
 
 import numpy as np
 
@@ -16,7 +14,7 @@ from hybridblas.console import check_output_path, positive_int
 from hybridblas.devices import cuda_direct
 from hybridblas.devices.cuda_bands import queue_product
 
-from benchmarks.common import command_line, refuse, write_json
+from benchmarks.common import gpus_or_refuse, one_gpu_doc, refuse, write_json
 
 
 def add_arguments(ap):
@@ -39,15 +37,9 @@ def run(args):
     first, last, step = args.widths
     if last < first:
         refuse(f"--widths LAST must be at least FIRST, got {first} {last} {step}")
-    try:
-        import cupy as cp
-        cp.cuda.runtime.getDeviceCount()
-    except Exception:                   # noqa: BLE001 - no CuPy, or no CUDA driver
-        refuse("herkx-widths times a GPU: CuPy sees none")
-    sms = cp.cuda.runtime.deviceGetAttribute(16, 0)      # cudaDevAttrMultiProcessorCount
-    doc = {"benchmark": "bench_herkx_widths", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "command": command_line(), "host": platform.node(),
-           "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "sms": sms, "results": []}
+    cp, _ = gpus_or_refuse("herkx-widths")
+    doc = one_gpu_doc(cp, "bench_herkx_widths")
+    sms = doc["sms"]
     widths = list(range(first, last + 1, step))
     with cp.cuda.Device(0):
         for k in args.ks:
@@ -57,30 +49,45 @@ def run(args):
     return 0
 
 
-def _sweep(cp, k, widths, sms, repeats):
-    n = max(widths)
-    rs = cp.random.RandomState(k)
-    a = cp.asfortranarray(rs.standard_normal((k, n)) + 1j * rs.standard_normal((k, n)))
-    b = cp.asfortranarray(rs.standard_normal((k, n)) + 1j * rs.standard_normal((k, n)))
-    c = cp.empty((n, n), np.complex128, order="F")
-    prob = P.build_problem("gemmt", 1.0, [a, b], 0.0, c, [P.C, P.N], True, None)
-    stream = cp.cuda.Stream(non_blocking=True)
-    backend = cublas.Backend(cublas.handle(), stream)
-    factors = list(prob.factors)
-    kx = cuda_direct.rank_kx(prob, factors, beta=1.0)
+class DeviceGemmt:
+    """zgemmt (A^H B, lower) on random k x n device operands of GPU 0, and the best time of one of its tasks queued
+    as a band call queues it (devices.cuda_bands.queue_product) on a stream of its own."""
 
-    def best(w):
-        task = plan.make_task(prob, 0, w, 0, w, 0, k, diag=True)
-        times = []
-        for _ in range(repeats + 1):            # the first loads the kernel
+    def __init__(self, cp, k, n, seed):
+        rs = cp.random.RandomState(seed)
+        a = cp.asfortranarray(rs.standard_normal((k, n)) + 1j * rs.standard_normal((k, n)))
+        b = cp.asfortranarray(rs.standard_normal((k, n)) + 1j * rs.standard_normal((k, n)))
+        self.cp, self.c = cp, cp.empty((n, n), np.complex128, order="F")
+        self.prob = P.build_problem("gemmt", 1.0, [a, b], 0.0, self.c, [P.C, P.N], True, None)
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.backend = cublas.Backend(cublas.handle(), self.stream)
+        self.factors = list(self.prob.factors)
+        self.kx = cuda_direct.rank_kx(self.prob, self.factors, beta=1.0)
+
+    def task(self, i0, i1, j0, j1, diag=False):
+        return plan.make_task(self.prob, i0, i1, j0, j1, 0, self.prob.k, diag=diag)
+
+    def best(self, task, repeats, columns=0):
+        """Seconds of the best of ``repeats`` runs of ``task`` into C (after one that loads the kernels)."""
+        cp, stream, times = self.cp, self.stream, []
+        out = self.c[task.i0:task.i1, task.j0:task.j1]
+        for _ in range(repeats + 1):
             start, end = cp.cuda.Event(), cp.cuda.Event()
             with stream:
                 start.record(stream)
-                queue_product(backend, prob, factors, kx, task, c[:w, :w], 0.0)
+                queue_product(self.backend, self.prob, self.factors, self.kx, task, out, 0.0, columns=columns)
                 end.record(stream)
             end.synchronize()
             times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
         return min(times[1:])
+
+
+def _sweep(cp, k, widths, sms, repeats):
+    run = DeviceGemmt(cp, k, max(widths), k)
+    prob = run.prob
+
+    def best(w):
+        return run.best(run.task(0, w, 0, w, diag=True), repeats)
 
     rows = []
     for w in widths:

@@ -11,7 +11,7 @@ import time
 
 from hybridblas.console import check_output_path, positive_float, positive_int
 
-from benchmarks.common import command_line, refuse, write_json
+from benchmarks.common import command_line, gpus_or_refuse, refuse, write_json
 
 
 def add_arguments(ap):
@@ -27,11 +27,7 @@ def run(args):
         check_output_path(args.json, "--json")
     if args.down_share > 1:
         refuse(f"--down-share must be at most 1, got {args.down_share}")
-    try:
-        import cupy as cp
-        count = cp.cuda.runtime.getDeviceCount()
-    except Exception:                   # noqa: BLE001 - no CuPy, or no CUDA driver
-        refuse("links times GPUs: CuPy sees none")
+    cp, count = gpus_or_refuse("links", "GPUs")
     up_bytes = int(args.gib * 2**30)
     down_bytes = int(up_bytes * args.down_share)
     gpus = list(range(count))

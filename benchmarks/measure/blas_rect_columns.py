@@ -5,17 +5,11 @@ calls of about ``--columns`` columns (devices.cuda_bands.queue_product, as the b
 
     python3 -m benchmarks.blas rect-columns --sizes 16384 --columns 0 512 640 768 1024 --json out.json
 """
-import datetime
-import platform
-
-import numpy as np
-
-from hybridblas import band_plan, cublas, plan
-from hybridblas import problem as P
+from hybridblas import band_plan
 from hybridblas.console import check_output_path, positive_int
-from hybridblas.devices.cuda_bands import queue_product
 
-from benchmarks.common import command_line, refuse, write_json
+from benchmarks.common import gpus_or_refuse, one_gpu_doc, refuse, write_json
+from benchmarks.measure.blas_herkx_widths import DeviceGemmt
 from benchmarks.measure.blas_layout_build import problem as host_problem
 
 
@@ -44,53 +38,30 @@ def run(args):
     bad = [w for w in args.columns if w < 0]
     if bad:
         refuse(f"--columns must be 0 or more, got {bad[0]}")
-    try:
-        import cupy as cp
-        cp.cuda.runtime.getDeviceCount()
-    except Exception:                   # noqa: BLE001 - no CuPy, or no CUDA driver
-        refuse("rect-columns times a GPU: CuPy sees none")
-    sms = cp.cuda.runtime.deviceGetAttribute(16, 0)      # cudaDevAttrMultiProcessorCount
-    doc = {"benchmark": "bench_rect_columns", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "command": command_line(), "host": platform.node(),
-           "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "results": []}
+    cp, _ = gpus_or_refuse("rect-columns")
+    doc = one_gpu_doc(cp, "bench_rect_columns")
     with cp.cuda.Device(0):
         for n in args.sizes:
-            doc["results"].append(_one(cp, n, rectangles(n, sms), args.columns, args.repeats))
+            doc["results"].append(_one(cp, n, rectangles(n, doc["sms"]), args.columns, args.repeats))
             write_json(args.json, doc)
             cp.get_default_memory_pool().free_all_blocks()
     return 0
 
 
 def _one(cp, n, rects, widths, repeats):
-    rs = cp.random.RandomState(n)
-    a = cp.asfortranarray(rs.standard_normal((n, n)) + 1j * rs.standard_normal((n, n)))
-    b = cp.asfortranarray(rs.standard_normal((n, n)) + 1j * rs.standard_normal((n, n)))
-    c = cp.empty((n, n), np.complex128, order="F")
-    prob = P.build_problem("gemmt", 1.0, [a, b], 0.0, c, [P.C, P.N], True, None)
-    stream = cp.cuda.Stream(non_blocking=True)
-    backend = cublas.Backend(cublas.handle(), stream)
-    factors = list(prob.factors)
+    run = DeviceGemmt(cp, n, n, n)
     rows, totals = [], {}
     for g, i0, i1, j0, j1 in rects:
-        task = plan.make_task(prob, i0, i1, j0, j1, 0, n)
+        task = run.task(i0, i1, j0, j1)
         row = {"gpu": g, "rows": i1 - i0, "columns": j1 - j0, "tflops": {}}
         for w in widths:
-            times = []
-            for _ in range(repeats + 1):            # the first loads the kernels
-                start, end = cp.cuda.Event(), cp.cuda.Event()
-                with stream:
-                    start.record(stream)
-                    queue_product(backend, prob, factors, None, task, c[i0:i1, j0:j1], 0.0, columns=w)
-                    end.record(stream)
-                end.synchronize()
-                times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
-            t = min(times[1:])
+            t = run.best(task, repeats, columns=w)
             row["tflops"][w] = round(task.flops / t / 1e12, 2)
             totals[w] = totals.get(w, 0.0) + t
         rows.append(row)
         print(f"n = {n}  GPU {g}  {i1 - i0:5d} x {j1 - j0:5d}: "
               + "  ".join(f"{w or 'one'}: {v:5.1f}" for w, v in row["tflops"].items()) + " TF/s", flush=True)
-    flops = sum(plan.make_task(prob, i0, i1, j0, j1, 0, n).flops for _, i0, i1, j0, j1 in rects)
+    flops = sum(run.task(i0, i1, j0, j1).flops for _, i0, i1, j0, j1 in rects)
     summary = {w: {"s": round(t, 5), "tflops": round(flops / t / 1e12, 2)} for w, t in totals.items()}
     for w, v in summary.items():
         print(f"n = {n}  every rectangle, {('calls of ' + str(w) + ' columns') if w else 'one call each'}: "
