@@ -789,7 +789,7 @@ def queue_product(backend, problem, factors, kx, task, out, beta, side=None, col
         cuda_direct.gemmt_kx(backend, kind, coef, xb, yb, out, problem.lower, beta, dots=dots)
     elif columns and not task.diag and task.j1 - task.j0 >= 2 * columns:
         count = round((task.j1 - task.j0) / columns)
-        cuts = [task.j0 + (task.j1 - task.j0) * i // count // 64 * 64 for i in range(count)] + [task.j1]
+        cuts = sorted({task.j0 + (task.j1 - task.j0) * i // count // 64 * 64 for i in range(count)} | {task.j1})
         for a, b in zip(cuts, cuts[1:]):
             sub = plan.make_task(problem, task.i0, task.i1, a, b, task.k0, task.k1)
             compute_block(backend, problem, sub, out[:, a - task.j0:b - task.j0], beta, factors=factors)

@@ -21,7 +21,7 @@ class _Counting(_HostBackend):
         return _HostBackend.gemm(*args)
 
 
-@pytest.mark.parametrize("columns,calls", [(0, 1), (64, 5), (100, 3), (160, 2), (200, 1)])
+@pytest.mark.parametrize("columns,calls", [(0, 1), (40, 5), (64, 5), (100, 3), (160, 2), (200, 1)])
 @pytest.mark.parametrize("beta", [0.0, 0.5])
 def test_a_rectangle_in_column_calls_is_the_one_product(columns, calls, beta, rng):
     n, k = 379, 53
