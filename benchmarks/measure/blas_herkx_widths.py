@@ -85,13 +85,9 @@ class DeviceGemmt:
 def _sweep(cp, k, widths, sms, repeats):
     run = DeviceGemmt(cp, k, max(widths), k)
     prob = run.prob
-
-    def best(w):
-        return run.best(run.task(0, w, 0, w, diag=True), repeats)
-
     rows = []
     for w in widths:
-        seconds = best(w)
+        seconds = run.best(run.task(0, w, 0, w, diag=True), repeats)
         tiles, count = waves(w, sms)
         flops = prob.tile_flops(w, w, k, diag=True)
         rows.append(dict(k=k, width=w, ms=round(seconds * 1e3, 4), tflops=round(flops / seconds / 1e12, 2),

@@ -24,10 +24,8 @@ def add_arguments(ap):
 def rectangles(n, sms=132):
     """(GPU slot, i0, i1, j0, j1) of every rectangle of the corner-order layout of zgemmt n = k on two GPUs."""
     prob = host_problem("zgemmt", n)
-    band_plan._cache.clear()
     speeds, d2h, h2d = [50e12, 53e12], 30e9, 45e9
     lay = band_plan.BandLayout(prob, speeds, d2h, h2d, speeds=speeds, order="outer", sms=sms)
-    band_plan._cache.clear()
     return [(g, t.i0, t.i1, t.j0, t.j1) for g, blocks in enumerate(lay.blocks) for blk in blocks for t in blk
             if not t.diag]
 
@@ -50,9 +48,10 @@ def run(args):
 
 def _one(cp, n, rects, widths, repeats):
     run = DeviceGemmt(cp, n, n, n)
-    rows, totals = [], {}
+    rows, totals, flops = [], {}, 0.0
     for g, i0, i1, j0, j1 in rects:
         task = run.task(i0, i1, j0, j1)
+        flops += task.flops
         row = {"gpu": g, "rows": i1 - i0, "columns": j1 - j0, "tflops": {}}
         for w in widths:
             t = run.best(task, repeats, columns=w)
@@ -61,7 +60,6 @@ def _one(cp, n, rects, widths, repeats):
         rows.append(row)
         print(f"n = {n}  GPU {g}  {i1 - i0:5d} x {j1 - j0:5d}: "
               + "  ".join(f"{w or 'one'}: {v:5.1f}" for w, v in row["tflops"].items()) + " TF/s", flush=True)
-    flops = sum(run.task(i0, i1, j0, j1).flops for _, i0, i1, j0, j1 in rects)
     summary = {w: {"s": round(t, 5), "tflops": round(flops / t / 1e12, 2)} for w, t in totals.items()}
     for w, v in summary.items():
         print(f"n = {n}  every rectangle, {('calls of ' + str(w) + ' columns') if w else 'one call each'}: "
