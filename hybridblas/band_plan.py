@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import band_outer, plan
+from . import band_outer, plan, workers
 from .problem import Operand, k_axis
 
 ALIGN = 64                # k units, steps and block columns are cut at multiples of this
@@ -388,23 +388,95 @@ def _area(t):
     return rows * (rows + 1) // 2 if t.diag else rows * cols
 
 
-def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None, sms=None):
+def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None, sms=None,
+               ahead=False):
     """The BandLayout of the order (k, or outer for a triangle with beta = 0: C's old values are uploaded
     after the operands) whose modelled time is least, the outer order only where it is OUTER_GAIN faster
     (OUTER_GAIN_ONE_GPU on one GPU).
     The layouts of the last CACHED signatures (shapes, ops, which factors are one memory) are kept and serve
     calls whose rates are within RATE_SLACK of theirs and whose GPUs' shares of the speeds are within SHARE_SLACK, or
     within what a new layout would repay in PAYBACK_CALLS calls (_serves; the outer order's model costs milliseconds;
-    measured rates move from call to call). A layout from here holds no reference to the call's arrays (``problem``
-    is None)."""
+    measured rates move from call to call). ``ahead`` (a call's own layout, REBUILD_AHEAD): where the signature has
+    a kept layout that no longer serves (_stale), that one serves this call and a worker thread makes the new one for the
+    next calls (one at a time per signature, holding ``problem`` until it is made; a rebuild that raised leaves
+    the next call to make its layout itself; wait_rebuilds waits for them). A layout from here holds no reference
+    to the call's arrays (``problem`` is None)."""
     speeds = list(speeds or rates)
-    values = list(rates) + speeds + [writeback_rate, upload_rate] + [x for m in mixes or () for x in m]
-    key = (_signature(problem), bool(shared), len(values), sms)
+    values = list(rates) + _plain(speeds, mixes) + [writeback_rate, upload_rate] + [r for r, _ in mixes or ()]
+    key = (_signature(problem), bool(shared), len(rates), sms, len(values))
+    args = (problem, list(rates), writeback_rate, upload_rate, shared, speeds, mixes, sms)
     with _cache_lock:
         for known, lay in _cache.get(key, []):
             if _serves(known, values, len(rates), lay):
                 _cache.move_to_end(key)
                 return lay
+        job = _rebuilds.get(key)
+        failed = job is not None and job.done()     # a finished job still listed raised: made here instead
+        if failed:
+            del _rebuilds[key]
+        stale = _stale(key) if ahead and REBUILD_AHEAD and not failed else None
+        if stale is not None:
+            if job is None:
+                _rebuilds[key] = workers.start(_rebuild, key, values, args, name="layout")
+            return stale
+    return _keep(key, values, _build(*args))
+
+
+def _stale(key):
+    """The newest layout kept for ``key``'s signature (its rates may have moved past it, and measured mixes may have
+    joined them since), or None; with _cache_lock held."""
+    kept = _cache.get(key)
+    if kept:
+        _cache.move_to_end(key)
+        return kept[0][1]
+    same = [k for k in _cache if k[:-1] == key[:-1]]        # all but the count of values: as many GPUs
+    return _cache[same[-1]][0][1] if same else None
+
+
+def _plain(speeds, mixes):
+    """The speeds a layout is made for, compared by _serves: with ``mixes``, each GPU's speed less the cost of the
+    diagonal blocks its measuring call ran (BandLayout._corner_speeds' first step). Their share of the flops is the
+    last layout's, not the GPU's: compared as it is, it made every other call a new layout."""
+    if not mixes:
+        return list(speeds)
+    return [s * (1.0 - share + share / ratio) for s, (ratio, share) in zip(speeds, mixes)]
+
+
+def _rebuild(key, values, args):
+    """A worker's job (layout_for's ``ahead``): make the layout for ``values`` and keep it."""
+    _keep(key, values, _build(*args))
+    with _cache_lock:
+        _rebuilds.pop(key, None)
+
+
+def wait_rebuilds(timeout=None):
+    """Wait for the layouts worker threads are making (layout_for's ``ahead``); False where ``timeout`` seconds
+    passed first. A rebuild that raised is raised here."""
+    with _cache_lock:
+        jobs = list(_rebuilds.items())
+    end = None if timeout is None else time.perf_counter() + timeout
+    for key, job in jobs:
+        if not job.wait(None if end is None else max(0.0, end - time.perf_counter())):
+            return False
+        with _cache_lock:
+            if _rebuilds.get(key) is job:
+                del _rebuilds[key]
+        job.result()
+    return True
+
+
+def _keep(key, values, lay):
+    """Keep ``lay``, made for rate values ``values``, as its signature's newest layout; returns it."""
+    with _cache_lock:
+        _cache[key] = ([(values, lay)] + _cache.get(key, []))[:2]
+        _cache.move_to_end(key)
+        while len(_cache) > CACHED:
+            _cache.popitem(last=False)
+    return lay
+
+
+def _build(problem, rates, writeback_rate, upload_rate, shared, speeds, mixes, sms):
+    """layout_for's layout, made (no cache)."""
     start = time.perf_counter()
     best = BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds, mixes=mixes)
     best.modelled = band_outer.simulate(best, speeds, upload_rate, writeback_rate)
@@ -416,19 +488,14 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
             best = outer
     best.problem = None
     best.build_s = time.perf_counter() - start
-    with _cache_lock:
-        _cache[key] = ([(values, best)] + _cache.get(key, []))[:2]
-        _cache.move_to_end(key)
-        while len(_cache) > CACHED:
-            _cache.popitem(last=False)
     return best
 
 
 def _serves(known, values, gpus, lay):
-    """Whether ``lay``, made for rate values ``known`` (layout_for's list: rates, speeds, link rates, mixes), serves
-    ``values``: each within RATE_SLACK of its own, and each GPU's share of the speeds within SHARE_SLACK, or within
-    what a new layout would repay in PAYBACK_CALLS calls: a shift of the shares by s moves about s x GPUs x the
-    call's time onto or off its slowest GPU, against the time making ``lay`` took."""
+    """Whether ``lay``, made for rate values ``known`` (layout_for's list: rates, speeds (_plain), link rates, the
+    mixes' ratios), serves ``values``: each within RATE_SLACK of its own, and each GPU's share of the speeds within
+    SHARE_SLACK, or within what a new layout would repay in PAYBACK_CALLS calls: a shift of the shares by s moves
+    about s x GPUs x the call's time onto or off its slowest GPU, against the time making ``lay`` took."""
     if not all(abs(a - b) <= RATE_SLACK * b for a, b in zip(values, known)):
         return False
     repaid = (lay.build_s or 0.0) / (PAYBACK_CALLS * gpus * max(lay.modelled or 0.0, 1e-9))
@@ -451,8 +518,13 @@ OUTER_GAIN_ONE_GPU = 0.95 # the same on one GPU: one H100, zher2k 8192 took 99 m
 OUTER_MAX_K = 16384       # herk and syrk take the outer order only up to this k: 2 x H100, zherk n = k = 24576, its
                           # blocks waited 18-44 ms for pieces, 666-675 ms against the k order's 633-635 (zher2k in the
                           # outer order: 24576 0.98 of the sum of device cuBLAS, 32768 0.93)
+REBUILD_AHEAD = True      # a call whose kept layout no longer serves takes it while a worker makes the new one
+                          # (layout_for's ``ahead``): 2 x H100, the first calls after page-locking made new
+                          # layouts as their rates were measured, zgemmt n = k = 8192 6 ms on the call's
+                          # 28, 16384 42 ms
 _cache = OrderedDict()
 _cache_lock = threading.Lock()
+_rebuilds = {}            # signature key -> the worker's Job making its layout
 
 
 def _signature(problem):

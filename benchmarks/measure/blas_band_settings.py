@@ -110,6 +110,7 @@ def run(args):
            "gpus": [cp.cuda.runtime.getDeviceProperties(g)["name"].decode() for g in (0, 1)], "results": []}
 
     def apply(values):
+        band_plan.wait_rebuilds()       # no layout of the last setting's constants lands in the cleared cache
         for key, value in defaults.items():
             setattr(MODULES[key[0]], key[1], values.get(key, value))
         band_plan._cache.clear()

@@ -27,7 +27,9 @@ arena of its compute stream keeps the call's arrays' blocks, so a call of the sa
 memory (cudaMalloc and cudaFree of the factors had cost 11-23 ms a call at n = 8192-16384); CuPy frees the
 kept blocks when another allocation needs the memory. The set keeps the call's CUDA events too (_StreamSet). The
 calling thread makes the GPUs' arrays before the jobs start, so the feeders upload as soon as they run. The layout
-(band_plan.layout_for) is cached; applies() hands the one it checked to run() (RunOptions.bands).
+(band_plan.layout_for) is cached: where measured rates have moved past the kept one, it serves the call while a
+worker thread makes the new one (a layout costs 6-42 ms of host time at n = 8192-16384); applies() hands the one
+it checked to run() (RunOptions.bands).
 
 C's old values (beta != 0) are uploaded after the operands and added to each block before its last product.
 Only the triangle of C is written; the caller's other triangle is never touched.
@@ -103,20 +105,22 @@ def applies(problem, devices, rates, ctx):
         return False
     if problem.kind == "gemmt" and cuda_direct.rank_kx(problem, beta=1.0) is None:
         return False
-    lay, shared, speeds = _layout(problem, devices, rates, ctx)
-    if not (_hides_uploads(problem, devices, ctx, lay, shared, speeds) and _fits(problem, devices, lay)):
-        return False
-    problem.run.bands = (_names(devices), list(rates), lay, shared)
-    return True
+    for ahead in (True, False):     # a kept layout made for other rates decides nothing: then one for these
+        lay, shared, speeds = _layout(problem, devices, rates, ctx, ahead)
+        if _hides_uploads(problem, devices, ctx, lay, shared, speeds) and _fits(problem, devices, lay):
+            problem.run.bands = (_names(devices), list(rates), lay, shared)
+            return True
+    return False
 
 
-def _layout(problem, devices, rates, ctx):
-    """The call's layout (band_plan.layout_for, cached), whether its GPUs share pieces, their flop rates."""
+def _layout(problem, devices, rates, ctx, ahead=True):
+    """The call's layout (band_plan.layout_for, cached; ``ahead``: one made for rates that have moved serves while
+    a worker makes the new one), whether its GPUs share pieces, their flop rates."""
     shared = _peer_access([d.index for d in devices])
     speeds = _speeds(problem, devices, rates, ctx)
     lay = layout_for(problem, list(rates), _rate(ctx, devices, "d2h_pinned"), _rate(ctx, devices, "h2d_pinned"),
                      shared=shared, speeds=speeds, mixes=_mixes(problem, devices, ctx),
-                     sms=_sms(devices) if DIAG_WIDTHS else None)
+                     sms=_sms(devices) if DIAG_WIDTHS else None, ahead=ahead)
     return lay, shared, speeds
 
 

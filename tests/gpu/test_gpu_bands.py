@@ -350,3 +350,43 @@ def test_gemmt_diagonals_on_the_side_stream(beta, small_units, monkeypatch, rng)
         assert np.abs(c[low] - want[low]).max() <= 1e-13 * np.abs(want).max()
         assert np.abs(np.diag(c).imag - np.diag(want).imag).max() <= 1e-13 * np.abs(want).max()
         np.testing.assert_array_equal(c[~low], c0[~low])
+
+
+@pytest.mark.multi_gpu
+def test_a_call_whose_rates_moved_runs_on_the_kept_layout_while_a_worker_makes_the_new_one(monkeypatch, rng):
+    """Rates that moved past the kept layout (here: each GPU's given rate): the call runs on the kept layout, exact,
+    a worker makes the new one, and the next call runs on that one, exact."""
+    from collections import OrderedDict
+    from hybridblas import band_plan
+    _bands_always(monkeypatch)
+    monkeypatch.setattr(band_plan, "_cache", OrderedDict())
+    monkeypatch.setattr(band_plan, "_rebuilds", {})
+    used = []
+    real_init = cuda_bands._Call.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        used.append(self.layout)
+    monkeypatch.setattr(cuda_bands._Call, "__init__", init)
+    gpus = _gpus()[:2]
+    n, k = 1400, 900
+    a = rng.standard_normal((k, n)) + 1j * rng.standard_normal((k, n))
+    b = rng.standard_normal((k, n)) + 1j * rng.standard_normal((k, n))
+    want = a.conj().T @ b
+    low = np.tril(np.ones((n, n), bool))
+
+    def call(shares):
+        ctx = hb.Context(devices=gpus, min_call_seconds=0, rates={d.name: r for d, r in zip(gpus, shares)})
+        c = np.full((n, n), np.nan + 0j, order="F")
+        hb.gemmt(1.0, a, b, 0.0, c, transa="C", transb="N", lower=True, context=ctx)
+        assert _path(ctx) == {"bands"}
+        assert np.abs(c[low] - want[low]).max() / np.abs(want).max() < 1e-13
+        assert np.isnan(c[~low]).all()                          # the other triangle untouched
+    call([1e13, 1e13])
+    first = used[-1]
+    first.build_s = 0.0                                         # shares served by SHARE_SLACK alone
+    call([1e13, 3e13])                                          # GPU 1 three times as fast: the kept layout
+    assert used[-1] is first
+    assert band_plan.wait_rebuilds(timeout=60)
+    call([1e13, 3e13])
+    assert used[-1] is not first and used[-1].edges[1] < first.edges[1]     # GPU 1's band the larger now

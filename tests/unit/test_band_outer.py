@@ -292,6 +292,80 @@ def test_a_kept_layout_serves_share_shifts_a_new_one_would_not_repay(monkeypatch
     assert B.layout_for(gemmt, [6.0e13, 4.4e13], wb, up) is not lay    # 0.577
 
 
+def test_a_call_takes_the_kept_layout_while_a_worker_makes_the_new_one(monkeypatch):
+    """``ahead``: the first layout of a signature is made in the call; rates that moved past it get the kept one at
+    once and the new one from a worker (one job per signature), which serves the calls after it; without
+    ``ahead`` or with REBUILD_AHEAD off the call makes it itself."""
+    import threading
+    from collections import OrderedDict
+    monkeypatch.setattr(B, "_cache", OrderedDict())
+    monkeypatch.setattr(B, "_rebuilds", {})
+    speeds, moved, wb, up = [5.2e13, 5.2e13], [6.0e13, 4.4e13], 45e9, 50e9
+    gemmt = build("gemmt", "CN", 4096, 4096, Z, True, "F")
+    first = B.layout_for(gemmt, speeds, wb, up, ahead=True)            # nothing kept: made here
+    assert first.problem is None and not B._rebuilds
+    first.build_s = 0.0                 # shares served by SHARE_SLACK alone (_serves' payback: its own test)
+    gate, made = threading.Event(), []
+    real = B._build
+
+    def slow_build(*args):
+        gate.wait(30)
+        made.append(real(*args))
+        return made[-1]
+    monkeypatch.setattr(B, "_build", slow_build)
+    assert B.layout_for(gemmt, moved, wb, up, ahead=True) is first      # the kept one, at once
+    assert B.layout_for(gemmt, moved, wb, up, ahead=True) is first      # the same job still making it
+    assert len(B._rebuilds) == 1
+    gate.set()
+    assert B.wait_rebuilds(timeout=30) and not B._rebuilds
+    assert len(made) == 1
+    new = B.layout_for(gemmt, moved, wb, up, ahead=True)
+    assert new is made[0] and new.edges != first.edges and new.problem is None
+    new.build_s = 0.0
+    assert B.layout_for(gemmt, speeds, wb, up, ahead=True) is first     # both rate sets kept
+    monkeypatch.setattr(B, "_build", real)
+    mixes = [(0.8, 0.16), (0.85, 0.1)]                                 # measured mixes join the rates
+    assert B.layout_for(gemmt, speeds, wb, up, mixes=mixes, ahead=True) in (first, new)
+    assert B.wait_rebuilds(timeout=30)
+    one = B.layout_for(gemmt, [5.2e13], wb, up, ahead=True)             # another GPU count: never another's
+    assert len(one.bands) == 1 and len(first.bands) == 2
+    other = [7.0e13, 3.5e13]
+    assert B.layout_for(gemmt, other, wb, up) is not first              # no ``ahead``: made in the call
+    monkeypatch.setattr(B, "REBUILD_AHEAD", False)
+    made_here = B.layout_for(gemmt, [3.5e13, 7.0e13], wb, up, ahead=True)
+    assert not B._rebuilds and made_here.edges[1] < first.edges[1]
+
+
+def test_a_rebuild_that_raises_leaves_the_next_call_to_make_its_layout(monkeypatch):
+    """A worker's rebuild that raised is not lost: wait_rebuilds raises it, and the next call that needs the
+    layout makes it itself (the error, where there is one, reaches that caller)."""
+    from collections import OrderedDict
+    monkeypatch.setattr(B, "_cache", OrderedDict())
+    monkeypatch.setattr(B, "_rebuilds", {})
+    speeds, moved, wb, up = [5.2e13, 5.2e13], [6.0e13, 4.4e13], 45e9, 50e9
+    gemmt = build("gemmt", "CN", 4096, 4096, Z, True, "F")
+    first = B.layout_for(gemmt, speeds, wb, up, ahead=True)
+    first.build_s = 0.0
+    real = B._build
+
+    def broken(*args):
+        raise MemoryError("layout")
+    monkeypatch.setattr(B, "_build", broken)
+    assert B.layout_for(gemmt, moved, wb, up, ahead=True) is first
+    with pytest.raises(MemoryError):
+        B.wait_rebuilds(timeout=30)
+    assert not B._rebuilds
+    assert B.layout_for(gemmt, moved, wb, up, ahead=True) is first      # a new job, which fails again
+    assert B._rebuilds and list(B._rebuilds.values())[0].wait(30)
+    with pytest.raises(MemoryError):                                    # the failed job: made in the call
+        B.layout_for(gemmt, moved, wb, up, ahead=True)
+    assert not B._rebuilds
+    monkeypatch.setattr(B, "_build", real)
+    assert B.layout_for(gemmt, moved, wb, up, ahead=True) is first      # kept one serves; a good rebuild now
+    assert B.wait_rebuilds(timeout=30)
+    assert B.layout_for(gemmt, moved, wb, up, ahead=True) is not first
+
+
 def test_herk_and_syrk_take_the_outer_order_only_up_to_outer_max_k():
     """2 x H100: the outer order measured faster for zherk at n = k = 8192 and 16384, slower at 24576; her2k and
     gemmt keep the model's choice past OUTER_MAX_K."""
@@ -380,3 +454,22 @@ def test_pieces_read_the_blocks_once_and_lay_out_as_if_afresh(case, monkeypatch)
     assert len(counted) == sum(len(bl) for bl in lay.blocks)
     counted.clear()
     assert again(afresh) == kept and not counted
+
+
+def test_a_kept_layout_is_compared_on_speeds_less_the_diagonal_blocks_cost(monkeypatch):
+    """The diagonal blocks' share of a GPU's flops is the measuring call's layout's: a call whose measured speed and
+    share moved together (the same plain speed, _plain) keeps the layout; a moved plain speed or ratio does not."""
+    from collections import OrderedDict
+    monkeypatch.setattr(B, "_cache", OrderedDict())
+    wb, up = 45e9, 50e9
+    gemmt = build("gemmt", "CN", 8192, 8192, Z, True, "F")
+    speeds, mixes = [5.0e13, 5.0e13], [(0.8, 0.16), (0.8, 0.08)]
+    lay = B.layout_for(gemmt, speeds, wb, up, mixes=mixes)
+    lay.build_s = 0.0
+    plain = B._plain(speeds, mixes)
+    assert plain[0] == pytest.approx(5.0e13 * (1 - 0.16 + 0.16 / 0.8)) and plain[0] > plain[1] > 5.0e13
+    other = [(0.8, 0.02), (0.8, 0.30)]                    # another layout's shares, the same plain speeds
+    same = [p / (1 - sh + sh / r) for p, (r, sh) in zip(plain, other)]
+    assert B.layout_for(gemmt, same, wb, up, mixes=other) is lay
+    assert B.layout_for(gemmt, speeds, wb, up, mixes=other) is not lay            # plain shares moved 2.2 %
+    assert B.layout_for(gemmt, speeds, wb, up, mixes=[(0.5, 0.16), (0.8, 0.08)]) is not lay    # a ratio moved
