@@ -45,7 +45,8 @@ def small_units(request, monkeypatch):
     _bands_always(monkeypatch)
     order = request.param
 
-    def forced(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None, sms=None):
+    def forced(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None, sms=None,
+               ahead=False):
         lay = band_plan.BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds,
                                    mixes=mixes, sms=sms)
         if order == "k" or not problem.triangular or problem.beta != 0:
