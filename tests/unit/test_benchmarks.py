@@ -286,6 +286,16 @@ def test_busy_thread_slowdowns_and_its_refusal_without_two_gpus(capsys, monkeypa
     assert "busy-thread compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
 
 
+def test_first_calls_is_refused_without_two_gpus_and_leaves_no_output(capsys, monkeypatch, tmp_path):
+    one_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 1)))
+    monkeypatch.setitem(sys.modules, "cupy", one_gpu)
+    out = tmp_path / "first.json"
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["first-calls", "--sizes", "64", "--json", str(out)]) == 2
+    assert "first-calls compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
+    assert not out.exists()
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["first-calls", "--ahead", "maybe"]) == 2
+
+
 def test_layout_build_times_each_routines_layout(capsys, tmp_path):
     """benchmarks.blas layout-build needs no GPU: each case's layout made from an empty cache, timed."""
     out = tmp_path / "layout.json"
