@@ -38,7 +38,7 @@ COMMANDS = {
     "band-trace": ("blas_band_trace", "a two-GPU band call's timeline (uploads, copies, products) and its model"),
     "turns": ("blas_turns", "device cuBLAS on both GPUs and hybridblas on host operands in turn, with SM clocks"),
     "busy-thread": ("blas_busy_thread", "two-GPU calls on host operands while another Python thread spins or computes"),
-    "first-calls": ("blas_first_calls", "the first two-GPU calls after page-locking, layouts made ahead or in the call"),
+    "first-calls": ("blas_first_calls", "the first two-GPU calls after page-locking, layouts made ahead or in call"),
     "layout-build": ("blas_layout_build", "host time of laying out a two-GPU band call (no GPU used)"),
     "herkx-widths": ("blas_herkx_widths", "a band call's diagonal-block herkx on one GPU against its width and k"),
     "rect-columns": ("blas_rect_columns", "zgemmt corner-order rectangles on one GPU in cuBLAS calls of a width"),

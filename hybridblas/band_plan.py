@@ -397,10 +397,10 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
     calls whose rates are within RATE_SLACK of theirs and whose GPUs' shares of the speeds are within SHARE_SLACK, or
     within what a new layout would repay in PAYBACK_CALLS calls (_serves; the outer order's model costs milliseconds;
     measured rates move from call to call). ``ahead`` (a call's own layout, REBUILD_AHEAD): where the signature has
-    a kept layout that no longer serves (_stale), that one serves this call and a worker thread makes the new one for the
-    next calls (one at a time per signature, holding ``problem`` until it is made; a rebuild that raised leaves
-    the next call to make its layout itself; wait_rebuilds waits for them). A layout from here holds no reference
-    to the call's arrays (``problem`` is None)."""
+    a kept layout that no longer serves (_stale), that one serves this call and a worker thread makes the new one
+    for the next calls (one at a time per signature, holding ``problem`` until it is made; a rebuild that raised
+    leaves the next call to make its layout itself; wait_rebuilds waits for them). A layout from here holds no
+    reference to the call's arrays (``problem`` is None)."""
     speeds = list(speeds or rates)
     values = list(rates) + _plain(speeds, mixes) + [writeback_rate, upload_rate] + [r for r, _ in mixes or ()]
     key = (_signature(problem), bool(shared), len(rates), sms, len(values))

@@ -74,8 +74,8 @@ def run(args):
                            median_s=statistics.median(later), worst_s=max(later),
                            rel_error=sample_error(routine, host_args, c, rng))
                 doc["results"].append(row)
-                print(f"  ahead {ahead:3s}  median {row['median_s'] * 1e3:7.2f} ms  worst {row['worst_s'] * 1e3:7.2f} ms"
-                      f"  calls (ms) " + " ".join(f"{x * 1e3:.1f}" for x in seconds)
+                print(f"  ahead {ahead:3s}  median {row['median_s'] * 1e3:7.2f} ms  worst "
+                      f"{row['worst_s'] * 1e3:7.2f} ms  calls (ms) " + " ".join(f"{x * 1e3:.1f}" for x in seconds)
                       + "  layouts made " + "".join(str(m) for m in made), flush=True)
                 write_json(args.json, doc)
     finally:
