@@ -389,7 +389,7 @@ def _area(t):
 
 
 def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None, sms=None,
-               ahead=False):
+               ahead=None):
     """The BandLayout of the order (k, or outer for a triangle with beta = 0: C's old values are uploaded
     after the operands) whose modelled time is least, the outer order only where it is OUTER_GAIN faster
     (OUTER_GAIN_ONE_GPU on one GPU).
@@ -397,10 +397,10 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
     calls whose rates are within RATE_SLACK of theirs and whose GPUs' shares of the speeds are within SHARE_SLACK, or
     within what a new layout would repay in PAYBACK_CALLS calls (_serves; the outer order's model costs milliseconds;
     measured rates move from call to call). ``ahead`` (a call's own layout, REBUILD_AHEAD): where the signature has
-    a kept layout that no longer serves (_stale), that one serves this call and a worker thread makes the new one
-    for the next calls (one at a time per signature, holding ``problem`` until it is made; a rebuild that raised
-    leaves the next call to make its layout itself; wait_rebuilds waits for them). A layout from here holds no
-    reference to the call's arrays (``problem`` is None)."""
+    a kept layout that no longer serves (_stale) and ``ahead(layout)`` says it can serve this call, it does, and a
+    worker thread makes the new one for the next calls (one at a time per signature, holding ``problem`` until it
+    is made; a rebuild that raised leaves the next call to make its layout itself; wait_rebuilds waits for them);
+    None: made in the call. A layout from here holds no reference to the call's arrays (``problem`` is None)."""
     speeds = list(speeds or rates)
     values = list(rates) + _plain(speeds, mixes) + [writeback_rate, upload_rate] + [r for r, _ in mixes or ()]
     key = (_signature(problem), bool(shared), len(rates), sms, len(values))
@@ -414,11 +414,12 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
         failed = job is not None and job.done()     # a finished job still listed raised: made here instead
         if failed:
             del _rebuilds[key]
-        stale = _stale(key) if ahead and REBUILD_AHEAD and not failed else None
-        if stale is not None:
-            if job is None:
+        stale = _stale(key) if ahead is not None and REBUILD_AHEAD and not failed else None
+    if stale is not None and ahead(stale):          # the caller's check, outside the lock
+        with _cache_lock:
+            if key not in _rebuilds:
                 _rebuilds[key] = workers.start(_rebuild, key, values, args, name="layout")
-            return stale
+        return stale
     return _keep(key, values, _build(*args))
 
 

@@ -105,23 +105,27 @@ def applies(problem, devices, rates, ctx):
         return False
     if problem.kind == "gemmt" and cuda_direct.rank_kx(problem, beta=1.0) is None:
         return False
-    for ahead in (True, False):     # a kept layout made for other rates decides nothing: then one for these
-        lay, shared, speeds = _layout(problem, devices, rates, ctx, ahead)
-        if _hides_uploads(problem, devices, ctx, lay, shared, speeds) and _fits(problem, devices, lay):
-            problem.run.bands = (_names(devices), list(rates), lay, shared)
-            return True
-    return False
+    lay, shared, _ = _layout(problem, devices, rates, ctx, checked=True)
+    if lay is None:
+        return False
+    problem.run.bands = (_names(devices), list(rates), lay, shared)
+    return True
 
 
-def _layout(problem, devices, rates, ctx, ahead=True):
-    """The call's layout (band_plan.layout_for, cached; ``ahead``: one made for rates that have moved serves while
-    a worker makes the new one), whether its GPUs share pieces, their flop rates."""
+def _layout(problem, devices, rates, ctx, checked=False):
+    """The call's layout (band_plan.layout_for, cached), whether its GPUs share pieces, their flop rates.
+    ``checked``: the layout only where its uploads hide and it fits (else None); a layout kept for rates that have
+    moved serves where it passes that check while a worker makes the new one (it decides nothing otherwise: the
+    call makes one for its own rates)."""
     shared = _peer_access([d.index for d in devices])
     speeds = _speeds(problem, devices, rates, ctx)
+
+    def usable(lay):
+        return _hides_uploads(problem, devices, ctx, lay, shared, speeds) and _fits(problem, devices, lay)
     lay = layout_for(problem, list(rates), _rate(ctx, devices, "d2h_pinned"), _rate(ctx, devices, "h2d_pinned"),
                      shared=shared, speeds=speeds, mixes=_mixes(problem, devices, ctx),
-                     sms=_sms(devices) if DIAG_WIDTHS else None, ahead=ahead)
-    return lay, shared, speeds
+                     sms=_sms(devices) if DIAG_WIDTHS else None, ahead=usable if checked else None)
+    return (lay if not checked or usable(lay) else None), shared, speeds
 
 
 def _hides_uploads(problem, devices, ctx, layout, shared, speeds):

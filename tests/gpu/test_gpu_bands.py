@@ -46,7 +46,7 @@ def small_units(request, monkeypatch):
     order = request.param
 
     def forced(problem, rates, writeback_rate, upload_rate, shared=True, speeds=None, mixes=None, sms=None,
-               ahead=False):
+               ahead=None):
         lay = band_plan.BandLayout(problem, rates, writeback_rate, upload_rate, shared=shared, speeds=speeds,
                                    mixes=mixes, sms=sms)
         if order == "k" or not problem.triangular or problem.beta != 0:

@@ -292,17 +292,22 @@ def test_a_kept_layout_serves_share_shifts_a_new_one_would_not_repay(monkeypatch
     assert B.layout_for(gemmt, [6.0e13, 4.4e13], wb, up) is not lay    # 0.577
 
 
+def _any(layout):
+    """layout_for's ``ahead`` check that lets any kept layout serve."""
+    return True
+
+
 def test_a_call_takes_the_kept_layout_while_a_worker_makes_the_new_one(monkeypatch):
     """``ahead``: the first layout of a signature is made in the call; rates that moved past it get the kept one at
     once and the new one from a worker (one job per signature), which serves the calls after it; without
-    ``ahead`` or with REBUILD_AHEAD off the call makes it itself."""
+    ``ahead``, where its check refuses the kept layout, or with REBUILD_AHEAD off the call makes it itself."""
     import threading
     from collections import OrderedDict
     monkeypatch.setattr(B, "_cache", OrderedDict())
     monkeypatch.setattr(B, "_rebuilds", {})
     speeds, moved, wb, up = [5.2e13, 5.2e13], [6.0e13, 4.4e13], 45e9, 50e9
     gemmt = build("gemmt", "CN", 4096, 4096, Z, True, "F")
-    first = B.layout_for(gemmt, speeds, wb, up, ahead=True)            # nothing kept: made here
+    first = B.layout_for(gemmt, speeds, wb, up, ahead=_any)            # nothing kept: made here
     assert first.problem is None and not B._rebuilds
     first.build_s = 0.0                 # shares served by SHARE_SLACK alone (_serves' payback: its own test)
     gate, made = threading.Event(), []
@@ -313,26 +318,30 @@ def test_a_call_takes_the_kept_layout_while_a_worker_makes_the_new_one(monkeypat
         made.append(real(*args))
         return made[-1]
     monkeypatch.setattr(B, "_build", slow_build)
-    assert B.layout_for(gemmt, moved, wb, up, ahead=True) is first      # the kept one, at once
-    assert B.layout_for(gemmt, moved, wb, up, ahead=True) is first      # the same job still making it
+    assert B.layout_for(gemmt, moved, wb, up, ahead=_any) is first      # the kept one, at once
+    assert B.layout_for(gemmt, moved, wb, up, ahead=_any) is first      # the same job still making it
     assert len(B._rebuilds) == 1
     gate.set()
     assert B.wait_rebuilds(timeout=30) and not B._rebuilds
     assert len(made) == 1
-    new = B.layout_for(gemmt, moved, wb, up, ahead=True)
+    new = B.layout_for(gemmt, moved, wb, up, ahead=_any)
     assert new is made[0] and new.edges != first.edges and new.problem is None
     new.build_s = 0.0
-    assert B.layout_for(gemmt, speeds, wb, up, ahead=True) is first     # both rate sets kept
+    assert B.layout_for(gemmt, speeds, wb, up, ahead=_any) is first     # both rate sets kept
     monkeypatch.setattr(B, "_build", real)
     mixes = [(0.8, 0.16), (0.85, 0.1)]                                 # measured mixes join the rates
-    assert B.layout_for(gemmt, speeds, wb, up, mixes=mixes, ahead=True) in (first, new)
+    assert B.layout_for(gemmt, speeds, wb, up, mixes=mixes, ahead=_any) in (first, new)
     assert B.wait_rebuilds(timeout=30)
-    one = B.layout_for(gemmt, [5.2e13], wb, up, ahead=True)             # another GPU count: never another's
+    one = B.layout_for(gemmt, [5.2e13], wb, up, ahead=_any)             # another GPU count: never another's
     assert len(one.bands) == 1 and len(first.bands) == 2
     other = [7.0e13, 3.5e13]
     assert B.layout_for(gemmt, other, wb, up) is not first              # no ``ahead``: made in the call
+    refused = []
+    made_here = B.layout_for(gemmt, [4.0e13, 6.5e13], wb, up, ahead=lambda lay: refused.append(lay) and False)
+    assert refused and refused[0] is not made_here and not B._rebuilds     # the caller's check refused the kept one
+    assert made_here.edges[1] < first.edges[1]
     monkeypatch.setattr(B, "REBUILD_AHEAD", False)
-    made_here = B.layout_for(gemmt, [3.5e13, 7.0e13], wb, up, ahead=True)
+    made_here = B.layout_for(gemmt, [3.5e13, 7.0e13], wb, up, ahead=_any)
     assert not B._rebuilds and made_here.edges[1] < first.edges[1]
 
 
@@ -344,26 +353,26 @@ def test_a_rebuild_that_raises_leaves_the_next_call_to_make_its_layout(monkeypat
     monkeypatch.setattr(B, "_rebuilds", {})
     speeds, moved, wb, up = [5.2e13, 5.2e13], [6.0e13, 4.4e13], 45e9, 50e9
     gemmt = build("gemmt", "CN", 4096, 4096, Z, True, "F")
-    first = B.layout_for(gemmt, speeds, wb, up, ahead=True)
+    first = B.layout_for(gemmt, speeds, wb, up, ahead=_any)
     first.build_s = 0.0
     real = B._build
 
     def broken(*args):
         raise MemoryError("layout")
     monkeypatch.setattr(B, "_build", broken)
-    assert B.layout_for(gemmt, moved, wb, up, ahead=True) is first
+    assert B.layout_for(gemmt, moved, wb, up, ahead=_any) is first
     with pytest.raises(MemoryError):
         B.wait_rebuilds(timeout=30)
     assert not B._rebuilds
-    assert B.layout_for(gemmt, moved, wb, up, ahead=True) is first      # a new job, which fails again
+    assert B.layout_for(gemmt, moved, wb, up, ahead=_any) is first      # a new job, which fails again
     assert B._rebuilds and list(B._rebuilds.values())[0].wait(30)
     with pytest.raises(MemoryError):                                    # the failed job: made in the call
-        B.layout_for(gemmt, moved, wb, up, ahead=True)
+        B.layout_for(gemmt, moved, wb, up, ahead=_any)
     assert not B._rebuilds
     monkeypatch.setattr(B, "_build", real)
-    assert B.layout_for(gemmt, moved, wb, up, ahead=True) is first      # kept one serves; a good rebuild now
+    assert B.layout_for(gemmt, moved, wb, up, ahead=_any) is first      # kept one serves; a good rebuild now
     assert B.wait_rebuilds(timeout=30)
-    assert B.layout_for(gemmt, moved, wb, up, ahead=True) is not first
+    assert B.layout_for(gemmt, moved, wb, up, ahead=_any) is not first
 
 
 def test_herk_and_syrk_take_the_outer_order_only_up_to_outer_max_k():
