@@ -57,10 +57,11 @@ def run(args):
     seen = {}
     made = cuda_bands._layout
 
-    def spy(problem, devices, rates, context):       # the layout each call takes, and the rates it was made for
-        lay, shared, speeds = made(problem, devices, rates, context)
-        seen.update(layout=lay, speeds=list(speeds), h2d=cuda_bands._rate(context, devices, "h2d_pinned"),
-                    d2h=cuda_bands._rate(context, devices, "d2h_pinned"))
+    def spy(problem, devices, rates, context, **kw):     # the layout each call takes, and the rates of the call
+        lay, shared, speeds = made(problem, devices, rates, context, **kw)
+        if lay is not None:
+            seen.update(layout=lay, speeds=list(speeds), h2d=cuda_bands._rate(context, devices, "h2d_pinned"),
+                        d2h=cuda_bands._rate(context, devices, "d2h_pinned"))
         return lay, shared, speeds
 
     cuda_bands._layout = spy
