@@ -102,6 +102,14 @@ def refuse(message):
     raise CLIError(message)
 
 
+def gpu_sync(cp, gpus):
+    """A function that waits for all work queued on each of ``gpus`` (blas_gpu.timed's ``sync``)."""
+    def sync():
+        for g in gpus:
+            cp.cuda.Device(g).synchronize()
+    return sync
+
+
 def gpus_or_refuse(command, what="a GPU"):
     """(CuPy, how many GPUs it sees); the command is refused (exit 2) where there is no CuPy or no CUDA driver."""
     try:

@@ -25,7 +25,7 @@ from hybridblas.console import check_output_path, positive_int
 from hybridblas.devices import cuda_direct
 from hybridblas.devices.cuda_bands import queue_product
 
-from benchmarks.common import command_line, refuse, two_gpus, write_json
+from benchmarks.common import command_line, gpu_sync, refuse, two_gpus, write_json
 from benchmarks.measure.blas_gpu import call_device, call_hybrid, make_host, operands, timed
 
 KINDS = ("in_call", "replayed_both", "replayed_with_copies", "replayed_alone")
@@ -207,7 +207,7 @@ def run(args):
             call_hybrid("zgemmt", host_args, kw, c, ctx)
         host_pinning.wait_ready()
         last_stats.clear()
-        sync = lambda: [cp.cuda.Device(g).synchronize() for g in (0, 1)]      # noqa: E731
+        sync = gpu_sync(cp, (0, 1))
         t0 = time.perf_counter()
         calls = timed(lambda: call_hybrid("zgemmt", host_args, kw, c, ctx), sync, args.calls)
         call_window = (t0, time.perf_counter())

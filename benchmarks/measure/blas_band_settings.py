@@ -31,7 +31,7 @@ from hybridblas import band_outer, band_plan, host_pinning
 from hybridblas.console import check_output_path, positive_int
 from hybridblas.devices import cuda_bands, cuda_tri_store
 
-from benchmarks.common import command_line, refuse, two_gpus, write_json
+from benchmarks.common import command_line, gpu_sync, refuse, two_gpus, write_json
 from benchmarks.measure.blas_gpu import ROUTINES, call_device, call_hybrid, host_cases, timed
 
 MODULES = {"band_plan": band_plan, "band_outer": band_outer, "cuda_bands": cuda_bands, "cuda_tri_store": cuda_tri_store}
@@ -76,10 +76,7 @@ def parse_setting(items):
 
 def _timed(cp, fn, count):
     """Wall seconds of ``count`` calls of fn(), both GPUs synchronized around each (blas_gpu.timed)."""
-    def sync():
-        for g in (0, 1):
-            cp.cuda.Device(g).synchronize()
-    return timed(fn, sync, count)
+    return timed(fn, gpu_sync(cp, (0, 1)), count)
 
 
 def _device_alone(cp, routine, host_args, n, g):

@@ -10,7 +10,6 @@ host held back.
 """
 import datetime
 import platform
-import time
 
 import numpy as np
 
@@ -18,8 +17,8 @@ import hybridblas as hb
 from hybridblas import band_outer, host_pinning
 from hybridblas.console import check_output_path, positive_int
 
-from benchmarks.common import command_line, refuse, two_gpus, write_json
-from benchmarks.measure.blas_gpu import call_hybrid, make_host, operands
+from benchmarks.common import command_line, gpu_sync, refuse, two_gpus, write_json
+from benchmarks.measure.blas_gpu import call_hybrid, make_host, operands, timed
 
 
 def add_arguments(ap):
@@ -89,15 +88,7 @@ def _one(cp, ctx, n, calls, seen, last_stats, cuda_bands):
             call_hybrid("zgemmt", host_args, kw, c, ctx)
         host_pinning.wait_ready()
         cuda_bands.TRACE = True
-        seconds = []
-        for _ in range(calls):
-            for g in (0, 1):
-                cp.cuda.Device(g).synchronize()
-            t0 = time.perf_counter()
-            call_hybrid("zgemmt", host_args, kw, c, ctx)
-            for g in (0, 1):
-                cp.cuda.Device(g).synchronize()
-            seconds.append(time.perf_counter() - t0)
+        seconds = timed(lambda: call_hybrid("zgemmt", host_args, kw, c, ctx), gpu_sync(cp, (0, 1)), calls)
         cuda_bands.TRACE = False
         stats = {g: last_stats[f"cuda:{g}"] for g in (0, 1)}
         if any(st.get("path") != "bands" or "timeline" not in st for st in stats.values()):

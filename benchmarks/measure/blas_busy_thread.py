@@ -17,15 +17,14 @@ result is checked on sampled entries.
 import statistics
 import sys
 import threading
-import time
 
 import numpy as np
 
 from hybridblas import host_pinning
 from hybridblas.console import check_output_path, positive_int
 
-from benchmarks.common import two_gpu_run, write_json
-from benchmarks.measure.blas_gpu import ROUTINES, call_hybrid, host_cases, sample_error
+from benchmarks.common import gpu_sync, two_gpu_run, write_json
+from benchmarks.measure.blas_gpu import ROUTINES, call_hybrid, host_cases, sample_error, timed
 
 KINDS = ("quiet", "spin", "numpy")
 
@@ -87,9 +86,7 @@ def run(args):
     load = Load()
     rng = np.random.default_rng(7)
 
-    def sync():
-        for g in gpus:
-            cp.cuda.Device(g).synchronize()
+    sync = gpu_sync(cp, gpus)
     for n, routine, host_args, kw, c in host_cases(cp, args.sizes, args.routines):
         for _ in range(2):
             call_hybrid(routine, host_args, kw, c, ctx)
@@ -100,12 +97,7 @@ def run(args):
         for r in range(args.rounds):
             for kind in KINDS if r % 2 == 0 else KINDS[::-1]:
                 load.set(kind)
-                for _ in range(args.calls):
-                    sync()
-                    t0 = time.perf_counter()
-                    call_hybrid(routine, host_args, kw, c, ctx)
-                    sync()
-                    rows[kind].append(time.perf_counter() - t0)
+                rows[kind] += timed(lambda: call_hybrid(routine, host_args, kw, c, ctx), sync, args.calls)
                 load.set("quiet")
         res = slowdown(rows)
         err = sample_error(routine, host_args, c, rng)

@@ -12,14 +12,13 @@ Reported per pass: each call's wall time and the layouts made while it ran (in t
 median and the worst of the timed calls after the first (the first copies freshly locked memory by DMA).
 """
 import statistics
-import time
 
 from hybridblas import band_plan, host_pinning
 from hybridblas.console import check_output_path, positive_int
 from hybridblas.devices import cuda_bands
 
-from benchmarks.common import two_gpu_run, write_json
-from benchmarks.measure.blas_gpu import ROUTINES, call_hybrid, host_cases, sample_error
+from benchmarks.common import gpu_sync, two_gpu_run, write_json
+from benchmarks.measure.blas_gpu import ROUTINES, call_hybrid, host_cases, sample_error, small_copies, timed
 
 
 def add_arguments(ap):
@@ -43,13 +42,11 @@ def run(args):
     rng = np.random.default_rng(7)
     default = band_plan.REBUILD_AHEAD
 
-    def sync():
-        for g in gpus:
-            cp.cuda.Device(g).synchronize()
+    sync = gpu_sync(cp, gpus)
     try:
         for n, routine, host_args, kw, c in host_cases(cp, args.sizes, args.routines):
             print(f"== {routine} n = k = {n}", flush=True)
-            small = tuple(x if np.isscalar(x) else x[:2048, :2048].copy(order="F") for x in host_args)
+            small = small_copies(host_args)
             for ahead in args.ahead:
                 band_plan.wait_rebuilds()
                 band_plan.REBUILD_AHEAD = ahead == "on"
@@ -63,11 +60,7 @@ def run(args):
                 seconds, made = [], []
                 for _ in range(args.calls):
                     before = _kept()
-                    sync()
-                    t0 = time.perf_counter()
-                    call_hybrid(routine, host_args, kw, c, ctx)
-                    sync()
-                    seconds.append(time.perf_counter() - t0)
+                    seconds += timed(lambda: call_hybrid(routine, host_args, kw, c, ctx), sync, 1)
                     made.append(len(_kept() - before))
                 later = seconds[1:] or seconds
                 row = dict(routine=routine, n=n, ahead=ahead, seconds=seconds, layouts_made=made,

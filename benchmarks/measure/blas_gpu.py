@@ -26,7 +26,7 @@ from hybridblas import host_pinning, peers
 from hybridblas.devices import cuda_bands
 from hybridblas.console import positive_int
 
-from benchmarks.common import command_line, refuse, write_json
+from benchmarks.common import command_line, gpu_sync, refuse, write_json
 from benchmarks.plotting import pyplot, save
 
 ROUTINES = ("zherk", "zher2k", "zgemmt")
@@ -69,6 +69,12 @@ def host_cases(cp, sizes, routines):
             host_args, kw = operands(routine, a, b)
             yield n, routine, host_args, kw, c
         host_pinning.clear()
+
+
+def small_copies(args, edge=2048):
+    """The routine's arguments with each array cut to its leading edge x edge block, copied (a warm-up call on a
+    view of the big arrays would page-lock them)."""
+    return tuple(x if np.isscalar(x) else x[:edge, :edge].copy(order="F") for x in args)
 
 
 def call_hybrid(routine, args, kw, c, ctx):
@@ -250,9 +256,7 @@ def run(opts):
     log("# transfers (GB/s): " + ", ".join(f"{k} {v:.1f}" for k, v in doc["transfers"].items()))
     xt_rate = {}
 
-    def sync_all():
-        for g in gpus:
-            cp.cuda.Device(g).synchronize()
+    sync_all = gpu_sync(cp, gpus)
 
     def free_pools():
         for g in gpus:
@@ -302,7 +306,7 @@ def run(opts):
                 context = ctx[(strategy, len(used))]
                 if (label, mode, routine, len(used)) not in warmed:
                     # warm up on small copies: a view of the big arrays would page-lock them here
-                    small = tuple(x if np.isscalar(x) else x[:2048, :2048].copy(order="F") for x in args)
+                    small = small_copies(args)
                     call_hybrid(routine, small, kw, None, context)
                     warmed.add((label, mode, routine, len(used)))
                 # the default pin_host="auto": the first call stages the host operands through the ring,

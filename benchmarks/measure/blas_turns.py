@@ -27,7 +27,7 @@ import numpy as np
 from hybridblas import host_pinning
 from hybridblas.console import check_output_path, positive_int
 
-from benchmarks.common import two_gpu_run, write_json
+from benchmarks.common import gpu_sync, two_gpu_run, write_json
 from benchmarks.measure.blas_band_replay import Clocks
 from benchmarks.measure.blas_gpu import FLOPS, ROUTINES, call_device, call_hybrid, host_cases, sample_error
 
@@ -78,9 +78,7 @@ def _rounds(cp, routine, host_args, kw, c, ctx, dev, out, rounds):
     order; hybridblas warmed up first (the second call page-locks the operands: pin_host="auto")."""
     gpus = sorted(dev)
 
-    def sync():
-        for g in gpus:
-            cp.cuda.Device(g).synchronize()
+    sync = gpu_sync(cp, gpus)
     _device_calls(cp, routine, dev, out, gpus)
     for _ in range(2):
         call_hybrid(routine, host_args, kw, c, ctx)
