@@ -211,7 +211,7 @@ def run(args):
         t0 = time.perf_counter()
         calls = timed(lambda: call_hybrid("zgemmt", host_args, kw, c, ctx), sync, args.calls)
         call_window = (t0, time.perf_counter())
-        stats = {g: last_stats[f"cuda:{g}"] for g in (0, 1)}
+        stats = {g: last_stats.get(f"cuda:{g}", {}) for g in (0, 1)}
         if any(st.get("path") != "bands" for st in stats.values()):
             refuse(f"zgemmt n = {n} did not take the band path on both GPUs: nothing to replay")
         replays = [_Replay(cp, g, a, b, n, stats[g]["products"]) for g in (0, 1)]

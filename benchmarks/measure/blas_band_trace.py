@@ -90,7 +90,7 @@ def _one(cp, ctx, n, calls, seen, last_stats, cuda_bands):
         cuda_bands.TRACE = True
         seconds = timed(lambda: call_hybrid("zgemmt", host_args, kw, c, ctx), gpu_sync(cp, (0, 1)), calls)
         cuda_bands.TRACE = False
-        stats = {g: last_stats[f"cuda:{g}"] for g in (0, 1)}
+        stats = {g: last_stats.get(f"cuda:{g}", {}) for g in (0, 1)}
         if any(st.get("path") != "bands" or "timeline" not in st for st in stats.values()):
             refuse(f"zgemmt n = {n} did not take the band path on both GPUs: no timeline")
         lay = seen["layout"]
