@@ -51,7 +51,7 @@ import numpy as np
 
 from .. import cublas, cuda_transfer, downloads, host_pinning, plan, policy, workers
 from ..band_outer import simulate
-from ..band_plan import device_bytes, layout_for, padded_rows, region, upload_bytes
+from ..band_plan import device_bytes, layout_for, padded_rows, rebuilding, region, upload_bytes
 from ..faults import DeviceFailure, DeviceFailureWarning
 from ..kernels import compute_block
 from ..problem import Operand
@@ -312,6 +312,10 @@ class _Call:
         self.direct = [False] * len(self.layout.uniques)    # per unique factor: page-locked (DMA) this call
         self.direct_c = False
         self.first_dma = False          # the first call to copy one of its arrays by DMA: not calibrated
+        self.pin_pending = False        # an operand or C being page-locked: the call stages it, later ones will not
+        self.first_use = self.layout.calls == 0     # the layout's first call: its shapes' kernels load, no rates
+        self.layout.calls += 1
+        self.beside_build = rebuilding()    # a layout being made beside the call: its products were queued late
 
     # ------------------------------------------------------------------ the call
     def abandon(self):
@@ -388,6 +392,7 @@ class _Call:
         self.direct = [host_pinning.is_ready(pin) for pin in self.pins]
         self.direct_c = host_pinning.is_ready(self.pin_c)
         self.first_dma = any([host_pinning.first_direct_use(pin) for pin in self.pins + [self.pin_c]])
+        self.pin_pending = any(pin is not None and not host_pinning.is_ready(pin) for pin in self.pins + [self.pin_c])
 
     def _take_rings(self):
         """The staging rings this call needs, all of them or none: a call never holds one GPU's ring while it
@@ -684,6 +689,13 @@ class _Call:
         first upload and first product queued) and the calibration of this GPU's rates (``calibrated``)."""
         wall = time.perf_counter() - t0
         elapsed = self.cp.cuda.get_elapsed_time
+        # no rates from a call whose kernels or copies ran slow for other reasons: its first copies by DMA, its
+        # layout's first call (the kernels of its shapes load: 2 x H100, zgemmt n = k = 8192, 27 ms of kernels
+        # against 20), or a call beside a layout build in a worker thread (its products queued late: 33 TF/s
+        # against 51); such readings had moved the bands back and forth for five calls after page-locking
+        reading = not (self.first_dma or self.first_use or self.beside_build or rebuilding())
+        staged = not (all(self.direct) and self.direct_c)
+        speeds = reading and not (staged and self.pin_pending)    # staged only until the locks are made: no speed
         for gpu in self.gpus:
             st = dict(gpu.stats, **gpu.marks, wall_s=wall, path="bands", order=self.layout.order,
                       steps=len(self.layout.steps),
@@ -701,13 +713,13 @@ class _Call:
                           kernels={k: {"s": t, "tflops": f / max(t, 1e-12) / 1e12} for k, (t, f) in classes.items()},
                           products=[(x.i0, x.i1, x.j0, x.j1, x.k0, x.k1, bool(x.diag), t)
                                     for (*_, x), t in zip(ev, times)])
-                if _warm(gpu.device, self.problem.kind) and not self.first_dma:  # kernels loading, first DMA: no rate
+                if _warm(gpu.device, self.problem.kind) and speeds:     # see ``reading``: no rate
                     size = (self.problem.n, self.problem.k, len(self.gpus))
                     _calibrate(gpu.device, "flops", self.problem.kind,
-                               sum(f for _, f in classes.values()) / max(kernel, 1e-12), size)
+                               sum(f for _, f in classes.values()) / max(kernel, 1e-12), size, staged=staged)
                     mix = _mix(classes)
                     if mix is not None and self.layout.corner and self.layout.order == "outer":
-                        _calibrate(gpu.device, "mix", self.problem.kind, mix, size)
+                        _calibrate(gpu.device, "mix", self.problem.kind, mix, size, staged=staged)
             if TRACE:
                 st["timeline"] = _timeline(self.cp, gpu)
             lay = self.layout       # the links' rates: each copy's bytes over the share its segments reach
@@ -715,13 +727,13 @@ class _Call:
                 t = max(elapsed(*gpu.upload_events) / 1e3, 1e-12)
                 st["upload_gbps"] = gpu.stats["bytes_from_host"] / t / 1e9
                 link = sum(lay.link_bytes(x) for x in lay.uploads(gpu.slot)) / t
-                if not self.first_dma:
+                if reading:
                     _calibrate(gpu.device, "h2d_pinned", None, link)
             if gpu.copy_events:
                 t = max(copies, 1e-12)
                 st["writeback_gbps"] = gpu.stats["bytes_to_host"] / t / 1e9
                 link = sum(lay.write_bytes(task) for block in gpu.blocks for task in block) / t
-                if not self.first_dma:
+                if reading:
                     _calibrate(gpu.device, "d2h_pinned", None, link)
             cuda.last_stats[gpu.device.name] = st
 
@@ -999,8 +1011,9 @@ MULTIPROCESSOR_COUNT = 16  # cudaDevAttrMultiProcessorCount
 _sm_counts = {}            # GPU index -> its SMs
 _sms_lock = threading.Lock()
 _calibration = {}          # device name -> {"h2d_pinned" | "d2h_pinned": [bytes/s readings], ("flops", kind, size
-                           # class): [flop/s readings], ("mix", kind, size class): (ratio, share), "warm": the kinds
-                           # that ran here before}
+                           # class): [flop/s readings], ("mix", kind, size class): (ratio, share), ("staged", "flops"
+                           # or "mix", kind, size class): whether those came from staged calls only (_calibrate),
+                           # "warm": the kinds that ran here before}
 _calibration_lock = threading.Lock()
 
 
@@ -1044,16 +1057,27 @@ def _warm(device, kind):
         return known
 
 
-def _calibrate(device, what, kind, value, size=None):
+def _calibrate(device, what, kind, value, size=None, staged=False):
     """Fold one call's measurement into the device's rates. A transfer rate ('h2d_pinned', 'd2h_pinned') or a
     speed ("flops", of a call of ``size`` (n, k, GPUs)) is one of its last READINGS readings, the upper median of which
     counts: a call that shared the links or the GPU with another is one reading, which neither turns the bands
     off for good nor holds the model to a first fast reading (the fall from PINNED_RATE to a measured write-back
     rate of ~29 GB/s had taken some twenty calls). A mix ("mix": _mix, of a call of ``size``) is the last
-    call's."""
+    call's. A speed or mix from a call that staged operands or C through host buffers (``staged``) counts only
+    until one from a call that read and wrote them by DMA comes, which then replaces them: the staging threads
+    hold the interpreter, so such a call's products are queued late and its kernels' times run long (2 x H100,
+    zgemmt n = k = 8192: 27-37 TF/s against 52-54 once page-locked)."""
     with _calibration_lock:
         rates = _calibration.setdefault(device.name, {})
         key = what if what in ("h2d_pinned", "d2h_pinned") else (what, kind, _size_class(size))
+        tag = ("staged",) + key if what in ("flops", "mix") else None
+        if tag is not None and key in rates:
+            if staged and not rates.get(tag, False):
+                return                          # readings by DMA are kept: a staged one would pull them down
+            if not staged and rates.get(tag, False):
+                del rates[key]                  # the staged readings make way for the first by DMA
+        if tag is not None:
+            rates[tag] = staged
         old = rates.pop(key, None)              # re-entered: the class measured last is last (calibrated(size=None))
         rates[key] = value if what == "mix" else ((old or []) + [value])[-READINGS:]
 

@@ -320,6 +320,50 @@ def test_the_first_call_to_copy_freshly_locked_arrays_calibrates_nothing(monkeyp
 
 
 @pytest.mark.gpu
+def test_no_speed_from_a_layouts_first_call_nor_from_one_beside_a_layout_build(monkeypatch, rng):
+    """A call that stages operands while their page-locks are being made, a layout's first call (its shapes'
+    kernels load) and a call while a worker thread makes a layout (its products are queued late) record no
+    speed; the next quiet call by DMA on a layout it has run before does."""
+    from collections import OrderedDict
+
+    from hybridblas import band_plan
+    _bands_always(monkeypatch)
+    monkeypatch.setattr(cuda_bands, "_calibration", {})
+    monkeypatch.setattr(band_plan, "_cache", OrderedDict())
+    monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)
+    host_pinning.clear()
+    n, k = 1500, 1200
+    a = rng.standard_normal((n, k)) + 1j * rng.standard_normal((n, k))
+    c = np.full((n, n), np.nan + 0j, order="F")
+    gpus = _gpus()
+    ctx = hb.Context(devices=gpus, min_call_seconds=0, pin_host=True)
+    dev, size = gpus[0], (n, k, len(gpus))
+    try:
+        with monkeypatch.context() as locking:                 # the locks not made yet: every call stages
+            locking.setattr(host_pinning, "is_ready", lambda pin: False)
+            for _ in range(2):
+                hb.herk(1.0, a, 0.0, c, context=ctx)
+            assert cuda_bands.calibrated(dev, "herk", size) is None
+        host_pinning.wait_ready()
+        hb.herk(1.0, a, 0.0, c, context=ctx)                   # the first copies by DMA
+        band_plan._cache.clear()
+        hb.herk(1.0, a, 0.0, c, context=ctx)                   # a new layout's first call
+        assert _path(ctx) == {"bands"}
+        assert cuda_bands.calibrated(dev, "herk", size) is None
+        monkeypatch.setattr(cuda_bands, "rebuilding", lambda: True)
+        hb.herk(1.0, a, 0.0, c, context=ctx)
+        assert cuda_bands.calibrated(dev, "herk", size) is None
+        monkeypatch.setattr(cuda_bands, "rebuilding", band_plan.rebuilding)
+        hb.herk(1.0, a, 0.0, c, context=ctx)
+        assert cuda_bands.calibrated(dev, "herk", size) is not None
+    finally:
+        host_pinning.clear()
+    low = np.tril(np.ones((n, n), bool))
+    want = a @ a.conj().T
+    assert np.abs(c[low] - want[low]).max() / np.abs(want).max() < 1e-13
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("beta", [0.0, 0.5 + 0.25j])
 def test_gemmt_diagonals_on_the_side_stream(beta, small_units, monkeypatch, rng):
     """zgemmt's herkx diagonals computed on each GPU's side stream while the herkx runs: the side stream did

@@ -257,3 +257,29 @@ def test_the_side_stream_computes_the_dots_after_the_compute_stream_reached_them
     assert seen == [("alloc", "comp", (5, 1, 1)), ("record", "comp"), ("wait", "side", "event-2"),
                     ("dots", "side", "values"), ("record", "side")]
     assert (values, ready) == ("values", "event-5")
+
+
+def test_staged_readings_count_only_until_one_by_dma(fresh):
+    """Speeds and mixes from calls that staged their operands through host buffers (products queued late, kernel
+    times long) serve until the first reading from a call by DMA, which replaces them; after that a staged reading
+    changes nothing. Link rates are not staged readings."""
+    dev = SimpleNamespace(name="cuda:0")
+    size = (8192, 8192, 2)
+    cuda_bands._calibrate(dev, "flops", "gemmt", 27e12, size, staged=True)
+    cuda_bands._calibrate(dev, "flops", "gemmt", 36e12, size, staged=True)
+    assert cuda_bands.calibrated(dev, "gemmt", size) == 36e12              # nothing better yet
+    cuda_bands._calibrate(dev, "mix", "gemmt", (0.3, 0.2), size, staged=True)
+    cuda_bands._calibrate(dev, "flops", "gemmt", 52e12, size)
+    assert cuda_bands.calibrated(dev, "gemmt", size) == 52e12              # the staged ones are gone
+    cuda_bands._calibrate(dev, "mix", "gemmt", (0.8, 0.16), size)
+    for _ in range(4):
+        cuda_bands._calibrate(dev, "flops", "gemmt", 20e12, size, staged=True)
+        cuda_bands._calibrate(dev, "mix", "gemmt", (0.2, 0.16), size, staged=True)
+    assert cuda_bands.calibrated(dev, "gemmt", size) == 52e12
+    assert cuda_bands.calibrated(dev, ("mix", "gemmt"), size) == (0.8, 0.16)
+    cuda_bands._calibrate(dev, "flops", "gemmt", 54e12, size)
+    assert cuda_bands.calibrated(dev, "gemmt", size) == 54e12              # readings by DMA go on as before
+    other = SimpleNamespace(name="cuda:1")                     # a GPU that only ever staged keeps its readings
+    for value in (30e12, 31e12, 32e12):
+        cuda_bands._calibrate(other, "flops", "gemmt", value, size, staged=True)
+    assert cuda_bands.calibrated(other, "gemmt", size) == 31e12
