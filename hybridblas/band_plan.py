@@ -400,7 +400,8 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
     measured rates move from call to call). ``ahead`` (a call's own layout, REBUILD_AHEAD): where the signature has
     a kept layout that no longer serves (_stale) and ``ahead(layout)`` says it can serve this call, it does, and a
     worker thread makes the new one for the next calls (one at a time per signature, holding ``problem`` until it
-    is made; a rebuild that raised leaves the next call to make its layout itself; wait_rebuilds waits for them);
+    is made, and keeping the served one instead where the model takes that one about as fast: REBUILD_GAIN; a
+    rebuild that raised leaves the next call to make its layout itself; wait_rebuilds waits for them);
     None: made in the call. A layout from here holds no reference to the call's arrays (``problem`` is None)."""
     speeds = list(speeds or rates)
     values = list(rates) + _plain(speeds, mixes) + [writeback_rate, upload_rate] + [r for r, _ in mixes or ()]
@@ -419,7 +420,7 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
     if stale is not None and ahead(stale):          # the caller's check, outside the lock
         with _cache_lock:
             if key not in _rebuilds:
-                _rebuilds[key] = workers.start(_rebuild, key, values, args, name="layout")
+                _rebuilds[key] = workers.start(_rebuild, key, values, args, stale, name="layout")
         return stale
     return _keep(key, values, _build(*args))
 
@@ -444,9 +445,15 @@ def _plain(speeds, mixes):
     return [s * (1.0 - share + share / ratio) for s, (ratio, share) in zip(speeds, mixes)]
 
 
-def _rebuild(key, values, args):
-    """A worker's job (layout_for's ``ahead``): make the layout for ``values`` and keep it."""
-    _keep(key, values, _build(*args))
+def _rebuild(key, values, args, kept=None):
+    """A worker's job (layout_for's ``ahead``): make the layout for ``values`` and keep it, or keep ``kept`` (the
+    layout the call took meanwhile) for them where the model takes ``kept`` at most REBUILD_GAIN slower at them."""
+    lay = _build(*args)
+    if kept is not None and lay.modelled:
+        _problem, _rates, writeback_rate, upload_rate, _shared, speeds = args[:6]
+        if band_outer.simulate(kept, speeds, upload_rate, writeback_rate) <= (1.0 + REBUILD_GAIN) * lay.modelled:
+            lay = kept
+    _keep(key, values, lay)
     with _cache_lock:
         _rebuilds.pop(key, None)
 
@@ -530,6 +537,9 @@ REBUILD_AHEAD = True      # a call whose kept layout no longer serves takes it w
                           # (layout_for's ``ahead``): 2 x H100, the first calls after page-locking made new
                           # layouts as their rates were measured, zgemmt n = k = 8192 6 ms on the call's
                           # 28, 16384 42 ms
+REBUILD_GAIN = 0.01       # ... and its new layout replaces the kept one only where the model takes the kept one this
+                          # much slower at the new rates: a new layout's first call loads its shapes' kernels (2 x
+                          # H100, zgemmt n = k = 8192: 36-57 ms against 28; its edges moved by 1 %)
 _cache = OrderedDict()
 _cache_lock = threading.Lock()
 _rebuilds = {}            # signature key -> the worker's Job making its layout

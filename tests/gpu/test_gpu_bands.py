@@ -406,6 +406,8 @@ def test_a_call_whose_rates_moved_runs_on_the_kept_layout_while_a_worker_makes_t
     _bands_always(monkeypatch)
     monkeypatch.setattr(band_plan, "_cache", OrderedDict())
     monkeypatch.setattr(band_plan, "_rebuilds", {})
+    monkeypatch.setattr(band_plan, "REBUILD_GAIN", -1.0)     # the new layout, however small the model's gain (a
+                                                             # call this small is the uploads': its own unit test)
     used = []
     real_init = cuda_bands._Call.__init__
 

@@ -482,3 +482,28 @@ def test_a_kept_layout_is_compared_on_speeds_less_the_diagonal_blocks_cost(monke
     assert B.layout_for(gemmt, same, wb, up, mixes=other) is lay
     assert B.layout_for(gemmt, speeds, wb, up, mixes=other) is not lay            # plain shares moved 2.2 %
     assert B.layout_for(gemmt, speeds, wb, up, mixes=[(0.5, 0.16), (0.8, 0.08)]) is not lay    # a ratio moved
+
+
+def test_a_rebuild_keeps_the_served_layout_where_the_model_takes_it_about_as_fast(monkeypatch):
+    """Rates that moved past the kept layout's but left the GPUs' shares (the default rates, then both GPUs
+    measured alike): the worker's new layout is no faster in the model, so the served one is kept for the new
+    rates (no new layout whose first call loads its kernels); shares that moved get the new layout."""
+    from collections import OrderedDict
+    monkeypatch.setattr(B, "_cache", OrderedDict())
+    monkeypatch.setattr(B, "_rebuilds", {})
+    wb, up = 45e9, 48e9
+    gemmt = build("gemmt", "CN", 8192, 8192, Z, True, "F")
+    first = B.layout_for(gemmt, [4e13, 4e13], 5e10, 5e10, ahead=_any)
+    first.build_s = 0.0                 # shares served by SHARE_SLACK alone (_serves' payback: its own test)
+    alike = [5.3e13, 5.3e13]
+    assert B.layout_for(gemmt, alike, wb, up, ahead=_any) is first          # served while the worker makes one
+    assert B.wait_rebuilds(timeout=60)
+    assert B.layout_for(gemmt, alike, wb, up, ahead=_any) is first          # kept for the new rates
+    assert O.simulate(first, alike, up, wb) <= (1 + B.REBUILD_GAIN) * B._build(
+        gemmt, alike, wb, up, True, alike, None, None).modelled
+    apart = [4.0e13, 6.6e13]
+    assert B.layout_for(gemmt, apart, wb, up, ahead=_any) is first
+    assert B.wait_rebuilds(timeout=60)
+    new = B.layout_for(gemmt, apart, wb, up, ahead=_any)
+    assert new is not first and new.edges[1] < first.edges[1]
+    assert O.simulate(first, apart, up, wb) > (1 + B.REBUILD_GAIN) * new.modelled
