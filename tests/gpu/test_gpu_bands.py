@@ -288,10 +288,9 @@ def test_bands_keep_their_memory_for_the_next_call_and_give_it_up_under_pressure
     assert np.abs(c[low] - want[low]).max() / np.abs(want).max() < 1e-13
 
 
-@pytest.mark.gpu
-def test_the_first_call_to_copy_freshly_locked_arrays_calibrates_nothing(monkeypatch, rng):
-    """A call whose operands or C were page-locked since the last call (their first copies by DMA) records no
-    link rate and no speed; the next one records both."""
+def _locked_herk(monkeypatch, rng):
+    """A herk on the band path whose operands are page-locked from its first call on (pin_host=True), no rates
+    calibrated yet: (a, c (NaN), the Context, its first GPU, the speeds' size)."""
     _bands_always(monkeypatch)
     monkeypatch.setattr(cuda_bands, "_calibration", {})
     monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)
@@ -300,23 +299,33 @@ def test_the_first_call_to_copy_freshly_locked_arrays_calibrates_nothing(monkeyp
     a = rng.standard_normal((n, k)) + 1j * rng.standard_normal((n, k))
     c = np.full((n, n), np.nan + 0j, order="F")
     gpus = _gpus()
-    ctx = hb.Context(devices=gpus, min_call_seconds=0, pin_host=True)
-    dev = gpus[0]
+    return a, c, hb.Context(devices=gpus, min_call_seconds=0, pin_host=True), gpus[0], (n, k, len(gpus))
+
+
+def _assert_herk(a, c):
+    low = np.tril(np.ones(c.shape, bool))
+    want = a @ a.conj().T
+    assert np.abs(c[low] - want[low]).max() / np.abs(want).max() < 1e-13
+
+
+@pytest.mark.gpu
+def test_the_first_call_to_copy_freshly_locked_arrays_calibrates_nothing(monkeypatch, rng):
+    """A call whose operands or C were page-locked since the last call (their first copies by DMA) records no
+    link rate and no speed; the next one records both."""
+    a, c, ctx, dev, size = _locked_herk(monkeypatch, rng)
     try:
         hb.herk(1.0, a, 0.0, c, context=ctx)                   # staged while the lock is made; loads the kernels
         host_pinning.wait_ready()
         hb.herk(1.0, a, 0.0, c, context=ctx)                   # the first copies by DMA
         assert _path(ctx) == {"bands"}
         assert cuda_bands.calibrated(dev, "h2d_pinned") is None and cuda_bands.calibrated(dev, "d2h_pinned") is None
-        assert cuda_bands.calibrated(dev, "herk", (n, k, len(gpus))) is None
+        assert cuda_bands.calibrated(dev, "herk", size) is None
         hb.herk(1.0, a, 0.0, c, context=ctx)
         assert cuda_bands.calibrated(dev, "d2h_pinned") is not None
-        assert cuda_bands.calibrated(dev, "herk", (n, k, len(gpus))) is not None
+        assert cuda_bands.calibrated(dev, "herk", size) is not None
     finally:
         host_pinning.clear()
-    low = np.tril(np.ones((n, n), bool))
-    want = a @ a.conj().T
-    assert np.abs(c[low] - want[low]).max() / np.abs(want).max() < 1e-13
+    _assert_herk(a, c)
 
 
 @pytest.mark.gpu
@@ -327,17 +336,8 @@ def test_no_speed_from_a_layouts_first_call_nor_from_one_beside_a_layout_build(m
     from collections import OrderedDict
 
     from hybridblas import band_plan
-    _bands_always(monkeypatch)
-    monkeypatch.setattr(cuda_bands, "_calibration", {})
     monkeypatch.setattr(band_plan, "_cache", OrderedDict())
-    monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)
-    host_pinning.clear()
-    n, k = 1500, 1200
-    a = rng.standard_normal((n, k)) + 1j * rng.standard_normal((n, k))
-    c = np.full((n, n), np.nan + 0j, order="F")
-    gpus = _gpus()
-    ctx = hb.Context(devices=gpus, min_call_seconds=0, pin_host=True)
-    dev, size = gpus[0], (n, k, len(gpus))
+    a, c, ctx, dev, size = _locked_herk(monkeypatch, rng)
     try:
         with monkeypatch.context() as locking:                 # the locks not made yet: every call stages
             locking.setattr(host_pinning, "is_ready", lambda pin: False)
@@ -358,9 +358,7 @@ def test_no_speed_from_a_layouts_first_call_nor_from_one_beside_a_layout_build(m
         assert cuda_bands.calibrated(dev, "herk", size) is not None
     finally:
         host_pinning.clear()
-    low = np.tril(np.ones((n, n), bool))
-    want = a @ a.conj().T
-    assert np.abs(c[low] - want[low]).max() / np.abs(want).max() < 1e-13
+    _assert_herk(a, c)
 
 
 @pytest.mark.gpu
