@@ -695,7 +695,7 @@ class _Call:
         # against 51); such readings had moved the bands back and forth for five calls after page-locking
         reading = not (self.first_dma or self.first_use or self.beside_build or rebuilding())
         staged = not (all(self.direct) and self.direct_c)
-        speeds = reading and not (staged and self.pin_pending)    # staged only until the locks are made: no speed
+        speed_reading = reading and not (staged and self.pin_pending)  # staged while locks are made: no speed
         for gpu in self.gpus:
             st = dict(gpu.stats, **gpu.marks, wall_s=wall, path="bands", order=self.layout.order,
                       steps=len(self.layout.steps),
@@ -713,7 +713,7 @@ class _Call:
                           kernels={k: {"s": t, "tflops": f / max(t, 1e-12) / 1e12} for k, (t, f) in classes.items()},
                           products=[(x.i0, x.i1, x.j0, x.j1, x.k0, x.k1, bool(x.diag), t)
                                     for (*_, x), t in zip(ev, times)])
-                if _warm(gpu.device, self.problem.kind) and speeds:     # see ``reading``: no rate
+                if _warm(gpu.device, self.problem.kind) and speed_reading:     # see ``reading``
                     size = (self.problem.n, self.problem.k, len(self.gpus))
                     _calibrate(gpu.device, "flops", self.problem.kind,
                                sum(f for _, f in classes.values()) / max(kernel, 1e-12), size, staged=staged)
