@@ -234,6 +234,29 @@ def test_corner_order_for_two_distinct_factors_and_faster_in_the_model(monkeypat
     assert corner.modelled < 0.85 * columns.modelled
 
 
+def test_a_stretch_every_gpus_first_block_reads_goes_up_first_a_part_on_each_link(monkeypatch):
+    """SPLIT_FIRST: zgemmt's first blocks on two GPUs both read B's first columns; that stretch goes up before the
+    rest that is needed as early, in a part per GPU, so each GPU's first block has its reads after two uploads on
+    either link (without: after its owner's second upload, then a peer copy), and the model takes the call faster."""
+    speeds, wb, up = [5.2e13, 5.1e13], 33e9, 46e9
+    gemmt = build("gemmt", "CN", 8192, 8192, Z, True, "F")
+
+    def made(split):
+        monkeypatch.setattr(O, "SPLIT_FIRST", split)
+        return B.BandLayout(gemmt, speeds, wb, up, order="outer", sms=132)
+    lay, before = made(True), made(False)
+    assert lay.edges == before.edges and lay.blocks == before.blocks
+    a, b = lay.pieces[:2]
+    assert (a.factor, a.o1, a.k0, a.k1) == (b.factor, b.o0, 0, 8192) and {a.owner, b.owner} == {0, 1}
+    assert all(x.index in lay.block_pieces[g][0] for x in (a, b) for g in (0, 1))
+    for g in (0, 1):
+        for i in lay.block_pieces[g][0]:
+            x = lay.pieces[i]
+            assert lay.uploads(x.owner).index(x) < 2
+    assert sum(x.nbytes for x in lay.pieces) == sum(x.nbytes for x in before.pieces)
+    assert lay.modelled < 0.99 * before.modelled
+
+
 def test_corner_bands_count_the_diagonal_blocks_once():
     """Speeds measured by a corner-order call already pay for its band's diagonal blocks: given that call's
     mixes, the bands come out where the GPUs' plain speeds put them (not moved again toward the other GPU), and
@@ -305,6 +328,7 @@ def test_a_call_takes_the_kept_layout_while_a_worker_makes_the_new_one(monkeypat
     from collections import OrderedDict
     monkeypatch.setattr(B, "_cache", OrderedDict())
     monkeypatch.setattr(B, "_rebuilds", {})
+    monkeypatch.setattr(B, "REBUILD_GAIN", -1.0)    # a rebuild keeps its new layout (REBUILD_GAIN: its own test)
     speeds, moved, wb, up = [5.2e13, 5.2e13], [6.0e13, 4.4e13], 45e9, 50e9
     gemmt = build("gemmt", "CN", 4096, 4096, Z, True, "F")
     first = B.layout_for(gemmt, speeds, wb, up, ahead=_any)            # nothing kept: made here
@@ -351,6 +375,7 @@ def test_a_rebuild_that_raises_leaves_the_next_call_to_make_its_layout(monkeypat
     from collections import OrderedDict
     monkeypatch.setattr(B, "_cache", OrderedDict())
     monkeypatch.setattr(B, "_rebuilds", {})
+    monkeypatch.setattr(B, "REBUILD_GAIN", -1.0)    # a good rebuild keeps its new layout
     speeds, moved, wb, up = [5.2e13, 5.2e13], [6.0e13, 4.4e13], 45e9, 50e9
     gemmt = build("gemmt", "CN", 4096, 4096, Z, True, "F")
     first = B.layout_for(gemmt, speeds, wb, up, ahead=_any)
