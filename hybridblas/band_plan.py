@@ -81,7 +81,7 @@ class BandLayout:
         self.sms = sms            # the GPUs' fewest SMs: the corner order's diagonal widths (band_outer.diag_width)
         self.modelled = None      # seconds band_outer.simulate gave at the rates it was laid out for (if run)
         self.build_s = None       # seconds layout_for took to make it (both orders)
-        self.calls = 0            # band calls that have taken it (cuda_bands: the first one's kernels are no reading)
+        self.calls = 0            # band calls that have run on it (cuda_bands: the first one's kernels are no reading)
         self._upload_share = None
         self.slots = len(rates)
         self.k = problem.k

@@ -8,9 +8,10 @@ page-locked, best of 4 in one process: tiles took 46.5 ms for zherk (0.40 of the
 for zher2k, 50.8 for zgemmt; bands 27.7 (0.67), 51.5 (0.80) and 49.0. At 16384: 206 / 187, 412 / 372,
 237 / 209 ms.
 
-Per GPU of the call three jobs run:
-- the feeder uploads the pieces this GPU owns, in k order, on ``s_in`` (one DMA each from page-locked
-  operands, else through the GPU's staging ring) and posts an event for each on the call's board;
+Per GPU of the call up to three jobs run:
+- the pieces this GPU owns go up in k order on ``s_in``, each with an event posted on the call's board: those
+  from page-locked operands one DMA each, queued by the calling thread before the jobs start, the GPUs' pieces
+  in turn; the rest (through the GPU's staging ring) and C's old values by the feeder, started only for them;
 - the worker copies the pieces it needs from the GPUs that uploaded them (``s_peer``, after their events),
   then queues the band's products step by step on ``s_comp`` (a herkx's diagonal values on ``s_side`` while
   the herkx runs), and in the final range block by block, each after the pieces it reads (all of them before
@@ -26,7 +27,7 @@ The streams of a GPU are a set that serves one call at a time and is kept for th
 arena of its compute stream keeps the call's arrays' blocks, so a call of the same shapes allocates no GPU
 memory (cudaMalloc and cudaFree of the factors had cost 11-23 ms a call at n = 8192-16384); CuPy frees the
 kept blocks when another allocation needs the memory. The set keeps the call's CUDA events too (_StreamSet). The
-calling thread makes the GPUs' arrays before the jobs start, so the feeders upload as soon as they run. The layout
+calling thread makes the GPUs' arrays before the jobs start. The layout
 (band_plan.layout_for) is cached: where measured rates have moved past the kept one, it serves the call while a
 worker thread makes the new one (a layout costs 6-42 ms of host time at n = 8192-16384); applies() hands the one
 it checked to run() (RunOptions.bands).
@@ -80,6 +81,13 @@ DIAG_WIDTHS = True        # the corner order's diagonal blocks at widths whose h
 SIDE_DOTS = True          # a herkx's diagonal values (gemmt) on a second stream while the herkx runs (_Side): 2 x
                           # H100, zgemmt A^H B n = k = 8192, best of 10 calls 28.2 / 28.0 ms against 28.4 / 28.7 on
                           # the compute stream (GPU 0's diagonal blocks 37.5-37.9 TF/s against 32.2)
+CALLER_UPLOADS = True     # the calling thread queues the pieces that go as one DMA each (_Call._queue_uploads;
+                          # False: the feeders queue all of them). 2 x H100, n = k = 8192, turns of 3 calls, median of
+                          # 18: zgemmt 29.3 ms against 30.7, zherk 28.1 against 29.2, zher2k 51.8 against 53.3 (all of
+                          # them before the jobs start); with HEAD_PIECES and SPLIT_FIRST against neither: zgemmt 28.3 /
+                          # 28.8, zherk 26.7 / 27.7, zher2k 51.7 / 53.8; 16384 zgemmt 186.4 / 187.4, zherk 189.8 / 190.7
+HEAD_PIECES = 2           # ... of each GPU before the jobs start, the rest once they run (all before: the workers
+                          # started 2.4-2.7 ms into zgemmt at 8192; medians 28.1, 26.5, 51.4 ms: within the noise)
 TRACE = False             # each call's timeline in cuda.last_stats (_timeline): timing events around every upload
                           # and peer copy (benchmarks.blas band-trace)
 _DOUBLE = (np.dtype(np.float64), np.dtype(np.complex128))
@@ -269,6 +277,8 @@ class _Gpu:
         self.stats = {"bytes_from_host": 0, "bytes_from_peer": 0, "bytes_to_host": 0}
         self.kernel_events = []                  # (start, end, class, flops, task over its k range) of each product
         self.upload_events = None                # (start, end) around this GPU's uploads of pieces
+        self.first_upload = None                 # the start event of those
+        self.fed = 0                             # how many of its pieces the calling thread queued
         self.copy_events = []                    # (start, end, block) around each block's copy into C (DMA)
         self.piece_events = []                   # ("upload" | "peer", piece index, start, end, host seconds after the
                                                  # call began when queued) of each piece it moved
@@ -280,7 +290,7 @@ class _Gpu:
         self.ring_in = self.ring_out = None
         self.old_ready = []                      # per block: event after C's old values landed (beta != 0)
         self.old_posted = threading.Semaphore(0)
-        self.measured = None                     # _Call._measure's times, taken by the writer once all is done
+        self.summary = None                      # _Call._summary, made by the writer once all is done
 
     def streams(self):
         return self.set.all()
@@ -313,8 +323,7 @@ class _Call:
         self.direct_c = False
         self.first_dma = False          # the first call to copy one of its arrays by DMA: not calibrated
         self.pin_pending = False        # an operand or C being page-locked: the call stages it, later ones will not
-        self.first_use = self.layout.calls == 0     # the layout's first call: its shapes' kernels load, no rates
-        self.layout.calls += 1
+        self.first_use = False          # the layout's first call to run: its shapes' kernels load, no rates
         self.beside_build = rebuilding()    # a layout being made beside the call: its products were queued late
 
     # ------------------------------------------------------------------ the call
@@ -327,16 +336,23 @@ class _Call:
 
     def execute(self, reserves):
         t0 = self.t0 = time.perf_counter()
+        self.first_use = self.layout.calls == 0         # counted here: an abandoned call ran nothing
+        self.layout.calls += 1
         jobs = []
         try:
             self._pin()
             self._take_rings()
-            for gpu in self.gpus:       # in this thread: the feeders start uploading as soon as they run
+            for gpu in self.gpus:       # in this thread: the uploads start before any job runs
                 if self.layout.band_tasks[gpu.slot] and not self.stop.is_set():
-                    self._guard(gpu, self._allocate)
+                    self._guard(gpu, self._allocate, Exception)
+            mine = self._caller_feeds()
+            self._queue_uploads(mine, HEAD_PIECES)
             if not self.stop.is_set():
-                for role, name in ((self._feed, "feeder"), (self._work, "device"), (self._write, "writer")):
+                jobs += [workers.start(self._guard, gpu, self._feed, name="feeder") for gpu in self.gpus
+                         if gpu.slot not in mine]
+                for role, name in ((self._work, "device"), (self._write, "writer")):
                     jobs += [workers.start(self._guard, gpu, role, name=name) for gpu in self.gpus]
+            self._queue_uploads(mine)
             for job in jobs:
                 job.wait()
         except BaseException:
@@ -359,13 +375,15 @@ class _Call:
             return True
         return self._recover(reserves)
 
-    def _guard(self, gpu, fn):
+    def _guard(self, gpu, fn, catch=BaseException):
+        """Run a job's ``fn(gpu)`` on its GPU; an error is the call's (it stops the other jobs). In the calling
+        thread ``catch`` is Exception: an interrupt there is no GPU's error, execute stops the call and raises it."""
         try:
             with gpu.dev:
                 fn(gpu)
         except _Stop:
             pass
-        except BaseException as exc:        # noqa: BLE001 - handed to the caller's thread
+        except catch as exc:                # noqa: BLE001 - handed to the caller's thread
             traceback.clear_frames(exc.__traceback__)      # kept by the Context: not the GPU arrays its frames held
             with self.lock:
                 self.errors.append((gpu, exc))
@@ -476,26 +494,73 @@ class _Call:
             if p.beta != 0:
                 gpu.old = _padded(cp, (r1 - r0, c1 - c0), p.dtype)
 
-    def _feed(self, gpu):
-        """Upload the pieces this GPU owns (k order), then C's old values of its blocks (beta != 0)."""
+    def _caller_feeds(self):
+        """The slots of the GPUs whose uploads the calling thread queues (CALLER_UPLOADS): each piece one DMA from
+        page-locked operands, no C's old values to upload. The others' feeders queue theirs (the calling thread
+        still queues their first HEAD_PIECES that go by DMA)."""
+        if not CALLER_UPLOADS:
+            return set()
+        return {gpu.slot for gpu in self.gpus if gpu.factors is not None and gpu.old is None
+                and all(self.direct[x.factor] for x in self.layout.uploads(gpu.slot))}
+
+    def _queue_uploads(self, mine, count=None):
+        """In the calling thread: the pieces of the GPUs of ``mine`` (all of them, or their next ``count``), and
+        before the jobs start (``count`` given) every other GPU's first ``count`` that go by DMA, in upload order,
+        the GPUs in turn piece by piece, so that every link starts at once. Each GPU's feeder had queued its first
+        upload 0.5-1.3 ms after the call began, while six jobs started; with the calling thread queueing all
+        pieces before the jobs started, the workers started 2.4-2.7 ms after it (2 x H100, zgemmt n = k = 8192:
+        43 pieces)."""
+        if not CALLER_UPLOADS:
+            return
+        owned = {gpu.slot: self.layout.uploads(gpu.slot) for gpu in self.gpus
+                 if gpu.slot in mine or (count is not None and gpu.factors is not None)}
+        until = {slot: len(pieces) if count is None else min(len(pieces), self.gpus[slot].fed + count)
+                 for slot, pieces in owned.items()}
+        while owned and not self.stop.is_set():
+            for slot, pieces in list(owned.items()):
+                gpu = self.gpus[slot]
+                piece = pieces[gpu.fed] if gpu.fed < until[slot] else None
+                if piece is None or not self.direct[piece.factor]:     # staged: the feeder queues it and the rest
+                    del owned[slot]
+                    continue
+                self._guard(gpu, lambda g, x=piece: self._upload_piece(g, x), Exception)
+                gpu.fed += 1
+        if count is None:
+            for gpu in self.gpus:
+                if gpu.slot in mine and gpu.first_upload is not None and not self.stop.is_set():
+                    self._guard(gpu, self._uploads_queued, Exception)
+
+    def _uploads_queued(self, gpu):
+        """Every piece the GPU owns is queued: the event after them closes upload_events."""
+        gpu.upload_events = (gpu.first_upload, gpu.set.event(gpu.s_in, timing=True))
+
+    def _upload_piece(self, gpu, piece):
+        """Queue one piece's upload on the GPU's s_in and post its event on the board."""
         p, lay = self.problem, self.layout
-        owned = lay.uploads(gpu.slot)
-        first = gpu.set.event(gpu.s_in, timing=True) if owned else None
-        for piece in owned:
+        if gpu.first_upload is None:
+            gpu.first_upload = gpu.set.event(gpu.s_in, timing=True)
+        rows, cols = region(lay, piece.factor, piece.o0, piece.o1, piece.k0, piece.k1)
+        src = p.factors[lay.uniques[piece.factor]].base[rows, cols]
+        start = gpu.set.event(gpu.s_in, timing=True) if TRACE else None
+        self._upload(gpu, gpu.factors[piece.factor][rows, cols], src, self.direct[piece.factor])
+        gpu.marks.setdefault("host_first_upload_s", time.perf_counter() - self.t0)
+        gpu.stats["bytes_from_host"] += piece.nbytes
+        end = gpu.set.event(gpu.s_in, timing=TRACE)
+        if TRACE:
+            gpu.piece_events.append(("upload", piece.index, start, end, time.perf_counter() - self.t0))
+        self.board.post(piece.index, end)
+
+    def _feed(self, gpu):
+        """Upload the pieces this GPU owns (k order) that the calling thread left, then C's old values of its
+        blocks (beta != 0)."""
+        p = self.problem
+        owned = self.layout.uploads(gpu.slot)
+        for piece in owned[gpu.fed:]:
             if self.stop.is_set():
                 raise _Stop()
-            rows, cols = region(lay, piece.factor, piece.o0, piece.o1, piece.k0, piece.k1)
-            src = p.factors[lay.uniques[piece.factor]].base[rows, cols]
-            start = gpu.set.event(gpu.s_in, timing=True) if TRACE else None
-            self._upload(gpu, gpu.factors[piece.factor][rows, cols], src, self.direct[piece.factor])
-            gpu.marks.setdefault("host_first_upload_s", time.perf_counter() - self.t0)
-            gpu.stats["bytes_from_host"] += piece.nbytes
-            end = gpu.set.event(gpu.s_in, timing=TRACE)
-            if TRACE:
-                gpu.piece_events.append(("upload", piece.index, start, end, time.perf_counter() - self.t0))
-            self.board.post(piece.index, end)
-        if owned:
-            gpu.upload_events = (first, gpu.set.event(gpu.s_in, timing=True))
+            self._upload_piece(gpu, piece)
+        if owned and gpu.upload_events is None:
+            self._uploads_queued(gpu)
         if gpu.old is None:
             return
         for tasks in gpu.blocks:
@@ -632,7 +697,7 @@ class _Call:
                     raise _Stop() from None
                 continue
             if item is None:
-                gpu.measured = self._measure(gpu)       # beside the other GPUs' work, not after it
+                gpu.summary = self._summary(gpu)        # beside the other GPUs' work, not after it
                 return
             b, done, stored = item
             direct = self.direct_c
@@ -683,6 +748,37 @@ class _Call:
         span = elapsed(ev[0][0], ev[-1][1]) / 1e3 if ev else 0.0
         return times, lead, span, sum(elapsed(a, b) for a, b, _ in gpu.copy_events) / 1e3
 
+    def _summary(self, gpu):
+        """(GPU ``gpu``'s cuda.last_stats but for the call's wall time and the uploads' rate, seconds from its first
+        event to its last product's end (None without products), its kernels' flop/s, its corner mix (_mix) and its
+        write-back link rate (None where the call gives none)), once its products and copies have all finished:
+        its writer makes it beside the other GPUs' work (it had held the calling thread 0.3-0.5 ms a call after
+        the GPUs finished, 2 x H100, n = 8192-16384)."""
+        lay = self.layout
+        st = dict(gpu.stats, path="bands", order=lay.order, steps=len(lay.steps), final_k=lay.final[1] - lay.final[0],
+                  blocks=len(gpu.blocks))
+        ev = gpu.kernel_events
+        times, lead, span, copies = self._measure(gpu)
+        busy = flops = mix = writeback = None
+        if ev:
+            kernel = sum(times)
+            classes = {}
+            for (_, _, label, f, _), t in zip(ev, times):
+                c = classes.setdefault(label, [0.0, 0.0])
+                c[0] += t
+                c[1] += f
+            st.update(kernel_s=kernel, lead_s=lead, gaps_s=span - kernel,
+                      kernels={k: {"s": t, "tflops": f / max(t, 1e-12) / 1e12} for k, (t, f) in classes.items()},
+                      products=[(x.i0, x.i1, x.j0, x.j1, x.k0, x.k1, bool(x.diag), t)
+                                for (*_, x), t in zip(ev, times)])
+            busy, flops = lead + span, sum(f for _, f in classes.values()) / max(kernel, 1e-12)
+            mix = _mix(classes) if lay.corner and lay.order == "outer" else None
+        if gpu.copy_events:         # the link's rate: the copies' bytes over the share their segments reach
+            t = max(copies, 1e-12)
+            st["writeback_gbps"] = gpu.stats["bytes_to_host"] / t / 1e9
+            writeback = sum(lay.write_bytes(task) for block in gpu.blocks for task in block) / t
+        return st, busy, flops, mix, writeback
+
     def _record_stats(self, t0):
         """cuda.last_stats per GPU (bytes moved, kernel time by class and of each product with its block of C and k
         range, GPU idle before, between and after the kernels, host seconds from the call's start to its worker,
@@ -696,45 +792,26 @@ class _Call:
         reading = not (self.first_dma or self.first_use or self.beside_build or rebuilding())
         staged = not (all(self.direct) and self.direct_c)
         speed_reading = reading and not (staged and self.pin_pending)  # staged while locks are made: no speed
+        size = (self.problem.n, self.problem.k, len(self.gpus))
         for gpu in self.gpus:
-            st = dict(gpu.stats, **gpu.marks, wall_s=wall, path="bands", order=self.layout.order,
-                      steps=len(self.layout.steps),
-                      final_k=self.layout.final[1] - self.layout.final[0], blocks=len(gpu.blocks))
-            ev = gpu.kernel_events
-            times, lead, span, copies = gpu.measured
-            if ev:
-                kernel = sum(times)
-                classes = {}
-                for (_, _, label, flops, _), t in zip(ev, times):
-                    c = classes.setdefault(label, [0.0, 0.0])
-                    c[0] += t
-                    c[1] += flops
-                st.update(kernel_s=kernel, lead_s=lead, gaps_s=span - kernel, tail_s=wall - lead - span,
-                          kernels={k: {"s": t, "tflops": f / max(t, 1e-12) / 1e12} for k, (t, f) in classes.items()},
-                          products=[(x.i0, x.i1, x.j0, x.j1, x.k0, x.k1, bool(x.diag), t)
-                                    for (*_, x), t in zip(ev, times)])
+            summary, busy, flops, mix, writeback = gpu.summary
+            st = dict(summary, **gpu.marks, wall_s=wall)
+            if busy is not None:
+                st["tail_s"] = wall - busy
                 if _warm(gpu.device, self.problem.kind) and speed_reading:     # see ``reading``
-                    size = (self.problem.n, self.problem.k, len(self.gpus))
-                    _calibrate(gpu.device, "flops", self.problem.kind,
-                               sum(f for _, f in classes.values()) / max(kernel, 1e-12), size, staged=staged)
-                    mix = _mix(classes)
-                    if mix is not None and self.layout.corner and self.layout.order == "outer":
+                    _calibrate(gpu.device, "flops", self.problem.kind, flops, size, staged=staged)
+                    if mix is not None:
                         _calibrate(gpu.device, "mix", self.problem.kind, mix, size, staged=staged)
-            if TRACE:
+            if TRACE:                                                   # s_in's events: read once it has settled
                 st["timeline"] = _timeline(self.cp, gpu)
-            lay = self.layout       # the links' rates: each copy's bytes over the share its segments reach
             if gpu.upload_events is not None and all(self.direct):
                 t = max(elapsed(*gpu.upload_events) / 1e3, 1e-12)
                 st["upload_gbps"] = gpu.stats["bytes_from_host"] / t / 1e9
-                link = sum(lay.link_bytes(x) for x in lay.uploads(gpu.slot)) / t
                 if reading:
-                    _calibrate(gpu.device, "h2d_pinned", None, link)
-            if gpu.copy_events:
-                t = max(copies, 1e-12)
-                st["writeback_gbps"] = gpu.stats["bytes_to_host"] / t / 1e9
-                link = sum(lay.write_bytes(task) for block in gpu.blocks for task in block) / t
-                if reading:
-                    _calibrate(gpu.device, "d2h_pinned", None, link)
+                    _calibrate(gpu.device, "h2d_pinned", None,
+                               sum(self.layout.link_bytes(x) for x in self.layout.uploads(gpu.slot)) / t)
+            if writeback is not None and reading:
+                _calibrate(gpu.device, "d2h_pinned", None, writeback)
             cuda.last_stats[gpu.device.name] = st
 
     # ------------------------------------------------------------------ faults
@@ -881,9 +958,10 @@ class _StreamSet:
     """GPU ``index``'s four streams (s_in, s_peer, s_comp, s_out) and a side stream (s_side, with a cuBLAS handle
     of its own: _Side) for one call at a time, and the CUDA events calls record on them, kept for the next call:
     a call records 100-450 (zgemmt at n = 8192 on two GPUs), whose destruction had held the caller ~0.2 ms after
-    the GPUs finished. Each stream is recorded on by one job of a call (s_in: the feeder, s_peer, s_comp and
-    s_side: the worker, s_out: the writer), so its events are one job's. An event recorded again by a later call
-    is one whose waits have all been queued: a stream waits for the record that preceded its wait."""
+    the GPUs finished. Each stream is recorded on by one thread of a call at a time (s_in: the calling thread,
+    then the feeder once started; s_peer, s_comp and s_side: the worker; s_out: the writer). An event recorded
+    again by a later call is one whose waits have all been queued: a stream waits for the record that preceded
+    its wait."""
 
     def __init__(self, cp, index):
         self.cp = cp

@@ -309,6 +309,54 @@ def _assert_herk(a, c):
 
 
 @pytest.mark.gpu
+def test_locked_pieces_go_from_the_calling_thread_and_a_feeder_only_for_the_rest(small_units, monkeypatch, rng):
+    """The calling thread queues the pieces of page-locked operands (CALLER_UPLOADS) and starts no feeder where
+    none is left; where C's old values go up too (beta != 0) it queues a GPU's first HEAD_PIECES and its feeder
+    the rest; an operand not yet locked (staged) leaves its first piece and those after it to the feeder; every
+    result matches the reference, the other triangle untouched."""
+    from hybridblas.devices.cuda import last_stats
+    monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)
+    host_pinning.clear()
+    fed, real = [], cuda_bands._Call._feed
+
+    def feed(self, gpu):
+        fed.append((gpu.fed, len(self.layout.uploads(gpu.slot))))
+        return real(self, gpu)
+    monkeypatch.setattr(cuda_bands._Call, "_feed", feed)
+    n, k = 517, 301
+    a, b = (np.asfortranarray(rng.standard_normal((k, n)) + 1j * rng.standard_normal((k, n))) for _ in range(2))
+    ctx = hb.Context(devices=_gpus(), min_call_seconds=0, pin_host=True)
+    low = np.tril(np.ones((n, n), bool))
+
+    def call(b, beta=0.0):
+        if beta == 0:
+            c = np.full((n, n), np.nan + 0j, order="F")
+        else:
+            c = np.asfortranarray(np.tril(np.full((n, n), 1 - 2j), -1))
+        want = np.where(low, a.conj().T @ b + (beta * c if beta else 0), c)
+        fed.clear()
+        out = hb.gemmt(1.0, a, b, beta, c, transa="C", transb="N", lower=True, context=ctx)
+        assert _path(ctx) == {"bands"}
+        assert np.abs(out[low] - want[low]).max() / np.abs(want[low]).max() < 1e-13
+        assert np.array_equal(out[~low], c[~low], equal_nan=True)
+        return [last_stats[d.name] for d in ctx.devices]
+    try:
+        call(b)                                         # staged while the locks are made
+        host_pinning.wait_ready()
+        stats = call(b)                                 # every piece by DMA from the calling thread
+        assert fed == [] and all("upload_gbps" in s for s in stats if s.get("bytes_from_host"))
+        call(b, beta=0.5)                               # C's old values: a feeder each, after the first pieces
+        assert fed and all(done == min(owned, cuda_bands.HEAD_PIECES) for done, owned in fed)
+        fresh = b.copy(order="F")                       # not locked yet: its pieces are staged by the feeders
+        ready = host_pinning.is_ready                   # (its lock is never ready, however fast it is made)
+        monkeypatch.setattr(host_pinning, "is_ready", lambda pin: ready(pin) and pin.ptr != fresh.ctypes.data)
+        call(fresh)
+        assert fed and any(done < owned for done, owned in fed)
+    finally:
+        host_pinning.clear()
+
+
+@pytest.mark.gpu
 def test_the_first_call_to_copy_freshly_locked_arrays_calibrates_nothing(monkeypatch, rng):
     """A call whose operands or C were page-locked since the last call (their first copies by DMA) records no
     link rate and no speed; the next one records both."""
