@@ -92,7 +92,7 @@ run_stage() {
                 $BLAS band-settings --sizes 16384 8192 --routines zgemmt --turns 6 --calls 2 --setting columns-768 \
                     --setting one-call cuda_bands.RECT_COLUMNS=0 --json $O/band-settings-columns.json &&
                 $BLAS rect-columns --sizes 8192 16384 --columns 0 512 640 768 1024 --json $O/rect-columns.json &&
-                $BLAS links --gib 1 --down-share 0.25 --json $O/links.json &&
+                $BLAS links --gib 1 --down-share 0.25 --segments 4 8 16 32 64 128 --json $O/links-segments.json &&
                 $BLAS first-calls --sizes 8192 --routines zgemmt zherk --calls 12 --json $O/first-calls-8192.json ;;
   emulation)    $BLAS emulation --sizes 4096 8192 12288 16384 --routines zgemm zherk dgemm --cublas-emulation \
                     --out $O/emulation ;;

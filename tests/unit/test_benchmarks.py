@@ -375,13 +375,16 @@ def test_rect_columns_lays_out_the_corner_order_and_refuses_without_a_gpu(capsys
     assert "--columns must be 0 or more, got -64" in capsys.readouterr().err
 
 
-def test_links_refuses_without_a_gpu_and_a_share_past_one(capsys, monkeypatch):
+def test_links_refuses_without_a_gpu_a_share_past_one_and_segments_past_a_column(capsys, monkeypatch):
     no_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=_no_driver)))
     monkeypatch.setitem(sys.modules, "cupy", no_gpu)
     assert main("blas", blas.__doc__, blas.COMMANDS, ["links", "--gib", "0.01"]) == 2
     assert "links times GPUs: CuPy sees none" in capsys.readouterr().err
     assert main("blas", blas.__doc__, blas.COMMANDS, ["links", "--down-share", "1.5"]) == 2
     assert "--down-share must be at most 1, got 1.5" in capsys.readouterr().err
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["links", "--segments", "8", "256"]) == 2
+    assert "--segments must be at most 128 KiB each, got [8, 256]" in capsys.readouterr().err
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["links", "--segments", "0"]) == 2
 
 
 def _no_driver():
