@@ -52,7 +52,9 @@ PEER_RATE = 250e9         # bytes/s of a copy between GPUs (NVLink) the model ta
 TALL_BYTES = 32 << 10     # an upper triangle's rectangle goes in row blocks of at least this many bytes a column
 CORNER_FIRST = 512        # rows of the corner order's first strips: 2 x H100, zgemmt n = k = 8192, 31.4 ms a call
                           # (median of 20) against 33-36 with 256 (more and smaller products, queued late);
-                          # 16384 and 24576 no slower
+                          # 16384 and 24576 no slower. With the calling thread's uploads, in turns (median of the
+                          # rounds' best over 512's): 256 1.029 x as long at 8192, 1.006 x at 16384; 384 1.010,
+                          # 1.018 x (the first product starts 1 ms sooner; the thinner strips' products run slower)
 CORNER_GROW = 0.25        # a later strip: this share of the corner rectangle's longer side so far
 CORNER_REST = 512         # a strip that would leave fewer rows than this to its band's end takes them: a thin last
                           # strip's herkx costs about a wide one's (1 x H100, k = 8192: 192 wide 0.37 ms, 704 0.45)
@@ -66,7 +68,11 @@ DIAG_SLACK = 0.25         # ... moves its strip's edge by at most this share of 
 SEGMENTS = ((8 << 10, 0.55), (64 << 10, 0.7))  # a 2D copy whose segments are shorter than this many bytes runs
                           # at this share of the link. 2 x H100, page-locked, in a band call beside the peer
                           # copies: 1-13 KiB segments 27-34 GB/s, 32 KiB 37-40, 176 KiB and whole 46-54 GB/s
-                          # (alone, one stream: 4 KiB 33, 8-16 KiB 49, 32 KiB and more 55 GB/s)
+                          # (alone, one stream: 4 KiB 33, 8-16 KiB 49, 32 KiB and more 55 GB/s; both GPUs at once
+                          # beside a write-back, benchmarks.blas links --segments: 4 KiB 32, 8-16 KiB 44, 32 KiB
+                          # 46, 64 KiB and whole 47). The model with those shares (4 KiB 0.65, 16 KiB 0.87, 32 KiB
+                          # 0.93, 64 KiB 0.98) ran zgemmt and zherk at 8192 and zgemmt at 16384 in turns within
+                          # 1 % of these
 
 
 def dma_share(segment):

@@ -43,7 +43,9 @@ ALIGN = 64                # k units, steps and block columns are cut at multiple
 UNIT_BYTES = 64 << 20     # bytes of one unit of all the factors together (the first: a quarter of it)
 STEP_K = 4096             # longest k step of the band-wide products
 BLOCKS = 8                # block columns of a band in the final range (the last one's copy is the tail)
-OUTER_BLOCKS = 12         # blocks of a band in the outer order (band_outer)
+OUTER_BLOCKS = 12         # blocks of a band in the outer order (band_outer). 2 x H100, n = k = 16384 in turns, 8 and
+                          # 16 blocks: zherk 0.998 and 1.008 x as long, zgemmt 0.998 and 1.011 x (3 rounds: within the
+                          # noise of calls that ranged 181-206 ms)
 CORNER_DIAG = 0.7         # the corner order's diagonal blocks (small triangles) run at this share of its strips'
                           # rate: 2 x H100, zgemmt n = 8192, 35-37 TF/s against 48-52; 2 x H200 31-38 against 50-51
 OUTER_STARTS = 8          # final range starts the outer order's model tries (16 chose the same at 4096-16384)
