@@ -42,6 +42,14 @@ from .problem import Operand, k_axis
 ALIGN = 64                # k units, steps and block columns are cut at multiples of this
 UNIT_BYTES = 64 << 20     # bytes of one unit of all the factors together (the first: a quarter of it)
 STEP_K = 4096             # longest k step of the band-wide products
+UNIT_K = 1024             # units are at least this long along k (the first a quarter): fewer, longer steps, whose
+                          # products run nearer the GPUs' rate (a step along k of 64-512 reads and writes the band's C
+                          # for little compute). 2 x H100 in turns, two processes each, best / median over Σ device
+                          # cuBLAS, 1024 against UNIT_BYTES alone: zherk 16384 0.909-0.911 / 0.909-0.924 against
+                          # 0.896-0.897 / 0.883-0.895, zher2k 16384 0.962-0.970 / 0.944-0.953 against 0.929-0.938 /
+                          # 0.930-0.936, zher2k 8192 0.842-0.844 / 0.824-0.843 against 0.809-0.827 / 0.799-0.826,
+                          # zherk 8192 0.754-0.756 / 0.756-0.764 against 0.757-0.778 / 0.760. Units of 256 MiB instead
+                          # (zherk 8192: 2048 along k) took zherk 8192 to 0.668-0.673
 BLOCKS = 8                # block columns of a band in the final range (the last one's copy is the tail)
 OUTER_BLOCKS = 12         # blocks of a band in the outer order (band_outer). 2 x H100, n = k = 16384 in turns, 8 and
                           # 16 blocks: zherk 0.998 and 1.008 x as long, zgemmt 0.998 and 1.011 x (3 rounds: within the
@@ -97,7 +105,7 @@ class BandLayout:
         if order == "outer" and self.corner and self.slots > 1:
             self._set_bands(aligned_edges(size, self._corner_speeds(speeds or rates, mixes), tri))
         self.needs = [self._needs(tasks) for tasks in self.band_tasks]
-        self.units = self._units(UNIT_BYTES if unit_bytes is None else unit_bytes)
+        self.units = self._units(UNIT_BYTES if unit_bytes is None else unit_bytes, UNIT_K if unit_bytes is None else 0)
         if order == "outer":
             self._outer(shared, speeds or rates, writeback_rate, upload_rate or writeback_rate,
                         OUTER_BLOCKS if blocks is None else blocks, final_start)
@@ -216,11 +224,12 @@ class BandLayout:
         return [(min(a for a, _ in r), max(b for _, b in r)) if r else None for r in ranges]
 
     # ---------------------------------------------------------------- k
-    def _units(self, unit_bytes):
-        """k ranges of the uploads: the first a quarter of the others (compute starts sooner)."""
+    def _units(self, unit_bytes, least_k=0):
+        """k ranges of the uploads: the first a quarter of the others (compute starts sooner); units at least
+        ``least_k`` long (UNIT_K)."""
         k = self.problem.k
         per_k = sum(self.outer) * self.item
-        unit = max(ALIGN, unit_bytes // max(per_k, 1) // ALIGN * ALIGN)
+        unit = max(ALIGN, unit_bytes // max(per_k, 1) // ALIGN * ALIGN, least_k // ALIGN * ALIGN)
         first = max(ALIGN, unit // 4 // ALIGN * ALIGN)
         if 0 in self.kaxis:           # a piece of a k-minor factor is a segment of every column it covers
             least = -(-MIN_SEGMENT // self.item // ALIGN) * ALIGN

@@ -39,6 +39,7 @@ def small_units(request, monkeypatch):
     with beta = 0: others go by the k order)."""
     from hybridblas import band_outer, band_plan
     monkeypatch.setattr(band_plan, "UNIT_BYTES", 256 << 10)
+    monkeypatch.setattr(band_plan, "UNIT_K", 0)
     monkeypatch.setattr(band_outer, "CORNER_FIRST", 64)         # gemmt's corner order in many strips
     monkeypatch.setattr(band_plan, "STEP_K", 128)
     monkeypatch.setattr(host_pinning, "PIN_MIN_BYTES", 0)     # small operands page-locked too (pin_host=True)

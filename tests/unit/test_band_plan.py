@@ -232,6 +232,24 @@ def test_units_steps_and_final_range_cut_k(case):
         assert all(a < b and a in unit_edges(lay) and b in unit_edges(lay) for a, b in steps)
 
 
+@pytest.mark.parametrize("kind,trans,n,k,unit_k,first", [
+    ("herk", "N", 8192, 8192, 1024, 256),       # UNIT_BYTES alone: units of 512 along k, the first 128
+    ("herk", "N", 16384, 16384, 1024, 256),     # 256, the first 64
+    ("her2k", "N", 8192, 8192, 1024, 256),      # 256, 64
+    ("gemmt", "CN", 8192, 8192, 2048, 1024),    # k-minor factors: MIN_SEGMENT's 2048 already
+    ("herk", "N", 512, 40000, 8192, 2048),      # UNIT_BYTES alone: 8192 along k
+])
+def test_units_are_at_least_unit_k_long_unless_units_are_given(kind, trans, n, k, unit_k, first):
+    prob = build(kind, trans, n, k)
+    lay = B.BandLayout(prob, [1e13, 1e13], 10e9, 20e9)
+    lengths = [b - a for a, b in lay.units]
+    assert lengths[0] == first and set(lengths[1:-1]) == {unit_k} and 0 < lengths[-1] <= unit_k
+    given = B.BandLayout(prob, [1e13, 1e13], 10e9, 20e9, unit_bytes=B.UNIT_BYTES)
+    per_k = sum(given.outer) * given.item
+    assert given.units[1][1] - given.units[1][0] == max(B.ALIGN, B.UNIT_BYTES // per_k // B.ALIGN * B.ALIGN, *(
+        [-(-B.MIN_SEGMENT // given.item // B.ALIGN) * B.ALIGN] if 0 in given.kaxis else []))
+
+
 @pytest.mark.parametrize("case", range(len(CASES)), ids=IDS)
 def test_pieces_cover_each_need_once(case):
     k = problem(case).k
