@@ -15,6 +15,10 @@ reported beside its times.
 
     python3 -m benchmarks.blas turns --sizes 8192 16384 --routines zgemmt zherk zher2k --rounds 8 --json out.json
 
+``--set MODULE.CONSTANT=VALUE ...`` sets constants of the band path first (the modules of benchmarks.blas
+band-settings): one process per setting, where band-settings' switches within a process would share the GPUs'
+measured speeds between settings whose kernels run at different rates.
+
 Ratios: hybridblas's time against the time both GPUs' device rates give together (1 / (1/t0 + 1/t1)), best
 against best and median against median.
 """
@@ -27,8 +31,9 @@ import numpy as np
 from hybridblas import host_pinning
 from hybridblas.console import check_output_path, positive_int
 
-from benchmarks.common import gpu_sync, two_gpu_run, write_json
+from benchmarks.common import gpu_sync, refuse, two_gpu_run, write_json
 from benchmarks.measure.blas_band_replay import Clocks
+from benchmarks.measure.blas_band_settings import MODULES, parse_setting
 from benchmarks.measure.blas_gpu import FLOPS, ROUTINES, call_device, call_hybrid, host_cases, sample_error
 
 CLOCK_INTERVAL = 0.01
@@ -38,6 +43,8 @@ def add_arguments(ap):
     ap.add_argument("--sizes", nargs="+", type=positive_int, default=[8192], help="n = k of each run")
     ap.add_argument("--routines", nargs="+", choices=ROUTINES, default=list(ROUTINES))
     ap.add_argument("--rounds", type=positive_int, default=8, help="rounds of the three kinds of call")
+    ap.add_argument("--set", nargs="+", metavar="MODULE.CONSTANT=VALUE", default=[],
+                    help="set these constants of the band path before the run")
     ap.add_argument("--json", metavar="PATH", help="write the results here as JSON")
 
 
@@ -118,7 +125,16 @@ def _report(entry, rows, mhz):
 def run(args):
     if args.json:
         check_output_path(args.json, "--json")
+    try:
+        _, values, one = parse_setting(["set"] + args.set)
+    except ValueError as exc:
+        refuse(str(exc).replace("--setting", "--set"))
+    if one:
+        refuse("--set takes MODULE.CONSTANT=VALUE items only, got 'one-gpu'")
+    for (module, const), value in values.items():
+        setattr(MODULES[module], const, value)
     cp, ctx, gpus, doc = two_gpu_run("turns", "bench_blas_turns")
+    doc["set"] = {f"{m}.{c}": v for (m, c), v in values.items()}
     clocks = Clocks(len(gpus), CLOCK_INTERVAL)
     rng = np.random.default_rng(7)
     try:

@@ -274,6 +274,23 @@ def test_turns_summaries_and_its_refusal_without_two_gpus(capsys, monkeypatch):
     assert "turns compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
 
 
+def test_turns_set_sets_band_constants_first_and_refuses_bad_items(capsys, monkeypatch):
+    from hybridblas import band_plan
+    monkeypatch.setattr(band_plan, "UNIT_K", band_plan.UNIT_K)          # restored after the test
+    one_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 1)))
+    monkeypatch.setitem(sys.modules, "cupy", one_gpu)
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["turns", "--set", "band_plan.NO_SUCH=1"]) == 2
+    assert "--set item must be MODULE.CONSTANT=VALUE" in capsys.readouterr().err
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["turns", "--set", "band_plan.UNIT_K=zz"]) == 2
+    assert "--set value must be a Python literal, got 'band_plan.UNIT_K=zz'" in capsys.readouterr().err
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["turns", "--set", "one-gpu"]) == 2
+    assert "--set takes MODULE.CONSTANT=VALUE items only" in capsys.readouterr().err
+    assert band_plan.UNIT_K == 1024
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["turns", "--set", "band_plan.UNIT_K=0"]) == 2
+    assert "turns compares two GPUs" in capsys.readouterr().err
+    assert band_plan.UNIT_K == 0                                         # set before the GPUs were looked at
+
+
 def test_busy_thread_slowdowns_and_its_refusal_without_two_gpus(capsys, monkeypatch):
     from benchmarks.measure.blas_busy_thread import slowdown
     got = slowdown({"quiet": [0.02, 0.03, 0.025], "spin": [0.5, 0.7], "numpy": [0.03, 0.02]})
