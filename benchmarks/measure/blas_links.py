@@ -60,8 +60,8 @@ def run(args):
     for kib in args.segments:
         moved = links[0].segmented_bytes(kib << 10)
         case(f"up in {kib} KiB segments, every GPU at once", [lambda x=x: x.up_2d(kib << 10) for x in links], moved)
-        case(f"the same beside the write-back", [f for x in links for f in (lambda x=x: x.up_2d(kib << 10), x.down)],
-             moved)
+        case(f"up in {kib} KiB segments beside the write-back", [f for x in links for f in (
+            lambda x=x: x.up_2d(kib << 10), x.down)], moved)
     if count > 1:
         with cp.cuda.Device(0):
             try:
