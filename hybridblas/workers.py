@@ -16,22 +16,33 @@ of threads that share one queue, for work whose concurrency must be bounded acro
 (the host copies of every GPU of a node: more threads only add contention there); its ``map`` hands every
 item to the group and waits.
 
+``with short_switches(seconds):`` shortens Python's thread switch interval (``sys.setswitchinterval``) while
+the block runs, for work whose threads each queue GPU work between short waits: a thread back from a call
+that let the GIL go waits for the thread holding it to let it go in turn, by default up to 5 ms. The
+interval is a setting of the whole process: it is set by the first of the blocks running at once, to the
+shorter of ``seconds`` and what it was, and put back by the last of them to end (a change made meanwhile
+by other code is then undone).
+
 A job runs with its submitter's current CUDA device, where the submitter has a CUDA context current: a
 ``with cupy.cuda.Device(d)`` inside the job then returns the worker to that device, not to the runtime's
 default device 0, whose context (half a GiB, and in exclusive-process mode a GPU another process holds)
 a run on other GPUs must never make.
 """
+import contextlib
 import queue
 import sys
 import threading
 
 import numpy as np
 
-__all__ = ["Job", "Group", "start", "map", "idle_threads"]
+__all__ = ["Job", "Group", "start", "map", "idle_threads", "short_switches"]
 
 _idle = queue.SimpleQueue()
 _count_lock = threading.Lock()
 _count = 0
+_switch_lock = threading.Lock()
+_switch_users = 0           # short_switches blocks running
+_switch_before = None       # the interval they found
 
 
 class Job:
@@ -116,6 +127,30 @@ def _use(device):
         runtime = sys.modules["cupy"].cuda.runtime
         if runtime.getDevice() != device:
             runtime.setDevice(device)
+
+
+@contextlib.contextmanager
+def short_switches(seconds):
+    """Python's thread switch interval at most ``seconds`` while the block runs (None: left as it is); see the
+    module's docstring."""
+    global _switch_users, _switch_before
+    if seconds is None:
+        yield
+        return
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 1:
+        raise ValueError(f"seconds must be None or in (0, 1], got {seconds!r}")
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_before = sys.getswitchinterval()
+        _switch_users += 1
+        sys.setswitchinterval(min(seconds, _switch_before, sys.getswitchinterval()))
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_before)
 
 
 def map(fn, items, threads, progress=None):    # noqa: A001  (the name says what it does, like the builtin)

@@ -88,6 +88,13 @@ CALLER_UPLOADS = True     # the calling thread queues the pieces that go as one 
                           # 28.8, zherk 26.7 / 27.7, zher2k 51.7 / 53.8; 16384 zgemmt 186.4 / 187.4, zherk 189.8 / 190.7
 HEAD_PIECES = 2           # ... of each GPU before the jobs start, the rest once they run (all before: the workers
                           # started 2.4-2.7 ms into zgemmt at 8192; medians 28.1, 26.5, 51.4 ms: within the noise)
+SWITCH_INTERVAL = 2e-4    # s: Python's thread switch interval while a call runs (workers.short_switches; None: as it
+                          # is, 5 ms by default): its threads each queue GPU work between short waits, and a thread of
+                          # the caller's that runs Python without pause held the interpreter that long at every hand-
+                          # over. 2 x H100, n = k = 8192 (benchmarks.blas busy-thread): such a thread slowed zgemmt and
+                          # zherk 21.6-29.4 x with 5 ms, 2.3 x with 0.2 ms; quiet calls in turns, two processes each:
+                          # zgemmt best 0.673 / 0.691 of Σ device with 0.2 ms against 0.687 / 0.681, zherk 0.758 /
+                          # 0.736 against 0.737 / 0.721, at 16384 0.89-0.93 either way (within the noise)
 TRACE = False             # each call's timeline in cuda.last_stats (_timeline): timing events around every upload
                           # and peer copy (benchmarks.blas band-trace)
 _DOUBLE = (np.dtype(np.float64), np.dtype(np.complex128))
@@ -335,6 +342,10 @@ class _Call:
                 gpu.set = None
 
     def execute(self, reserves):
+        with workers.short_switches(SWITCH_INTERVAL):
+            return self._execute(reserves)
+
+    def _execute(self, reserves):
         t0 = self.t0 = time.perf_counter()
         self.first_use = self.layout.calls == 0         # counted here: an abandoned call ran nothing
         self.layout.calls += 1

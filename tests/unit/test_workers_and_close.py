@@ -92,6 +92,46 @@ def test_start_returns_a_job_with_its_result_or_error():
     assert workers.start(lambda: 1).result() == 1        # the worker survived the error
 
 
+def test_short_switches_shortens_the_interval_while_any_block_runs_and_puts_it_back():
+    import sys
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.004)
+        with workers.short_switches(None):
+            assert sys.getswitchinterval() == pytest.approx(0.004, rel=0.01)
+        first = threading.Event()
+        inner_done = threading.Event()
+        seen = {}
+
+        def other():
+            with workers.short_switches(5e-4):              # overlaps the caller's block, ends first
+                first.wait(5)
+                seen["inside"] = sys.getswitchinterval()
+            inner_done.set()
+        with workers.short_switches(2e-4):
+            assert sys.getswitchinterval() == pytest.approx(2e-4, rel=0.01)
+            job = workers.start(other)
+            first.set()
+            inner_done.wait(5)
+            assert sys.getswitchinterval() == pytest.approx(2e-4, rel=0.01)   # the longer request never lengthens it
+            job.result()
+        assert seen["inside"] == pytest.approx(2e-4, rel=0.01)
+        assert sys.getswitchinterval() == pytest.approx(0.004, rel=0.01)       # put back by the last block to end
+        with pytest.raises(RuntimeError, match="inside"):
+            with workers.short_switches(1e-3):
+                raise RuntimeError("inside")
+        assert sys.getswitchinterval() == pytest.approx(0.004, rel=0.01)       # also after an error
+        with workers.short_switches(0.01):                           # longer than now: left as it is
+            assert sys.getswitchinterval() == pytest.approx(0.004, rel=0.01)
+        for bad in (0, -1e-3, 2.0, True, "1e-3"):
+            with pytest.raises(ValueError, match="seconds must be None or in"):
+                with workers.short_switches(bad):
+                    pass
+        assert sys.getswitchinterval() == pytest.approx(0.004, rel=0.01)
+    finally:
+        sys.setswitchinterval(before)
+
+
 def test_threads_are_reused_and_arguments_not_kept():
     workers.start(lambda: None).wait()
     before = {t.ident for t in threading.enumerate() if t.name.startswith("hybridblas-")}
