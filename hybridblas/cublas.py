@@ -50,14 +50,35 @@ def handle():
     band call's stream set keeps its arrays' blocks for the next call) and it is tried once more, then a
     CublasAllocError (a MemoryError)."""
     import cupy
+    return _made(cupy.cuda.device.get_cublas_handle)
+
+
+def new_handle(stream_ptr):
+    """A cuBLAS handle of the caller's own on the current GPU (not CuPy's per-thread one: its holder decides
+    which thread uses it, one at a time), bound to the stream ``stream_ptr``; the holder destroys it
+    (cupy.cuda.cublas.destroy). Making one can take milliseconds, during which the interpreter waits. Where
+    cuBLAS cannot allocate, as handle()."""
+    from cupy.cuda import cublas as cupy_cublas
+    h = _made(cupy_cublas.create)
     try:
-        return cupy.cuda.device.get_cublas_handle()
+        cupy_cublas.setStream(h, stream_ptr)
+    except BaseException:
+        cupy_cublas.destroy(h)
+        raise
+    return h
+
+
+def _made(make):
+    """make(), once more after the pool released its free blocks where cuBLAS could not allocate (handle())."""
+    import cupy
+    try:
+        return make()
     except Exception as exc:            # noqa: BLE001 - CuPy's CUBLASError, by name: its module may move
         if not _alloc_failed(exc):
             raise
     cupy.get_default_memory_pool().free_all_blocks()
     try:
-        return cupy.cuda.device.get_cublas_handle()
+        return make()
     except Exception as exc:            # noqa: BLE001 - as above
         if not _alloc_failed(exc):
             raise

@@ -1,12 +1,12 @@
-"""Where a two-GPU band call's time goes, item by item: zgemmt (A^H B, lower) with host operands runs ``--calls``
-calls after three warm-up calls (page-locked by then) with devices.cuda_bands.TRACE on; the last call's timeline
-on each GPU (every upload, peer copy, product and write-back, with when its host thread queued it) is written
-beside the model's timeline of the same layout (band_outer.simulate at the rates the layout was made for), and
-drawn as one row of bars per stream and GPU: uploads, peer copies, products (diagonal blocks darker) and
-write-backs, the model's products under them. A product queued after its GPU could have started it is one the
-host held back.
+"""Where a two-GPU band call's time goes, item by item: each of ``--routines`` (zgemmt A^H B, zherk A A^H, zher2k;
+lower) with host operands runs ``--calls`` calls after three warm-up calls (page-locked by then) with
+devices.cuda_bands.TRACE on; the last call's timeline on each GPU (every upload, peer copy, product and write-back,
+with when its host thread queued it) is written beside the model's timeline of the same layout
+(band_outer.simulate at the rates the layout was made for), and drawn as one row of bars per stream and GPU:
+uploads, peer copies, products (diagonal blocks darker) and write-backs, the model's products under them. A
+product queued after its GPU could have started it is one the host held back.
 
-    python3 -m benchmarks.blas band-trace --sizes 8192 --json out.json --plot out.png
+    python3 -m benchmarks.blas band-trace --sizes 8192 --routines zgemmt zherk --json out.json --plot out.png
 """
 import datetime
 import platform
@@ -23,10 +23,12 @@ from benchmarks.measure.blas_gpu import call_hybrid, make_host, operands, timed
 
 def add_arguments(ap):
     ap.add_argument("--sizes", nargs="+", type=positive_int, default=[8192], help="n = k of each run")
+    ap.add_argument("--routines", nargs="+", default=["zgemmt"], choices=["zgemmt", "zherk", "zher2k"],
+                    help="routines traced at each size")
     ap.add_argument("--calls", type=positive_int, default=4, help="traced calls after three warm-up calls")
     ap.add_argument("--json", metavar="PATH", help="write the timelines here as JSON")
-    ap.add_argument("--plot", metavar="PATH", help="draw the last call's timeline of each size here (PNG; the size "
-                                                  "goes into the name where there are several)")
+    ap.add_argument("--plot", metavar="PATH", help="draw the last call's timeline of each run here (PNG; the "
+                                                  "routine and size go into the name where there are several)")
 
 
 def summary(timeline, open_s):
@@ -66,44 +68,46 @@ def run(args):
     cuda_bands._layout = spy
     try:
         for n in args.sizes:
-            doc["results"].append(_one(cp, ctx, n, args.calls, seen, last_stats, cuda_bands))
-            write_json(args.json, doc)
+            for routine in args.routines:
+                doc["results"].append(_one(cp, ctx, routine, n, args.calls, seen, last_stats, cuda_bands))
+                write_json(args.json, doc)
     finally:
         cuda_bands._layout = made
         cuda_bands.TRACE = False
     if args.plot:
         for row in doc["results"]:
-            path = args.plot if len(doc["results"]) == 1 else args.plot.replace(".png", f"-{row['n']}.png")
+            name = f"-{row['n']}" if len(args.routines) == 1 else f"-{row['routine']}-{row['n']}"
+            path = args.plot if len(doc["results"]) == 1 else args.plot.replace(".png", f"{name}.png")
             plot(row, path)
     return 0
 
 
-def _one(cp, ctx, n, calls, seen, last_stats, cuda_bands):
+def _one(cp, ctx, routine, n, calls, seen, last_stats, cuda_bands):
     a, b = make_host(cp, (n, n), 1), make_host(cp, (n, n), 2)
     c = np.zeros((n, n), np.complex128, order="F")
-    host_args, kw = operands("zgemmt", a, b)
+    host_args, kw = operands(routine, a, b)
     host_pinning.clear()
     try:
         for _ in range(3):
-            call_hybrid("zgemmt", host_args, kw, c, ctx)
+            call_hybrid(routine, host_args, kw, c, ctx)
         host_pinning.wait_ready()
         cuda_bands.TRACE = True
-        seconds = timed(lambda: call_hybrid("zgemmt", host_args, kw, c, ctx), gpu_sync(cp, (0, 1)), calls)
+        seconds = timed(lambda: call_hybrid(routine, host_args, kw, c, ctx), gpu_sync(cp, (0, 1)), calls)
         cuda_bands.TRACE = False
         stats = {g: last_stats.get(f"cuda:{g}", {}) for g in (0, 1)}
         if any(st.get("path") != "bands" or "timeline" not in st for st in stats.values()):
-            refuse(f"zgemmt n = {n} did not take the band path on both GPUs: no timeline")
+            refuse(f"{routine} n = {n} did not take the band path on both GPUs: no timeline")
         lay = seen["layout"]
         model = []
         modelled = band_outer.simulate(lay, seen["speeds"], seen["h2d"], seen["d2h"], trace=model)
     finally:
         host_pinning.clear()
-    row = dict(routine="zgemmt", n=n, k=n, calls_s=seconds, order=lay.order, modelled_s=modelled,
+    row = dict(routine=routine, n=n, k=n, calls_s=seconds, order=lay.order, modelled_s=modelled,
                speeds=seen["speeds"], h2d=seen["h2d"], d2h=seen["d2h"], model=model, gpus={})
     for g in (0, 1):
         st = stats[g]
         keep = ("wall_s", "host_open_s", "host_first_upload_s", "host_first_product_s", "kernel_s", "lead_s",
-                "gaps_s", "tail_s", "blocks", "upload_gbps", "writeback_gbps")
+                "gaps_s", "tail_s", "blocks", "upload_gbps", "writeback_gbps", "host_marks")
         row["gpus"][g] = dict({k: st.get(k) for k in keep}, timeline=st["timeline"],
                               summary=summary(st["timeline"], st["host_open_s"]))
     _print(row)
@@ -111,7 +115,7 @@ def _one(cp, ctx, n, calls, seen, last_stats, cuda_bands):
 
 
 def _print(row):
-    print(f"== zgemmt n = k = {row['n']}: calls {', '.join(f'{t * 1e3:.1f}' for t in row['calls_s'])} ms; "
+    print(f"== {row['routine']} n = k = {row['n']}: calls {', '.join(f'{t * 1e3:.1f}' for t in row['calls_s'])} ms; "
           f"the model {row['modelled_s'] * 1e3:.1f} ms", flush=True)
     for g, r in row["gpus"].items():
         s = r["summary"]
@@ -148,6 +152,6 @@ def plot(row, path):
     ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
     ax.set_xlabel("ms from the GPU's first event in the call")
-    ax.set_title(f"zgemmt n = k = {row['n']}, host operands, 2 GPUs: last call {row['calls_s'][-1] * 1e3:.1f} ms "
-                 f"(model {row['modelled_s'] * 1e3:.1f} ms)")
+    ax.set_title(f"{row['routine']} n = k = {row['n']}, host operands, 2 GPUs: last call "
+                 f"{row['calls_s'][-1] * 1e3:.1f} ms (model {row['modelled_s'] * 1e3:.1f} ms)")
     return save(fig, path)

@@ -291,6 +291,8 @@ class _Gpu:
                                                  # call began when queued) of each piece it moved
         self.queued = []                         # host seconds after the call began when each product was queued
                                                  # (TRACE)
+        self.host_marks = []                     # (what, host seconds after the call began, thread) of the host
+                                                 # threads' steps for this GPU (TRACE)
         self.open_event = None
         self.marks = {}                          # host seconds after the call began: first upload, first product
         self.writes = queue.Queue()
@@ -354,15 +356,21 @@ class _Call:
             self._pin()
             self._take_rings()
             for gpu in self.gpus:       # in this thread: the uploads start before any job runs
+                self._mark(gpu, "rings")
                 if self.layout.band_tasks[gpu.slot] and not self.stop.is_set():
                     self._guard(gpu, self._allocate, Exception)
+                self._mark(gpu, "allocated")
             mine = self._caller_feeds()
             self._queue_uploads(mine, HEAD_PIECES)
+            for gpu in self.gpus:
+                self._mark(gpu, "jobs")
             if not self.stop.is_set():
                 jobs += [workers.start(self._guard, gpu, self._feed, name="feeder") for gpu in self.gpus
                          if gpu.slot not in mine]
                 for role, name in ((self._work, "device"), (self._write, "writer")):
                     jobs += [workers.start(self._guard, gpu, role, name=name) for gpu in self.gpus]
+            for gpu in self.gpus:
+                self._mark(gpu, "started")
             self._queue_uploads(mine)
             for job in jobs:
                 job.wait()
@@ -553,7 +561,9 @@ class _Call:
         rows, cols = region(lay, piece.factor, piece.o0, piece.o1, piece.k0, piece.k1)
         src = p.factors[lay.uniques[piece.factor]].base[rows, cols]
         start = gpu.set.event(gpu.s_in, timing=True) if TRACE else None
+        self._mark(gpu, f"upload {piece.index}")
         self._upload(gpu, gpu.factors[piece.factor][rows, cols], src, self.direct[piece.factor])
+        self._mark(gpu, f"uploaded {piece.index}")
         gpu.marks.setdefault("host_first_upload_s", time.perf_counter() - self.t0)
         gpu.stats["bytes_from_host"] += piece.nbytes
         end = gpu.set.event(gpu.s_in, timing=TRACE)
@@ -595,13 +605,16 @@ class _Call:
             gpu.writes.put(None)
             return
         gpu.marks["host_worker_s"] = time.perf_counter() - self.t0
+        self._mark(gpu, "worker")
         self._check(gpu)
         gpu.open_event = gpu.set.event(gpu.s_comp, timing=True)
         gpu.marks["host_open_s"] = time.perf_counter() - self.t0
-        backend = cublas.Backend(cublas.handle(), gpu.s_comp)
+        backend = cublas.Backend(gpu.set.comp_handle(), gpu.s_comp)
+        self._mark(gpu, "backend")
         operands = [Operand(gpu.factors[lay.factor_of[f]], fac.op) for f, fac in enumerate(p.factors)]
         kx = cuda_direct.rank_kx(p, operands, beta=1.0) if p.kind == "gemmt" else None
         side = _Side.make(gpu.set) if SIDE_DOTS and kx is not None and kx[0] == "herkx" else None
+        self._mark(gpu, "side")
         for n_step, (k0, k1) in enumerate(lay.steps):
             self._check(gpu)
             self._gather(gpu, lay.pieces_for(gpu.slot, k0, k1))
@@ -646,7 +659,9 @@ class _Call:
         """Make s_comp wait until ``pieces`` (that this GPU reads) are on it."""
         lay = self.layout
         for piece in pieces:
+            self._mark(gpu, f"wait {piece.index}")
             ev = self.board.wait(piece.index)
+            self._mark(gpu, f"posted {piece.index}")
             if piece.owner == gpu.slot:
                 gpu.s_comp.wait_event(ev)
                 continue
@@ -671,6 +686,7 @@ class _Call:
         part = plan.with_k(task, p, k0, k1)
         out = self._view(gpu, gpu.box, task)
         start = gpu.set.event(gpu.s_comp, timing=True)
+        self._mark(gpu, "product")
         with gpu.s_comp:
             queue_product(backend, p, operands, kx, part, out, beta, side, self.columns)
         gpu.marks.setdefault("host_first_product_s", time.perf_counter() - self.t0)
@@ -700,6 +716,7 @@ class _Call:
         """Copy each finished block into the caller's C, in order; a block is 'written' once it has landed."""
         p = self.problem
         tri = "lower" if p.lower else "upper"
+        self._mark(gpu, "writer")
         while True:
             try:
                 item = gpu.writes.get(timeout=POLL)
@@ -745,6 +762,11 @@ class _Call:
             gpu.state[b] = "written"
 
     # ------------------------------------------------------------------ helpers
+    def _mark(self, gpu, what):
+        """Note when a host thread reached ``what`` for ``gpu`` (TRACE)."""
+        if TRACE:
+            gpu.host_marks.append((what, round(time.perf_counter() - self.t0, 7), threading.current_thread().name))
+
     def _view(self, gpu, box, task):
         r0, _r1, c0, _c1 = self.layout.boxes[gpu.slot]
         return box[task.i0 - r0:task.i1 - r0, task.j0 - c0:task.j1 - c0]
@@ -806,7 +828,7 @@ class _Call:
         size = (self.problem.n, self.problem.k, len(self.gpus))
         for gpu in self.gpus:
             summary, busy, flops, mix, writeback = gpu.summary
-            st = dict(summary, **gpu.marks, wall_s=wall)
+            st = dict(summary, **gpu.marks, wall_s=wall, new_layout=self.first_use, beside_build=self.beside_build)
             if busy is not None:
                 st["tail_s"] = wall - busy
                 if _warm(gpu.device, self.problem.kind) and speed_reading:     # see ``reading``
@@ -815,6 +837,7 @@ class _Call:
                         _calibrate(gpu.device, "mix", self.problem.kind, mix, size, staged=staged)
             if TRACE:                                                   # s_in's events: read once it has settled
                 st["timeline"] = _timeline(self.cp, gpu)
+                st["host_marks"] = gpu.host_marks
             if gpu.upload_events is not None and all(self.direct):
                 t = max(elapsed(*gpu.upload_events) / 1e3, 1e-12)
                 st["upload_gbps"] = gpu.stats["bytes_from_host"] / t / 1e9
@@ -919,7 +942,7 @@ class _Side:
         try:
             return cls(streams)
         except Exception as exc:        # noqa: BLE001 - CuPy's CUBLASError, by name: its module may move
-            if type(exc).__name__ == "CUBLASError":
+            if type(exc).__name__ == "CUBLASError" or isinstance(exc, cublas.CublasError):
                 return None
             raise
 
@@ -966,8 +989,11 @@ def _timeline(cp, gpu):
 
 
 class _StreamSet:
-    """GPU ``index``'s four streams (s_in, s_peer, s_comp, s_out) and a side stream (s_side, with a cuBLAS handle
-    of its own: _Side) for one call at a time, and the CUDA events calls record on them, kept for the next call:
+    """GPU ``index``'s four streams (s_in, s_peer, s_comp, s_out) and a side stream (s_side) for one call at a time,
+    cuBLAS handles of its own for s_comp and s_side (comp_handle, side_handle: a call's jobs take whichever pooled
+    threads are idle, and a worker on a thread without CuPy's per-thread handle for its GPU made one before its
+    first product: 2 x H100, zgemmt n = k = 8192, 2.5 and 4.0 ms, while the calling thread queued no upload for
+    1.5 ms), and the CUDA events calls record on them, kept for the next call:
     a call records 100-450 (zgemmt at n = 8192 on two GPUs), whose destruction had held the caller ~0.2 ms after
     the GPUs finished. Each stream is recorded on by one thread of a call at a time (s_in: the calling thread,
     then the feeder once started; s_peer, s_comp and s_side: the worker; s_out: the writer). An event recorded
@@ -980,7 +1006,7 @@ class _StreamSet:
         with cp.cuda.Device(index):
             self.streams = tuple(cp.cuda.Stream(non_blocking=True) for _ in range(4))
             self.s_side = cp.cuda.Stream(non_blocking=True)
-        self._side_handle = None
+        self._handles = {}          # stream pointer -> this set's cuBLAS handle bound to it
         self._events = {}           # (stream pointer, timing) -> events created for that stream
         self._used = {}             # (stream pointer, timing) -> how many of them this call has recorded
 
@@ -992,30 +1018,32 @@ class _StreamSet:
         return self.streams + (self.s_side,)
 
     def close(self):
-        """Destroy the side stream's cuBLAS handle (a set dropped after its GPU failed)."""
-        h, self._side_handle = self._side_handle, None
-        if h is None:
+        """Destroy the set's cuBLAS handles (a set dropped after its GPU failed)."""
+        handles, self._handles = list(self._handles.values()), {}
+        if not handles:
             return
         try:
             from cupy.cuda import cublas as cupy_cublas
             with self.cp.cuda.Device(self.index):
-                cupy_cublas.destroy(h)
-        except Exception:               # noqa: BLE001 - a GPU in an error state keeps the handle
+                for h in handles:
+                    cupy_cublas.destroy(h)
+        except Exception:               # noqa: BLE001 - a GPU in an error state keeps the handles
             pass
+
+    def comp_handle(self):
+        """A cuBLAS handle of this set's own, bound to s_comp (made on first use; kept with the set)."""
+        return self._handle(self.streams[2])
 
     def side_handle(self):
         """A cuBLAS handle of this set's own, bound to s_side (made on first use; kept with the set)."""
-        if self._side_handle is None:
-            from cupy.cuda import cublas as cupy_cublas
+        return self._handle(self.s_side)
+
+    def _handle(self, stream):
+        h = self._handles.get(stream.ptr)
+        if h is None:
             with self.cp.cuda.Device(self.index):
-                h = cupy_cublas.create()
-                try:
-                    cupy_cublas.setStream(h, self.s_side.ptr)
-                except Exception:
-                    cupy_cublas.destroy(h)
-                    raise
-            self._side_handle = h
-        return self._side_handle
+                h = self._handles[stream.ptr] = cublas.new_handle(stream.ptr)
+        return h
 
     def rewind(self):
         """A new call: its events are recorded from the first again."""

@@ -396,18 +396,67 @@ def test_no_speed_from_a_layouts_first_call_nor_from_one_beside_a_layout_build(m
         host_pinning.wait_ready()
         hb.herk(1.0, a, 0.0, c, context=ctx)                   # the first copies by DMA
         band_plan._cache.clear()
+        from hybridblas.devices.cuda import last_stats
         hb.herk(1.0, a, 0.0, c, context=ctx)                   # a new layout's first call
         assert _path(ctx) == {"bands"}
         assert cuda_bands.calibrated(dev, "herk", size) is None
+        assert last_stats[dev.name]["new_layout"] and not last_stats[dev.name]["beside_build"]
         monkeypatch.setattr(cuda_bands, "rebuilding", lambda: True)
         hb.herk(1.0, a, 0.0, c, context=ctx)
         assert cuda_bands.calibrated(dev, "herk", size) is None
+        assert last_stats[dev.name]["beside_build"] and not last_stats[dev.name]["new_layout"]
         monkeypatch.setattr(cuda_bands, "rebuilding", band_plan.rebuilding)
         hb.herk(1.0, a, 0.0, c, context=ctx)
         assert cuda_bands.calibrated(dev, "herk", size) is not None
+        assert not (last_stats[dev.name]["new_layout"] or last_stats[dev.name]["beside_build"])
     finally:
         host_pinning.clear()
     _assert_herk(a, c)
+
+
+@pytest.mark.gpu
+def test_a_stream_sets_compute_handle_is_its_own_bound_to_its_compute_stream_and_kept(small_units, rng):
+    """Whichever pooled threads run a call's jobs, its products go on the stream set's own cuBLAS handle (bound to
+    s_comp), made once for the set: calls from two caller threads at once each get results right, and a later
+    call reuses the handles the sets made."""
+    import ctypes
+
+    from hybridblas import cublas
+    ctx = hb.Context(devices=_gpus(), min_call_seconds=0, pin_host=True)
+    for _ in range(2):
+        _run("herk", np.complex128, ("N",), True, 0.0, ctx, rng)
+    errors = []
+
+    def caller():
+        try:
+            _run("gemmt", np.complex128, ("C", "N"), True, 0.0, ctx, rng)
+        except BaseException as exc:            # noqa: BLE001 - reported by the test's thread
+            errors.append(exc)
+    threads = [threading.Thread(target=caller) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    host_pinning.wait_ready()
+    kept = {}
+    for d in ctx.devices:
+        for streams in cuda_bands._idle_sets.get(d.index, []):
+            comp = streams.streams[2]
+            if comp.ptr not in streams._handles:
+                continue
+            h = streams._handles[comp.ptr]
+            bound = ctypes.c_void_p()
+            cublas.check(cublas.lib().cublasGetStream_v2(ctypes.c_void_p(h), ctypes.byref(bound)), "get stream")
+            assert bound.value == comp.ptr
+            kept[(d.index, comp.ptr)] = h
+    assert {i for i, _ in kept} == {d.index for d in ctx.devices}
+    _run("herk", np.complex128, ("N",), True, 0.0, ctx, rng)
+    for d in ctx.devices:
+        for streams in cuda_bands._idle_sets.get(d.index, []):
+            comp = streams.streams[2]
+            if (d.index, comp.ptr) in kept:
+                assert streams._handles[comp.ptr] == kept[(d.index, comp.ptr)]
 
 
 @pytest.mark.gpu

@@ -254,8 +254,8 @@ def test_band_trace_summary_plot_and_refusal_without_two_gpus(capsys, monkeypatc
     assert s == {"products": 2, "late": 1, "late_s": pytest.approx(0.5e-3), "busy_s": pytest.approx(2e-3),
                  "first_product_s": 1e-3, "last_write_end_s": 3.4e-3}
     if _has_matplotlib():
-        row = {"n": 64, "calls_s": [0.01], "modelled_s": 0.009, "model": [[0, "compute", 0, 0.0, 1e-3],
-                                                                           [1, "compute", 0, 0.0, 2e-3]],
+        row = {"routine": "zherk", "n": 64, "calls_s": [0.01], "modelled_s": 0.009,
+               "model": [[0, "compute", 0, 0.0, 1e-3], [1, "compute", 0, 0.0, 2e-3]],
                "gpus": {"0": {"timeline": timeline}, "1": {"timeline": timeline[:2]}}}
         out = T.plot(row, str(tmp_path / "trace.png"))
         assert (tmp_path / "trace.png").stat().st_size > 0 and out.endswith("trace.png")

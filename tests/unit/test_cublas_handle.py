@@ -52,3 +52,43 @@ def test_other_cublas_errors_pass_unchanged(monkeypatch):
     with pytest.raises(CUBLASError):
         cublas.handle()
     assert state == {"freed": 0, "tries": 1}
+
+
+def fake_cupy_cublas(monkeypatch, fails, set_stream_fails=False):
+    """A stand-in cupy.cuda.cublas whose create() fails with ALLOC_FAILED ``fails`` times."""
+    state = fake_cupy(monkeypatch, fails=0)
+    state.update(created=0, streams=[], destroyed=[])
+
+    def create():
+        state["created"] += 1
+        if state["created"] <= fails:
+            raise CUBLASError(3)
+        return 40 + state["created"]
+
+    def set_stream(h, ptr):
+        if set_stream_fails:
+            raise RuntimeError("invalid stream")
+        state["streams"].append((h, ptr))
+    fake = types.SimpleNamespace(create=create, setStream=set_stream, destroy=state["destroyed"].append)
+    monkeypatch.setitem(sys.modules, "cupy.cuda.cublas", fake)
+    sys.modules["cupy"].cuda.cublas = fake
+    monkeypatch.setitem(sys.modules, "cupy.cuda", sys.modules["cupy"].cuda)
+    return state
+
+
+def test_a_new_handle_is_bound_to_its_stream_and_retried_once_without_memory(monkeypatch):
+    state = fake_cupy_cublas(monkeypatch, fails=0)
+    assert cublas.new_handle(777) == 41 and state["streams"] == [(41, 777)] and state["freed"] == 0
+    state = fake_cupy_cublas(monkeypatch, fails=1)
+    assert cublas.new_handle(5) == 42 and state["streams"] == [(42, 5)] and state["freed"] == 1
+    state = fake_cupy_cublas(monkeypatch, fails=2)
+    with pytest.raises(MemoryError, match="cublasCreate failed on GPU 0"):
+        cublas.new_handle(5)
+    assert state["freed"] == 1 and state["created"] == 2
+
+
+def test_a_new_handle_whose_stream_cannot_be_set_is_destroyed(monkeypatch):
+    state = fake_cupy_cublas(monkeypatch, fails=0, set_stream_fails=True)
+    with pytest.raises(RuntimeError, match="invalid stream"):
+        cublas.new_handle(9)
+    assert state["destroyed"] == [41]

@@ -193,12 +193,14 @@ def test_the_side_stream_falls_back_when_cublas_cannot_make_its_handle():
             raise exc
         return SimpleNamespace(side_handle=handle)
     assert cuda_bands._Side.make(failing(CUBLASError("CUBLAS_STATUS_NOT_INITIALIZED"))) is None
+    assert cuda_bands._Side.make(failing(cuda_bands.cublas.CublasAllocError("cublasCreate failed"))) is None
     with pytest.raises(RuntimeError, match="device lost"):
         cuda_bands._Side.make(failing(RuntimeError("device lost")))
 
 
-def test_a_dropped_stream_set_destroys_its_side_handle_once(monkeypatch):
-    """_StreamSet.close: the side handle is destroyed on the set's GPU, once; a destroy that fails is tolerated."""
+def test_a_dropped_stream_set_destroys_its_handles_once(monkeypatch):
+    """_StreamSet.close: the set's cuBLAS handles are destroyed on its GPU, once; a destroy that fails is
+    tolerated."""
     import contextlib
     import sys
     destroyed = []
@@ -211,16 +213,37 @@ def test_a_dropped_stream_set_destroys_its_side_handle_once(monkeypatch):
     fake_cuda = SimpleNamespace(cublas=fake_cublas, Device=lambda i: contextlib.nullcontext())
     monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=fake_cuda))
     monkeypatch.setitem(sys.modules, "cupy.cuda", fake_cuda)
-    for handle in (7, 13):
+    for handles in ({1: 7, 2: 8}, {2: 13}):
         streams = object.__new__(cuda_bands._StreamSet)
-        streams.cp, streams.index, streams._side_handle = SimpleNamespace(cuda=fake_cuda), 1, handle
+        streams.cp, streams.index, streams._handles = SimpleNamespace(cuda=fake_cuda), 1, handles
         streams.close()
         streams.close()
-        assert streams._side_handle is None
+        assert streams._handles == {}
     unused = object.__new__(cuda_bands._StreamSet)
-    unused.cp, unused.index, unused._side_handle = SimpleNamespace(cuda=fake_cuda), 0, None
+    unused.cp, unused.index, unused._handles = SimpleNamespace(cuda=fake_cuda), 0, {}
     unused.close()
-    assert destroyed == [7, 13]
+    assert destroyed == [7, 8, 13]
+
+
+def test_a_stream_set_makes_one_handle_per_stream_on_its_gpu_and_keeps_it(monkeypatch):
+    """_StreamSet.comp_handle / side_handle: made by cublas.new_handle for the stream, with the set's GPU
+    current, once; each stream its own."""
+    import contextlib
+    made, current = [], []
+
+    @contextlib.contextmanager
+    def device(i):
+        current.append(i)
+        yield
+        current.pop()
+    monkeypatch.setattr(cuda_bands.cublas, "new_handle", lambda ptr: made.append((ptr, current[-1])) or 100 + ptr)
+    streams = object.__new__(cuda_bands._StreamSet)
+    streams.cp, streams.index, streams._handles = SimpleNamespace(cuda=SimpleNamespace(Device=device)), 1, {}
+    streams.streams = tuple(SimpleNamespace(ptr=p) for p in (1, 2, 3, 4))
+    streams.s_side = SimpleNamespace(ptr=5)
+    assert streams.comp_handle() == 103 and streams.comp_handle() == 103
+    assert streams.side_handle() == 105 and streams.side_handle() == 105
+    assert made == [(3, 1), (5, 1)]
 
 
 def test_the_side_stream_computes_the_dots_after_the_compute_stream_reached_them(monkeypatch):
