@@ -9,6 +9,10 @@ call that follows others). Each round runs, in alternating order:
   - hybridblas: one call with host operands on both GPUs (page-locked by then), wall time; its result is
     checked on sampled entries.
 
+Each hybridblas call notes whether it was its layout's first call (marked ``n`` in the listing: the kernels of new
+shapes load), ran beside a layout being made by a worker thread (``b``), and how long the interpreter's garbage
+collections took while it ran (``g`` where over 1 ms).
+
 While it runs, NVML (where there is one) samples each GPU's SM clock every CLOCK_INTERVAL seconds (a thread
 that wakes more often takes the interpreter from hybridblas's host threads); each kind's mean over its calls is
 reported beside its times.
@@ -22,6 +26,7 @@ measured speeds between settings whose kernels run at different rates.
 Ratios: hybridblas's time against the time both GPUs' device rates give together (1 / (1/t0 + 1/t1)), best
 against best and median against median.
 """
+import gc
 import statistics
 import threading
 import time
@@ -76,13 +81,53 @@ def _device_calls(cp, routine, dev, out, gpus):
     return times
 
 
+class GcTimes:
+    """Seconds the interpreter's garbage collections take, from gc.callbacks, summed between mark() and take()."""
+
+    def __init__(self):
+        self.total, self._start, self._base = 0.0, None, 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase, info):
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.total += time.perf_counter() - self._start
+            self._start = None
+
+    def mark(self):
+        self._base = self.total
+
+    def take(self):
+        return self.total - self._base
+
+    def close(self):
+        gc.callbacks.remove(self._note)
+
+
+def _flags(gc_s):
+    """The last hybridblas call's notes: its layout's first call, beside a layout build, its GC seconds."""
+    from hybridblas.devices.cuda import last_stats
+    stats = [st for st in last_stats.values() if isinstance(st, dict)]
+    return {"new_layout": any(st.get("new_layout") for st in stats),
+            "beside_build": any(st.get("beside_build") for st in stats), "gc_s": gc_s}
+
+
+def _mark(row):
+    if "new_layout" not in row:
+        return ""
+    return ("n" if row["new_layout"] else "") + ("b" if row["beside_build"] else "") + \
+        ("g" if row["gc_s"] > 1e-3 else "")
+
+
 def _summary(values):
     return {"best": min(values), "median": statistics.median(values)}
 
 
 def _rounds(cp, routine, host_args, kw, c, ctx, dev, out, rounds):
-    """{kind: [{"seconds", "per_gpu_s", "window"}]} of ``rounds`` rounds of the three kinds of call, in alternating
-    order; hybridblas warmed up first (the second call page-locks the operands: pin_host="auto")."""
+    """{kind: [{"seconds", "per_gpu_s" (hybridblas: its notes, _flags), "window"}]} of ``rounds`` rounds of the three
+    kinds of call, in alternating order; hybridblas warmed up first (the second call page-locks the operands:
+    pin_host="auto")."""
     gpus = sorted(dev)
 
     sync = gpu_sync(cp, gpus)
@@ -93,20 +138,33 @@ def _rounds(cp, routine, host_args, kw, c, ctx, dev, out, rounds):
     call_hybrid(routine, host_args, kw, c, ctx)
     sync()
     rows = {"both": [], "alone": [], "hb": []}
-    for r in range(rounds):
-        for kind in ("both", "alone", "hb") if r % 2 == 0 else ("hb", "alone", "both"):
-            t0 = time.perf_counter()
-            got = {}
-            if kind == "hb":
-                call_hybrid(routine, host_args, kw, c, ctx)
-                sync()
-                seconds = time.perf_counter() - t0
-            else:
-                for part in ([gpus] if kind == "both" else [[g] for g in gpus]):
-                    got.update(_device_calls(cp, routine, dev, out, part))
-                seconds = 1 / sum(1 / got[g] for g in gpus)
-            rows[kind].append({"seconds": seconds, "per_gpu_s": got, "window": (t0, time.perf_counter())})
+    collections = GcTimes()
+    try:
+        for r in range(rounds):
+            _round(cp, routine, host_args, kw, c, ctx, dev, out, gpus, sync, rows, collections, r)
+    finally:
+        collections.close()
     return rows
+
+
+def _round(cp, routine, host_args, kw, c, ctx, dev, out, gpus, sync, rows, collections, r):
+    """One round of the three kinds of call, appended to ``rows``."""
+    for kind in ("both", "alone", "hb") if r % 2 == 0 else ("hb", "alone", "both"):
+        t0 = time.perf_counter()
+        row = {}
+        if kind == "hb":
+            collections.mark()
+            call_hybrid(routine, host_args, kw, c, ctx)
+            sync()
+            seconds = time.perf_counter() - t0
+            row.update(_flags(collections.take()))
+        else:
+            got = {}
+            for part in ([gpus] if kind == "both" else [[g] for g in gpus]):
+                got.update(_device_calls(cp, routine, dev, out, part))
+            seconds = 1 / sum(1 / got[g] for g in gpus)
+            row["per_gpu_s"] = got
+        rows[kind].append(dict(row, seconds=seconds, window=(t0, time.perf_counter())))
 
 
 def _report(entry, rows, mhz):
@@ -116,7 +174,7 @@ def _report(entry, rows, mhz):
     for kind, v in rows.items():
         print(f"  {kind:6s} best {res[kind]['best'] * 1e3:8.2f} ms  median {res[kind]['median'] * 1e3:8.2f} ms  "
               f"{flops / res[kind]['best'] / 1e12:6.1f} TF/s  SM clock (MHz) {mhz[kind] or '-'}  calls (ms) "
-              + " ".join(f"{x['seconds'] * 1e3:.1f}" for x in v), flush=True)
+              + " ".join(f"{x['seconds'] * 1e3:.1f}{_mark(x)}" for x in v), flush=True)
     both, alone = entry["ratio_to_both"], entry["ratio_to_alone"]
     print(f"  hybridblas / Σ device at once: best {both['best']:.3f}, median {both['median']:.3f};  "
           f"/ each alone: best {alone['best']:.3f}, median {alone['median']:.3f}", flush=True)

@@ -266,8 +266,26 @@ def test_band_trace_summary_plot_and_refusal_without_two_gpus(capsys, monkeypatc
 
 
 def test_turns_summaries_and_its_refusal_without_two_gpus(capsys, monkeypatch):
-    from benchmarks.measure.blas_turns import _summary
+    import gc
+    from benchmarks.measure.blas_turns import GcTimes, _mark, _summary
     assert _summary([0.3, 0.1, 0.2, 0.5]) == {"best": 0.1, "median": 0.25}
+    times = GcTimes()
+    try:
+        times.mark()
+        assert times.take() == 0.0
+        junk = [[i] for i in range(200000)]
+        gc.collect()
+        took = times.take()
+        assert took > 0.0 and times.take() == took          # summed since mark(), not reset by take()
+        times.mark()
+        assert times.take() == 0.0
+        del junk
+    finally:
+        times.close()
+    assert times._note not in gc.callbacks
+    assert _mark({"seconds": 1.0}) == ""
+    assert _mark({"new_layout": True, "beside_build": False, "gc_s": 2e-3}) == "ng"
+    assert _mark({"new_layout": False, "beside_build": True, "gc_s": 0.0}) == "b"
     one_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 1)))
     monkeypatch.setitem(sys.modules, "cupy", one_gpu)
     assert main("blas", blas.__doc__, blas.COMMANDS, ["turns", "--sizes", "64"]) == 2
