@@ -561,9 +561,9 @@ class _Call:
         rows, cols = region(lay, piece.factor, piece.o0, piece.o1, piece.k0, piece.k1)
         src = p.factors[lay.uniques[piece.factor]].base[rows, cols]
         start = gpu.set.event(gpu.s_in, timing=True) if TRACE else None
-        self._mark(gpu, f"upload {piece.index}")
+        self._mark(gpu, "upload", piece.index)
         self._upload(gpu, gpu.factors[piece.factor][rows, cols], src, self.direct[piece.factor])
-        self._mark(gpu, f"uploaded {piece.index}")
+        self._mark(gpu, "uploaded", piece.index)
         gpu.marks.setdefault("host_first_upload_s", time.perf_counter() - self.t0)
         gpu.stats["bytes_from_host"] += piece.nbytes
         end = gpu.set.event(gpu.s_in, timing=TRACE)
@@ -659,9 +659,9 @@ class _Call:
         """Make s_comp wait until ``pieces`` (that this GPU reads) are on it."""
         lay = self.layout
         for piece in pieces:
-            self._mark(gpu, f"wait {piece.index}")
+            self._mark(gpu, "wait", piece.index)
             ev = self.board.wait(piece.index)
-            self._mark(gpu, f"posted {piece.index}")
+            self._mark(gpu, "posted", piece.index)
             if piece.owner == gpu.slot:
                 gpu.s_comp.wait_event(ev)
                 continue
@@ -762,9 +762,10 @@ class _Call:
             gpu.state[b] = "written"
 
     # ------------------------------------------------------------------ helpers
-    def _mark(self, gpu, what):
-        """Note when a host thread reached ``what`` for ``gpu`` (TRACE)."""
+    def _mark(self, gpu, what, index=None):
+        """Note when a host thread reached ``what`` (of piece ``index``) for ``gpu`` (TRACE)."""
         if TRACE:
+            what = what if index is None else f"{what} {index}"
             gpu.host_marks.append((what, round(time.perf_counter() - self.t0, 7), threading.current_thread().name))
 
     def _view(self, gpu, box, task):

@@ -306,3 +306,20 @@ def test_staged_readings_count_only_until_one_by_dma(fresh):
     for value in (30e12, 31e12, 32e12):
         cuda_bands._calibrate(other, "flops", "gemmt", value, size, staged=True)
     assert cuda_bands.calibrated(other, "gemmt", size) == 31e12
+
+
+def test_host_marks_are_noted_only_with_trace(monkeypatch):
+    """_Call._mark: nothing without TRACE; with it, (what [index], seconds since the call began, thread name)."""
+    import threading
+    import time
+    call = object.__new__(cuda_bands._Call)
+    call.t0 = time.perf_counter()
+    gpu = SimpleNamespace(host_marks=[])
+    monkeypatch.setattr(cuda_bands, "TRACE", False)
+    call._mark(gpu, "upload", 3)
+    assert gpu.host_marks == []
+    monkeypatch.setattr(cuda_bands, "TRACE", True)
+    call._mark(gpu, "upload", 3)
+    call._mark(gpu, "worker")
+    assert [m[0] for m in gpu.host_marks] == ["upload 3", "worker"]
+    assert all(m[1] >= 0 and m[2] == threading.current_thread().name for m in gpu.host_marks)
