@@ -1026,9 +1026,12 @@ class _StreamSet:
         try:
             from cupy.cuda import cublas as cupy_cublas
             with self.cp.cuda.Device(self.index):
-                for h in handles:
-                    cupy_cublas.destroy(h)
-        except Exception:               # noqa: BLE001 - a GPU in an error state keeps the handles
+                for h in handles:       # each tried: one that fails does not keep the others
+                    try:
+                        cupy_cublas.destroy(h)
+                    except Exception:   # noqa: BLE001 - a GPU in an error state keeps the handle
+                        pass
+        except Exception:               # noqa: BLE001 - nor does one that cannot be made current
             pass
 
     def comp_handle(self):

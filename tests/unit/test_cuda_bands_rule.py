@@ -213,7 +213,7 @@ def test_a_dropped_stream_set_destroys_its_handles_once(monkeypatch):
     fake_cuda = SimpleNamespace(cublas=fake_cublas, Device=lambda i: contextlib.nullcontext())
     monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=fake_cuda))
     monkeypatch.setitem(sys.modules, "cupy.cuda", fake_cuda)
-    for handles in ({1: 7, 2: 8}, {2: 13}):
+    for handles in ({1: 7, 2: 8}, {2: 13, 3: 14}):
         streams = object.__new__(cuda_bands._StreamSet)
         streams.cp, streams.index, streams._handles = SimpleNamespace(cuda=fake_cuda), 1, handles
         streams.close()
@@ -222,7 +222,7 @@ def test_a_dropped_stream_set_destroys_its_handles_once(monkeypatch):
     unused = object.__new__(cuda_bands._StreamSet)
     unused.cp, unused.index, unused._handles = SimpleNamespace(cuda=fake_cuda), 0, {}
     unused.close()
-    assert destroyed == [7, 8, 13]
+    assert destroyed == [7, 8, 13, 14]                      # 14 after 13 failed
 
 
 def test_a_stream_set_makes_one_handle_per_stream_on_its_gpu_and_keeps_it(monkeypatch):
