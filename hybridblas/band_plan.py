@@ -409,10 +409,11 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
     calls whose rates are within RATE_SLACK of theirs and whose GPUs' shares of the speeds are within SHARE_SLACK, or
     within what a new layout would repay in PAYBACK_CALLS calls (_serves; the outer order's model costs milliseconds;
     measured rates move from call to call). ``ahead`` (a call's own layout, REBUILD_AHEAD): where the signature has
-    a kept layout that no longer serves (_stale) and ``ahead(layout)`` says it can serve this call, it does, and a
-    worker thread makes the new one for the next calls (one at a time per signature, holding ``problem`` until it
-    is made, and keeping the served one instead where the model takes that one about as fast: REBUILD_GAIN; a
-    rebuild that raised leaves the next call to make its layout itself; wait_rebuilds waits for them);
+    a kept layout that no longer serves (_stale), whose GPUs' shares moved little (_moved_little) and
+    ``ahead(layout)`` says it can serve this call, it does, and a worker thread makes the new one for the next calls
+    (one at a time per signature, holding ``problem`` until it is made, and keeping the served one instead where the
+    model takes that one about as fast: REBUILD_GAIN; a rebuild that raised leaves the next call to make its layout
+    itself; wait_rebuilds waits for them);
     None: made in the call. A layout from here holds no reference to the call's arrays (``problem`` is None)."""
     speeds = list(speeds or rates)
     values = list(rates) + _plain(speeds, mixes) + [writeback_rate, upload_rate] + [r for r, _ in mixes or ()]
@@ -428,23 +429,38 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
         if failed:
             del _rebuilds[key]
         stale = _stale(key) if ahead is not None and REBUILD_AHEAD and not failed else None
-    if stale is not None and ahead(stale):          # the caller's check, outside the lock
+    if stale is not None and _moved_little(stale, values, len(rates)) and ahead(stale[1]):    # outside the lock
         with _cache_lock:
             if key not in _rebuilds:
-                _rebuilds[key] = workers.start(_rebuild, key, values, args, stale, name="layout")
-        return stale
+                _rebuilds[key] = workers.start(_rebuild, key, values, args, stale[1], name="layout")
+        return stale[1]
     return _keep(key, values, _build(*args))
 
 
 def _stale(key):
-    """The newest layout kept for ``key``'s signature (its rates may have moved past it, and measured mixes may have
-    joined them since), or None; with _cache_lock held."""
+    """(rate values, layout) newest kept for ``key``'s signature (its rates may have moved past it, and measured
+    mixes may have joined them since), or None; with _cache_lock held."""
     kept = _cache.get(key)
     if kept:
         _cache.move_to_end(key)
-        return kept[0][1]
+        return kept[0]
     same = [k for k in _cache if k[:-1] == key[:-1]]        # all but the count of values: as many GPUs
-    return _cache[same[-1]][0][1] if same else None
+    return _cache[same[-1]][0] if same else None
+
+
+def _moved_little(stale, values, gpus):
+    """Whether a kept layout (``stale``: its rate values and itself) may serve a call at rate values ``values``
+    while the new one is made (layout_for's ``ahead``): where no GPU's share of the speeds moved by more than
+    STALE_SHARE, or by more than the share whose cost (about shift x GPUs x the call's time, run on its slowest GPU)
+    making a layout takes. A GPU measured far slower than its band was made for (a throttling GPU, or one another
+    process shares) gets its new band in the call: 2 x H100 with GPU 1's kernels at 0.4-0.5 of GPU 0's, zher2k
+    n = k = 24576 on the bands of equal speeds took 3.1-3.4 s against GPU 0's 2.4 alone."""
+    known, lay = stale
+    was, now = known[gpus:2 * gpus], values[gpus:2 * gpus]
+    if len(was) != gpus or len(now) != gpus:
+        return True
+    shift = max(abs(a / sum(now) - b / sum(was)) for a, b in zip(now, was))
+    return shift <= max(STALE_SHARE, (lay.build_s or 0.0) / (gpus * max(lay.modelled or 0.0, 1e-9)))
 
 
 def _plain(speeds, mixes):
@@ -548,6 +564,8 @@ REBUILD_AHEAD = True      # a call whose kept layout no longer serves takes it w
                           # (layout_for's ``ahead``): 2 x H100, the first calls after page-locking made new
                           # layouts as their rates were measured, zgemmt n = k = 8192 6 ms on the call's
                           # 28, 16384 42 ms
+STALE_SHARE = 0.1         # ... where no GPU's share of the speeds moved by more than this (or by what the layout's
+                          # making costs: _moved_little); else the call makes its layout itself
 REBUILD_GAIN = 0.01       # ... and its new layout replaces the kept one only where the model takes the kept one this
                           # much slower at the new rates: a new layout's first call loads its shapes' kernels (2 x
                           # H100, zgemmt n = k = 8192: 36-57 ms against 28; its edges moved by 1 %)

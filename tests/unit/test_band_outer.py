@@ -359,14 +359,39 @@ def test_a_call_takes_the_kept_layout_while_a_worker_makes_the_new_one(monkeypat
     one = B.layout_for(gemmt, [5.2e13], wb, up, ahead=_any)             # another GPU count: never another's
     assert len(one.bands) == 1 and len(first.bands) == 2
     other = [7.0e13, 3.5e13]
-    assert B.layout_for(gemmt, other, wb, up) is not first              # no ``ahead``: made in the call
+    other_lay = B.layout_for(gemmt, other, wb, up)
+    assert other_lay is not first                                       # no ``ahead``: made in the call
+    other_lay.build_s = 0.0
     refused = []
-    made_here = B.layout_for(gemmt, [4.0e13, 6.5e13], wb, up, ahead=lambda lay: refused.append(lay) and False)
+    made_here = B.layout_for(gemmt, [6.4e13, 3.9e13], wb, up, ahead=lambda lay: refused.append(lay) and False)
     assert refused and refused[0] is not made_here and not B._rebuilds     # the caller's check refused the kept one
-    assert made_here.edges[1] < first.edges[1]
+    assert made_here.edges[1] < other_lay.edges[1]
     monkeypatch.setattr(B, "REBUILD_AHEAD", False)
     made_here = B.layout_for(gemmt, [3.5e13, 7.0e13], wb, up, ahead=_any)
     assert not B._rebuilds and made_here.edges[1] < first.edges[1]
+
+
+def test_shares_that_moved_far_get_their_layout_in_the_call(monkeypatch):
+    """A GPU's share of the speeds moved by more than STALE_SHARE (and more than the layout's making would cost on
+    the call's slowest GPU): the call makes its layout itself, no kept layout serves it and no worker is started;
+    a layout that took long to make still serves such a shift while a worker makes the new one."""
+    from collections import OrderedDict
+    monkeypatch.setattr(B, "_cache", OrderedDict())
+    monkeypatch.setattr(B, "_rebuilds", {})
+    wb, up = 45e9, 50e9
+    gemmt = build("gemmt", "CN", 4096, 4096, Z, True, "F")
+    first = B.layout_for(gemmt, [5.2e13, 5.2e13], wb, up, ahead=_any)
+    first.build_s = 0.0
+    throttled = [5.2e13, 2.4e13]                           # GPU 1 at 0.46 of GPU 0: shares 0.68 against 0.5
+    asked = []
+    made = B.layout_for(gemmt, throttled, wb, up, ahead=lambda lay: asked.append(lay) or True)
+    assert made is not first and not asked and not B._rebuilds
+    assert made.edges[1] > first.edges[1]                  # GPU 0's band the wider
+    assert B.layout_for(gemmt, throttled, wb, up, ahead=_any) is made
+    assert not B._moved_little(([5.2e13] * 4, first), [5.2e13, 2.4e13] * 2, 2)
+    assert B._moved_little(([5.2e13] * 4, first), [5.2e13, 4.5e13] * 2, 2)     # 0.536 against 0.5
+    first.build_s = 0.2 * 2 * first.modelled               # its making costs what a shift of 0.2 does
+    assert B._moved_little(([5.2e13] * 4, first), [5.2e13, 2.4e13] * 2, 2)
 
 
 def test_a_rebuild_that_raises_leaves_the_next_call_to_make_its_layout(monkeypatch):
@@ -526,7 +551,7 @@ def test_a_rebuild_keeps_the_served_layout_where_the_model_takes_it_about_as_fas
     assert B.layout_for(gemmt, alike, wb, up, ahead=_any) is first          # kept for the new rates
     assert O.simulate(first, alike, up, wb) <= (1 + B.REBUILD_GAIN) * B._build(
         gemmt, alike, wb, up, True, alike, None, None).modelled
-    apart = [4.0e13, 6.6e13]
+    apart = [4.6e13, 6.0e13]                    # a shift within STALE_SHARE: served while the worker makes one
     assert B.layout_for(gemmt, apart, wb, up, ahead=_any) is first
     assert B.wait_rebuilds(timeout=60)
     new = B.layout_for(gemmt, apart, wb, up, ahead=_any)
