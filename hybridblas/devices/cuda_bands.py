@@ -827,12 +827,14 @@ class _Call:
         staged = not (all(self.direct) and self.direct_c)
         speed_reading = reading and not (staged and self.pin_pending)  # staged while locks are made: no speed
         size = (self.problem.n, self.problem.k, len(self.gpus))
+        warm = []
         for gpu in self.gpus:
             summary, busy, flops, mix, writeback = gpu.summary
             st = dict(summary, **gpu.marks, wall_s=wall, new_layout=self.first_use, beside_build=self.beside_build)
             if busy is not None:
                 st["tail_s"] = wall - busy
-                if _warm(gpu.device, self.problem.kind) and speed_reading:     # see ``reading``
+                warm.append(_warm(gpu.device, self.problem.kind))
+                if warm[-1] and speed_reading:                                 # see ``reading``
                     _calibrate(gpu.device, "flops", self.problem.kind, flops, size, staged=staged)
                     if mix is not None:
                         _calibrate(gpu.device, "mix", self.problem.kind, mix, size, staged=staged)
@@ -848,6 +850,33 @@ class _Call:
             if writeback is not None and reading:
                 _calibrate(gpu.device, "d2h_pinned", None, writeback)
             cuda.last_stats[gpu.device.name] = st
+        if self._rebalances(speed_reading, staged, warm):
+            self._rebalance(size)
+
+    def _rebalances(self, speed_reading, staged, warm):
+        """Whether the call's kernel rates may move the GPUs' speeds though it gave no speed reading (_rebalance):
+        a call by DMA, not its layout's first, on several GPUs that had each run the routine before (``warm``)."""
+        return not (speed_reading or staged or self.first_use) and len(warm) == len(self.gpus) > 1 and all(warm)
+
+    def _rebalance(self, size):
+        """A call by DMA that gives no speed reading (``reading`` in _record_stats: its first copies by DMA, a
+        layout being made beside it) slows its GPUs alike; one whose GPUs ran unlike the speeds the next call
+        takes for them (a GPU throttling, or shared with another process) moves the bands still: where a GPU's
+        kernel rate over its speed is below BALANCE of the highest such ratio, each GPU's speed starts anew at its
+        speed times its ratio over the ratio nearest 1 (the GPU that ran nearest its speed keeps it: the others
+        slowed down, or one that had been slow is back). Staged calls and a layout's first call do not: the staged
+        call's products are queued late unevenly (27-37 TF/s on 2 x H100, zgemmt 8192), and a new layout's shapes
+        load their kernels on each GPU for its own blocks (2 x H100, zgemmt 8192, a new layout after GPU 1's share
+        grew back: GPU 0's kernels at 0.66 of its speed, then 0.84 the call after)."""
+        p = self.problem
+        speeds = _speeds(p, self.devices, self.rates, self.ctx)
+        ratios = [gpu.summary[2] / s if gpu.summary[2] and s else None for gpu, s in zip(self.gpus, speeds)]
+        if None in ratios or min(ratios) >= BALANCE * max(ratios):
+            return
+        anchor = min(ratios, key=lambda r: abs(math.log(r)))
+        for gpu, s, r in zip(self.gpus, speeds, ratios):
+            if gpu.device.name not in self.ctx.rates:       # an explicit rate is the speed the model takes
+                _calibrate(gpu.device, "flops", p.kind, s * r / anchor, size, reset=True)
 
     # ------------------------------------------------------------------ faults
     def _recover(self, reserves):
@@ -1178,7 +1207,7 @@ def _warm(device, kind):
         return known
 
 
-def _calibrate(device, what, kind, value, size=None, staged=False):
+def _calibrate(device, what, kind, value, size=None, staged=False, reset=False):
     """Fold one call's measurement into the device's rates. A transfer rate ('h2d_pinned', 'd2h_pinned') or a
     speed ("flops", of a call of ``size`` (n, k, GPUs)) is one of its last READINGS readings, the upper median of which
     counts: a call that shared the links or the GPU with another is one reading, which neither turns the bands
@@ -1187,7 +1216,10 @@ def _calibrate(device, what, kind, value, size=None, staged=False):
     call's. A speed or mix from a call that staged operands or C through host buffers (``staged``) counts only
     until one from a call that read and wrote them by DMA comes, which then replaces them: the staging threads
     hold the interpreter, so such a call's products are queued late and its kernels' times run long (2 x H100,
-    zgemmt n = k = 8192: 27-37 TF/s against 52-54 once page-locked)."""
+    zgemmt n = k = 8192: 27-37 TF/s against 52-54 once page-locked). A speed below DROP of the upper median it
+    joins or above its inverse, or one given with ``reset`` (_Call._rebalance), starts the readings anew: a GPU
+    that throttles, or that another process shares, gets its smaller band at the next call, not once its slow
+    readings outnumber the fast ones, and its band back as soon as it runs at its speed again."""
     with _calibration_lock:
         rates = _calibration.setdefault(device.name, {})
         key = what if what in ("h2d_pinned", "d2h_pinned") else (what, kind, _size_class(size))
@@ -1200,8 +1232,21 @@ def _calibrate(device, what, kind, value, size=None, staged=False):
         if tag is not None:
             rates[tag] = staged
         old = rates.pop(key, None)              # re-entered: the class measured last is last (calibrated(size=None))
+        if what == "flops" and old and (reset or not DROP <= value / statistics.median_high(old) <= 1 / DROP):
+            old = None
         rates[key] = value if what == "mix" else ((old or []) + [value])[-READINGS:]
 
 
 READINGS = 5               # a GPU's speed for a routine and size class, and its links' rates: the upper median of
                            # the last this many band calls' readings
+DROP = 0.8                 # a speed reading below this share of the upper median (or above its inverse) starts the
+                           # readings anew; call-to-call kernel rates move by 4-8 % (2 x H100, n = 8192-16384). 2 x
+                           # H200, zher2k n = k = 16384, GPU 1 shared with another process: its band shrank from
+                           # the third call on (1.47 and 1.22 x the time on GPU 0 alone, then 0.73-0.76 x); once
+                           # the other process stopped, the upper median of its last five readings kept the narrow
+                           # band for three more calls; with a reading above 1 / DROP starting them anew too, the
+                           # call after gave the bands back (2 x H100, zgemmt 8192 and 16384)
+BALANCE = 0.75             # a call that gives no speed reading still moves the bands where a GPU's kernel rate over
+                           # the speed the next call takes for it is below this share of the highest such ratio
+                           # (_Call._rebalance); below DROP, as the GPU whose band holds more of the corner order's
+                           # slower diagonal blocks reads up to ~10 % lower than the other

@@ -496,7 +496,8 @@ def test_gemmt_diagonals_on_the_side_stream(beta, small_units, monkeypatch, rng)
 @pytest.mark.multi_gpu
 def test_a_call_whose_rates_moved_runs_on_the_kept_layout_while_a_worker_makes_the_new_one(monkeypatch, rng):
     """Rates that moved past the kept layout (here: each GPU's given rate): the call runs on the kept layout, exact,
-    a worker makes the new one, and the next call runs on that one, exact."""
+    a worker makes the new one, and the next call runs on that one, exact; shares that moved far (a GPU slowed
+    down) get their new layout in the call, exact."""
     from collections import OrderedDict
     from hybridblas import band_plan
     _bands_always(monkeypatch)
@@ -528,8 +529,12 @@ def test_a_call_whose_rates_moved_runs_on_the_kept_layout_while_a_worker_makes_t
     call([1e13, 1e13])
     first = used[-1]
     first.build_s = 0.0                                         # shares served by SHARE_SLACK alone
-    call([1e13, 3e13])                                          # GPU 1 three times as fast: the kept layout
+    call([1e13, 1.3e13])                                        # GPU 1 1.3 times as fast: the kept layout
     assert used[-1] is first
     assert band_plan.wait_rebuilds(timeout=60)
-    call([1e13, 3e13])
-    assert used[-1] is not first and used[-1].edges[1] < first.edges[1]     # GPU 1's band the larger now
+    call([1e13, 1.3e13])
+    second = used[-1]
+    assert second is not first and second.edges[1] < first.edges[1]        # GPU 1's band the larger now
+    second.build_s = 0.0
+    call([1e13, 4e13])                                          # shares moved past STALE_SHARE: made in the call
+    assert used[-1] is not second and used[-1].edges[1] < second.edges[1] and not band_plan.rebuilding()

@@ -108,8 +108,9 @@ def test_a_corner_calls_mix_is_its_diagonal_blocks_rate_and_share(fresh):
 def test_calibrated_rates_decide_once_measured(fresh):
     """One GPU, zgemmt at 4096 goes by tiles at the default rates (PINNED_RATE each way, 40 TF/s), and still with
     a GPU measured ten times faster; with transfers measured five times faster and the GPU back at 40 TF/s, by
-    bands. A rate is the upper median of its last READINGS readings (one slow reading does not move it, three
-    do); explicit Context rates win over measured ones."""
+    bands. A rate is the upper median of its last READINGS readings (one slower reading does not move it, three
+    do); a speed below DROP of that median starts the speed's readings anew; explicit Context rates win over
+    measured ones."""
     dev = SimpleNamespace(name="cuda:0")
     prob = _problem("gemmt", 4096)
     assert cuda_bands._rate(fresh, [dev], "h2d_pinned") == cuda_bands.PINNED_RATE
@@ -127,13 +128,22 @@ def test_calibrated_rates_decide_once_measured(fresh):
     cuda_bands._calibrate(dev, "h2d_pinned", None, 250e9)
     cuda_bands._calibrate(dev, "d2h_pinned", None, 250e9)
     assert cuda_bands._rate(fresh, [dev], "h2d_pinned") == 250e9
-    cuda_bands._calibrate(dev, "flops", "gemmt", 40e12, size)
+    cuda_bands._calibrate(dev, "flops", "gemmt", 0.85 * 400e12, size)
     assert cuda_bands.calibrated(dev, "gemmt", size) == 400e12          # one slower reading of four: the median
     assert not bands()
     for _ in range(2):
-        cuda_bands._calibrate(dev, "flops", "gemmt", 40e12, size)
-    assert cuda_bands.calibrated(dev, "gemmt", size) == 40e12           # three of the last five
+        cuda_bands._calibrate(dev, "flops", "gemmt", 0.85 * 400e12, size)
+    assert cuda_bands.calibrated(dev, "gemmt", size) == 0.85 * 400e12   # three of the last five
+    cuda_bands._calibrate(dev, "flops", "gemmt", 40e12, size)
+    assert cuda_bands.calibrated(dev, "gemmt", size) == 40e12           # far below: its readings start anew
     assert bands()
+    cuda_bands._calibrate(dev, "flops", "gemmt", 41e12, size)
+    assert cuda_bands.calibrated(dev, "gemmt", size) == 41e12           # the upper median of the two
+    for value in (30e12, 30e12, 33e12):                                 # 0.73 of 41: anew, then within DROP
+        cuda_bands._calibrate(dev, "flops", "gemmt", value, size)
+    assert cuda_bands.calibrated(dev, "gemmt", size) == 30e12
+    cuda_bands._calibrate(dev, "flops", "gemmt", 39e12, size)           # 1.3 x 30: anew (the GPU is back)
+    assert cuda_bands.calibrated(dev, "gemmt", size) == 39e12
     cuda_bands._calibrate(dev, "h2d_pinned", None, 2.5e9)     # one slow reading: not the median
     assert cuda_bands._rate(fresh, [dev], "h2d_pinned") == 250e9
     for _ in range(2):
@@ -323,3 +333,57 @@ def test_host_marks_are_noted_only_with_trace(monkeypatch):
     call._mark(gpu, "worker")
     assert [m[0] for m in gpu.host_marks] == ["upload 3", "worker"]
     assert all(m[1] >= 0 and m[2] == threading.current_thread().name for m in gpu.host_marks)
+
+
+def test_a_call_without_speed_readings_still_moves_bands_off_a_slow_gpu(fresh):
+    """_Call._rebalance: GPUs measured at 50 TF/s; a call by DMA that gives no speed reading ran GPU 1's kernels
+    at 0.42 of GPU 0's. Each speed starts anew at its speed times its kernels' rate over its speed, over the ratio
+    nearest 1 (GPU 0's, which keeps its speed; so too when GPU 1 is back, or both ran slow); GPUs that ran alike
+    within BALANCE, a GPU without kernels, or an explicit rate change nothing of theirs."""
+    devs = [SimpleNamespace(name="cuda:0"), SimpleNamespace(name="cuda:1")]
+    prob = _problem("gemmt", 8192)
+    size = (8192, 8192, 2)
+    for d in devs:
+        for _ in range(3):
+            cuda_bands._calibrate(d, "flops", "gemmt", 50e12, size)
+
+    def call(readings, ctx=fresh):
+        c = object.__new__(cuda_bands._Call)
+        c.problem, c.devices, c.rates, c.ctx = prob, devs, [40e12, 40e12], ctx
+        c.gpus = [SimpleNamespace(device=d, summary=(None, 1.0, r, None, None)) for d, r in zip(devs, readings)]
+        c._rebalance(size)
+
+    call([48e12, 37e12])                                       # 0.77 of GPU 0's: alike
+    assert [cuda_bands.calibrated(d, "gemmt", size) for d in devs] == [50e12, 50e12]
+    call([48e12, None])
+    assert [cuda_bands.calibrated(d, "gemmt", size) for d in devs] == [50e12, 50e12]
+    explicit = hb.Context("cpu", profile=False, rates={"cuda:1": 50e12})
+    call([48e12, 20e12], explicit)
+    assert cuda_bands.calibrated(devs[1], "gemmt", size) == 50e12
+    call([48e12, 20e12])
+    assert cuda_bands.calibrated(devs[0], "gemmt", size) == 50e12
+    assert cuda_bands.calibrated(devs[1], "gemmt", size) == pytest.approx(50e12 * 20 / 48)
+    assert cuda_bands._speeds(prob, devs, [40e12] * 2, fresh) == pytest.approx([50e12, 50e12 * 20 / 48])
+    slow = 50e12 * 20 / 48
+    call([49e12, 45e12])                                       # GPU 1 back: GPU 0 ran nearest its speed
+    assert cuda_bands.calibrated(devs[0], "gemmt", size) == 50e12
+    assert cuda_bands.calibrated(devs[1], "gemmt", size) == pytest.approx(slow * (45e12 / slow) / (49 / 50))
+    call([30e12, 20e12])                                       # both slowed (0.6, 0.43): GPU 0 keeps its speed
+    assert cuda_bands.calibrated(devs[0], "gemmt", size) == 50e12
+    assert cuda_bands.calibrated(devs[1], "gemmt", size) == pytest.approx(50e12 * 20 / 30)
+
+
+def test_only_calls_by_dma_on_warm_gpus_and_a_kept_layout_rebalance():
+    """_Call._rebalances: a call that gave a speed reading, staged its operands, ran its layout's first time, ran on
+    one GPU, or on a GPU new to the routine (its kernels loading) moves no speed; else it may."""
+    call = object.__new__(cuda_bands._Call)
+    call.gpus, call.first_use = [object(), object()], False
+    assert call._rebalances(False, False, [True, True])
+    assert not call._rebalances(True, False, [True, True])
+    assert not call._rebalances(False, True, [True, True])
+    assert not call._rebalances(False, False, [True, False])
+    assert not call._rebalances(False, False, [True])          # a GPU without products
+    call.first_use = True
+    assert not call._rebalances(False, False, [True, True])
+    call.gpus, call.first_use = [object()], False
+    assert not call._rebalances(False, False, [True])
