@@ -424,3 +424,24 @@ def test_links_refuses_without_a_gpu_a_share_past_one_and_segments_past_a_column
 
 def _no_driver():
     raise RuntimeError("no CUDA driver")
+
+
+def test_shared_gpu_shares_and_its_refusal_without_two_gpus(capsys, monkeypatch, tmp_path):
+    from benchmarks.measure import blas_shared_gpu
+    from hybridblas.devices import cuda
+    monkeypatch.setattr(cuda, "last_stats", {
+        "cuda:0": {"kernel_s": 0.3, "new_layout": True, "kernels": {"a": {"s": 0.2, "tflops": 50.0},
+                                                                    "b": {"s": 0.1, "tflops": 40.0}}},
+        "cuda:1": {"kernel_s": 0.28, "new_layout": False, "kernels": {"a": {"s": 0.28, "tflops": 25.0}}}})
+    got = blas_shared_gpu.shares(["cuda:0", "cuda:1"])
+    assert [round(x[0], 3) for x in got] == [round(14 / 21, 3), round(7 / 21, 3)]
+    assert [x[1:] for x in got] == [(0.3, True), (0.28, False)]
+    assert blas_shared_gpu.shares(["cuda:5"]) == [(0.0, 0.0, False)]
+    one_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 1)))
+    monkeypatch.setitem(sys.modules, "cupy", one_gpu)
+    out = tmp_path / "shared.json"
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["shared-gpu", "--sizes", "64", "--json", str(out)]) == 2
+    assert "shared-gpu compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
+    assert not out.exists()
+    assert main("blas", blas.__doc__, blas.COMMANDS, ["shared-gpu", "--after", "-1"]) == 2
+    assert "--after: must be an integer >= 0, got '-1'" in capsys.readouterr().err
