@@ -89,6 +89,7 @@ run_stage() {
                 $BLAS band-replay --sizes 8192 16384 --json $O/band-replay.json &&
                 $BLAS turns --sizes 8192 16384 24576 --routines zgemmt zherk zher2k --rounds 5 --json $O/turns.json &&
                 $BLAS busy-thread --sizes 8192 --routines zgemmt zherk --calls 3 --rounds 2 --json $O/busy-thread.json &&
+                $BLAS shared-gpu --sizes 8192 16384 --routines zgemmt --calls 8 --after 6 --json $O/shared-gpu.json &&
                 $BLAS band-settings --sizes 16384 8192 --routines zgemmt --turns 6 --calls 2 --setting columns-768 \
                     --setting one-call cuda_bands.RECT_COLUMNS=0 --json $O/band-settings-columns.json &&
                 $BLAS rect-columns --sizes 8192 16384 --columns 0 512 640 768 1024 --json $O/rect-columns.json &&
@@ -171,7 +172,10 @@ run_stage() {
                     $STORED/h100x2-2026-11-27/blas-host-readings/bench_blas_gpu.json \
                     $STORED/h100x2-2026-11-27/blas-host-caller/bench_blas_gpu.json \
                     $STORED/h100x2-2026-11-27/blas-host-unit-k/bench_blas_gpu.json \
-                    $STORED/h100x2-2026-11-27/blas-small-one-two/bench_blas_gpu.json --out $O/img/blas-h100x2-host &&
+                    $STORED/h100x2-2026-11-27/blas-small-one-two/bench_blas_gpu.json \
+                    $STORED/h100x2-2026-11-27/blas-host-rebalance/bench_blas_gpu.json \
+                    $STORED/h100x2-2026-11-27/blas-24576-rebalance/bench_blas_gpu.json \
+                    $STORED/h100x2-2026-11-27/blas-32768-rebalance/bench_blas_gpu.json --out $O/img/blas-h100x2-host &&
                 $BLAS plot $STORED/h200x4-2026-11-22/blas-24576/bench_blas_gpu.json --out $O/img/blas-h200-scaling &&
                 $BLAS plot $STORED/h100-2026-11-22/blas-16384-24576/bench_blas_gpu.json --out $O/img/blas-h100 &&
                 $BLAS emulation --plot-only $STORED/h200x2-2026-11-26/emulation/bench_blas_emulation.json \
