@@ -321,13 +321,19 @@ def test_busy_thread_slowdowns_and_its_refusal_without_two_gpus(capsys, monkeypa
     assert "busy-thread compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
 
 
-def test_first_calls_is_refused_without_two_gpus_and_leaves_no_output(capsys, monkeypatch, tmp_path):
+def _refused_on_one_gpu(command, capsys, monkeypatch, tmp_path):
+    """``benchmarks.blas command --sizes 64 --json PATH`` on a node where CuPy sees one GPU: exit 2, saying so, and
+    no JSON written."""
     one_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 1)))
     monkeypatch.setitem(sys.modules, "cupy", one_gpu)
-    out = tmp_path / "first.json"
-    assert main("blas", blas.__doc__, blas.COMMANDS, ["first-calls", "--sizes", "64", "--json", str(out)]) == 2
-    assert "first-calls compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
+    out = tmp_path / f"{command}.json"
+    assert main("blas", blas.__doc__, blas.COMMANDS, [command, "--sizes", "64", "--json", str(out)]) == 2
+    assert f"{command} compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_first_calls_is_refused_without_two_gpus_and_leaves_no_output(capsys, monkeypatch, tmp_path):
+    _refused_on_one_gpu("first-calls", capsys, monkeypatch, tmp_path)
     assert main("blas", blas.__doc__, blas.COMMANDS, ["first-calls", "--ahead", "maybe"]) == 2
 
 
@@ -437,11 +443,6 @@ def test_shared_gpu_shares_and_its_refusal_without_two_gpus(capsys, monkeypatch,
     assert [round(x[0], 3) for x in got] == [round(14 / 21, 3), round(7 / 21, 3)]
     assert [x[1:] for x in got] == [(0.3, True), (0.28, False)]
     assert blas_shared_gpu.shares(["cuda:5"]) == [(0.0, 0.0, False)]
-    one_gpu = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=lambda: 1)))
-    monkeypatch.setitem(sys.modules, "cupy", one_gpu)
-    out = tmp_path / "shared.json"
-    assert main("blas", blas.__doc__, blas.COMMANDS, ["shared-gpu", "--sizes", "64", "--json", str(out)]) == 2
-    assert "shared-gpu compares two GPUs: this node has 1 that CuPy can use" in capsys.readouterr().err
-    assert not out.exists()
+    _refused_on_one_gpu("shared-gpu", capsys, monkeypatch, tmp_path)
     assert main("blas", blas.__doc__, blas.COMMANDS, ["shared-gpu", "--after", "-1"]) == 2
     assert "--after: must be an integer >= 0, got '-1'" in capsys.readouterr().err
