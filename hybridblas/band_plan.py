@@ -456,11 +456,14 @@ def _moved_little(stale, values, gpus):
     process shares) gets its new band in the call: 2 x H100 with GPU 1's kernels at 0.4-0.5 of GPU 0's, zher2k
     n = k = 24576 on the bands of equal speeds took 3.1-3.4 s against GPU 0's 2.4 alone."""
     known, lay = stale
+    paid = (lay.build_s or 0.0) / (gpus * max(lay.modelled or 0.0, 1e-9))
+    return _shift(known, values, gpus) <= max(STALE_SHARE, paid)
+
+
+def _shift(known, values, gpus):
+    """The most any GPU's share of the speeds moved from rate values ``known`` to ``values`` (layout_for's lists)."""
     was, now = known[gpus:2 * gpus], values[gpus:2 * gpus]
-    if len(was) != gpus or len(now) != gpus:
-        return True
-    shift = max(abs(a / sum(now) - b / sum(was)) for a, b in zip(now, was))
-    return shift <= max(STALE_SHARE, (lay.build_s or 0.0) / (gpus * max(lay.modelled or 0.0, 1e-9)))
+    return max(abs(a / sum(now) - b / sum(was)) for a, b in zip(now, was))
 
 
 def _plain(speeds, mixes):
@@ -541,8 +544,7 @@ def _serves(known, values, gpus, lay):
     if not all(abs(a - b) <= RATE_SLACK * b for a, b in zip(values, known)):
         return False
     repaid = (lay.build_s or 0.0) / (PAYBACK_CALLS * gpus * max(lay.modelled or 0.0, 1e-9))
-    was, now = known[gpus:2 * gpus], values[gpus:2 * gpus]
-    return all(abs(a / sum(now) - b / sum(was)) <= max(SHARE_SLACK, repaid) for a, b in zip(now, was))
+    return _shift(known, values, gpus) <= max(SHARE_SLACK, repaid)
 
 
 CACHED = 32               # signatures whose layouts are kept (two rate sets each)
