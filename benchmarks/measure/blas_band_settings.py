@@ -79,7 +79,7 @@ def _timed(cp, fn, count):
     return timed(fn, gpu_sync(cp, (0, 1)), count)
 
 
-def _device_alone(cp, routine, host_args, n, g):
+def device_alone(cp, routine, host_args, n, g):
     """Best of three calls (after one) of device-resident cuBLAS on GPU g, the operands copied there."""
     def best():
         dev = tuple(x if np.isscalar(x) else cp.asarray(x, order="F") for x in host_args)
@@ -118,7 +118,7 @@ def run(args):
 
     try:
         for n, routine, host_args, kw, c in host_cases(cp, args.sizes, args.routines):
-            alone = [_device_alone(cp, routine, host_args, n, g) for g in (0, 1)]
+            alone = [device_alone(cp, routine, host_args, n, g) for g in (0, 1)]
             ceiling = 1 / (1 / alone[0] + 1 / alone[1])
             print(f"== {routine} n = k = {n}: device cuBLAS {alone[0] * 1e3:.2f} / {alone[1] * 1e3:.2f} ms, "
                   f"sum of both {ceiling * 1e3:.2f} ms", flush=True)

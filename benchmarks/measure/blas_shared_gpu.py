@@ -4,7 +4,7 @@ measured; a GPU measured well below its speed starts its readings anew (cuda_ban
 calls that give no speed reading), and a layout whose shares moved far is made in the call
 (band_plan.STALE_SHARE). Per size and routine, in one process, the load running from the start:
 
-  - device cuBLAS on GPU 0 and on GPU 1 (with the load), each alone;
+  - device cuBLAS on GPU 0 and on GPU 1 (with the load), each alone, best of three;
   - hybridblas on GPU 0 alone, host operands: the same call on the best single device of the pair;
   - hybridblas on GPUs 0 and 1, host operands: ``--calls`` calls from the routine's first, each with its time and
     each GPU's share of the products' flops and its kernel seconds, and its time over the call on GPU 0 alone;
@@ -26,6 +26,7 @@ from hybridblas.devices import cuda
 from hybridblas.devices.cuda import CUDADevice
 
 from benchmarks.common import gpu_sync, two_gpu_run, write_json
+from benchmarks.measure.blas_band_settings import device_alone
 from benchmarks.measure.blas_gpu import FLOPS, ROUTINES, call_device, call_hybrid, host_cases, sample_error, timed
 
 LOAD = """
@@ -49,7 +50,7 @@ def add_arguments(ap):
     ap.add_argument("--routines", nargs="+", choices=ROUTINES, default=["zgemmt", "zher2k"])
     ap.add_argument("--calls", type=positive_int, default=10, help="two-GPU calls with the load running")
     ap.add_argument("--after", type=nonnegative_int, default=6, help="two-GPU calls after the load stopped")
-    ap.add_argument("--repeats", type=positive_int, default=3, help="timed calls of each single-GPU run")
+    ap.add_argument("--repeats", type=positive_int, default=3, help="timed calls of hybridblas on GPU 0 alone")
     ap.add_argument("--json", metavar="PATH", help="write the results here as JSON")
 
 
@@ -81,18 +82,6 @@ def shares(names):
     return [(f / total, s, new) for f, (s, new) in zip(flops, out)]
 
 
-def device_best(cp, routine, host_args, c, g, sync, repeats):
-    """Best seconds of device cuBLAS on GPU ``g``, the operands copied there."""
-    with cp.cuda.Device(g):
-        args = tuple(x if np.isscalar(x) else cp.asarray(x) for x in host_args)
-        dc = cp.zeros(c.shape, c.dtype, order="F")
-        call_device(routine, args, dc)
-        best = min(timed(lambda: call_device(routine, args, dc), sync, repeats))
-        del args, dc
-        cp.get_default_memory_pool().free_all_blocks()
-    return best
-
-
 def run(args):
     if args.json:
         check_output_path(args.json, "--json")
@@ -105,7 +94,7 @@ def run(args):
         flops = FLOPS[routine] * n ** 3
         load = Load(1)
         try:
-            dev = [device_best(cp, routine, host_args, c, g, sync, args.repeats) for g in gpus]
+            dev = [device_alone(cp, routine, host_args, n, g) for g in gpus]
             for _ in range(2):
                 call_hybrid(routine, host_args, kw, c, one)
             host_pinning.wait_ready()
