@@ -27,16 +27,17 @@ import statistics
 import numpy as np
 
 import hybridblas as hb
-from hybridblas import band_outer, band_plan, host_pinning
+from hybridblas import band_outer, band_plan, band_tail, host_pinning
 from hybridblas.console import check_output_path, positive_int
 from hybridblas.devices import cuda_bands, cuda_tri_store
 
 from benchmarks.common import command_line, gpu_sync, refuse, two_gpus, write_json
 from benchmarks.measure.blas_gpu import ROUTINES, call_device, call_hybrid, host_cases, timed
 
-MODULES = {"band_plan": band_plan, "band_outer": band_outer, "cuda_bands": cuda_bands, "cuda_tri_store": cuda_tri_store}
+MODULES = {"band_plan": band_plan, "band_outer": band_outer, "band_tail": band_tail, "cuda_bands": cuda_bands,
+           "cuda_tri_store": cuda_tri_store}
 STATS = ("order", "steps", "blocks", "kernel_s", "lead_s", "gaps_s", "tail_s", "wall_s", "host_worker_s",
-         "host_first_upload_s", "host_first_product_s", "kernels", "upload_gbps", "writeback_gbps")
+         "host_first_upload_s", "host_first_product_s", "kernels", "upload_gbps", "writeback_gbps", "given", "taken")
 
 
 def add_arguments(ap):

@@ -17,6 +17,9 @@ Per GPU of the call up to three jobs run:
   the herkx runs), and in the final range block by block, each after the pieces it reads (all of them before
   the first block in the k order; the outer order's blocks start while later pieces are still coming:
   band_outer), each handed to the writer;
+- over the last blocks the worker keeps at most two blocks queued ahead of its GPU; a GPU that runs late hands the
+  last share of k of one of its last two blocks to the GPU that will be free first, which computes it after its own
+  blocks into a buffer of its own; the giver copies it over and adds it before the block's write-back (band_tail);
 - the writer copies each finished block into the caller's C (``s_out``: DMA straight into a page-locked C, the
   diagonal blocks' triangles by 128-column panels, the panels' own diagonal blocks stored straight into it by a
   kernel that the worker queues on ``s_comp`` after the block's products where the GPU can reach C
@@ -38,7 +41,9 @@ Only the triangle of C is written; the caller's other triangle is never touched.
 A job that raises stops the call's other jobs. Out of GPU memory before anything was written: the call goes
 to the tiled run, which shrinks its working set. Any other error: the GPU is left out of the Context (a
 ``DeviceFailureWarning``), the blocks not yet written are re-run by the tiled engine on the GPUs left, and
-blocks whose copy into C had begun are torn (``DeviceFailure`` when C is read, beta != 0).
+blocks whose copy into C had begun are torn (``DeviceFailure`` when C is read, beta != 0). A block part of whose k
+another GPU computes (band_tail) is written by its own GPU once the part has been added: a fault on either leaves it
+not yet written, and it is re-run.
 """
 import math
 import queue
@@ -50,9 +55,9 @@ import warnings
 
 import numpy as np
 
-from .. import cublas, cuda_transfer, downloads, host_pinning, plan, policy, workers
+from .. import band_tail, cublas, cuda_transfer, downloads, host_pinning, plan, policy, workers
 from ..band_outer import simulate
-from ..band_plan import device_bytes, layout_for, padded_rows, rebuilding, region, upload_bytes
+from ..band_plan import ALIGN, CORNER_DIAG, device_bytes, layout_for, padded_rows, rebuilding, region, upload_bytes
 from ..faults import DeviceFailure, DeviceFailureWarning
 from ..kernels import compute_block
 from ..problem import Operand
@@ -95,6 +100,9 @@ SWITCH_INTERVAL = 2e-4    # s: Python's thread switch interval while a call runs
                           # zherk 21.6-29.4 x with 5 ms, 2.3 x with 0.2 ms; quiet calls in turns, two processes each:
                           # zgemmt best 0.673 / 0.691 of Σ device with 0.2 ms against 0.687 / 0.681, zherk 0.758 /
                           # 0.736 against 0.737 / 0.721, at 16384 0.89-0.93 either way (within the noise)
+TAIL_BALANCE = True       # a GPU that runs late hands the last part of k of one of its last blocks to the GPU that
+                          # will be free first (band_tail; C's old values not read, GPUs with peer access)
+TAIL_POLL = 1e-4          # s: how often a worker looks whether its block two back has ended (band_tail's pace)
 TRACE = False             # each call's timeline in cuda.last_stats (_timeline): timing events around every upload
                           # and peer copy (benchmarks.blas band-trace)
 _DOUBLE = (np.dtype(np.float64), np.dtype(np.complex128))
@@ -298,6 +306,9 @@ class _Gpu:
         self.writes = queue.Queue()
         self.ring_in = self.ring_out = None
         self.old_ready = []                      # per block: event after C's old values landed (beta != 0)
+        self.ends = []                           # per block queued: event after its products on s_comp
+        self.have = set()                        # indices of the pieces gathered onto this GPU
+        self.lane = None                         # band_tail.Lane over its last blocks (TAIL_BALANCE)
         self.old_posted = threading.Semaphore(0)
         self.summary = None                      # _Call._summary, made by the writer once all is done
 
@@ -334,6 +345,32 @@ class _Call:
         self.pin_pending = False        # an operand or C being page-locked: the call stages it, later ones will not
         self.first_use = False          # the layout's first call to run: its shapes' kernels load, no rates
         self.beside_build = rebuilding()    # a layout being made beside the call: its products were queued late
+        self.parts = []                     # band_tail parts handed between GPUs (buffers kept until _release)
+        self.balance = self._balance() if TAIL_BALANCE else None
+
+    def _balance(self):
+        """The call's band_tail.Balance, each GPU's band_tail.Lane (its blocks' modelled seconds) set, or None: one
+        GPU, no peer access, or C's old values read (each block's are added before its last product)."""
+        p, lay = self.problem, self.layout
+        if len(self.gpus) < 2 or not self.shared or p.beta != 0:
+            return None
+        speeds = _speeds(p, self.devices, self.rates, self.ctx)
+        mixes = _mixes(p, self.devices, self.ctx)
+        corner = lay.corner and lay.order == "outer"
+        self.rates_by_class = []                 # per GPU: (flop/s of its diagonal blocks, of its other products)
+        for g, s in enumerate(speeds):
+            ratio, share = mixes[g] if mixes else (CORNER_DIAG if corner else 1.0, 0.0)
+            plain = s * (1.0 - share + share / ratio)
+            self.rates_by_class.append((plain * ratio, plain))
+        for g, gpu in enumerate(self.gpus):
+            gpu.lane = band_tail.Lane(g, [self._seconds(block, g) for block in gpu.blocks])
+        return band_tail.Balance(len(self.gpus))
+
+    def _seconds(self, tasks, g):
+        """Modelled seconds of ``tasks`` over the final range of k on GPU slot ``g``."""
+        k0, k1 = self.layout.final
+        diag, plain = self.rates_by_class[g]
+        return sum(t.flops * (k1 - k0) / self.problem.k / max(diag if t.diag else plain, 1.0) for t in tasks)
 
     # ------------------------------------------------------------------ the call
     def abandon(self):
@@ -480,6 +517,7 @@ class _Call:
                     pass
                 gpu.set.close()
             gpu.set = None
+        self.parts = []
         for pin in self.pins + [self.pin_c]:
             host_pinning.release(pin)
         self.pins, self.pin_c = [None] * len(self.pins), None
@@ -598,30 +636,49 @@ class _Call:
         cuda_transfer.upload(dst, src, gpu.ring_in, gpu.s_in, direct=direct)
 
     def _work(self, gpu):
-        """Gather each step's pieces, queue the band's products along k, then the final blocks."""
+        """Gather each step's pieces, queue the band's products along k, then the final blocks; over the last blocks
+        hand part of one to another GPU or take such parts (TAIL_BALANCE), and finish the blocks handed out."""
         p, lay = self.problem, self.layout
         tasks = lay.band_tasks[gpu.slot]
         if not tasks:                   # an empty band (a tiny C): nothing to hold, upload or write
+            if self.balance is not None:
+                self.balance.close(gpu.slot)
             gpu.writes.put(None)
             return
         gpu.marks["host_worker_s"] = time.perf_counter() - self.t0
         self._mark(gpu, "worker")
-        self._check(gpu)
-        gpu.open_event = gpu.set.event(gpu.s_comp, timing=True)
-        gpu.marks["host_open_s"] = time.perf_counter() - self.t0
-        backend = cublas.Backend(gpu.set.comp_handle(), gpu.s_comp)
-        self._mark(gpu, "backend")
-        operands = [Operand(gpu.factors[lay.factor_of[f]], fac.op) for f, fac in enumerate(p.factors)]
-        kx = cuda_direct.rank_kx(p, operands, beta=1.0) if p.kind == "gemmt" else None
-        side = _Side.make(gpu.set) if SIDE_DOTS and kx is not None and kx[0] == "herkx" else None
-        self._mark(gpu, "side")
-        for n_step, (k0, k1) in enumerate(lay.steps):
+        try:
             self._check(gpu)
-            self._gather(gpu, lay.pieces_for(gpu.slot, k0, k1))
-            for t in tasks:
-                self._product(gpu, backend, operands, kx, t, k0, k1, 0.0 if n_step == 0 else 1.0, "step", side)
+            gpu.open_event = gpu.set.event(gpu.s_comp, timing=True)
+            gpu.marks["host_open_s"] = time.perf_counter() - self.t0
+            backend = cublas.Backend(gpu.set.comp_handle(), gpu.s_comp)
+            self._mark(gpu, "backend")
+            operands = [Operand(gpu.factors[lay.factor_of[f]], fac.op) for f, fac in enumerate(p.factors)]
+            kx = cuda_direct.rank_kx(p, operands, beta=1.0) if p.kind == "gemmt" else None
+            side = _Side.make(gpu.set) if SIDE_DOTS and kx is not None and kx[0] == "herkx" else None
+            kit = (backend, operands, kx, side)
+            self._mark(gpu, "side")
+            for n_step, (k0, k1) in enumerate(lay.steps):
+                self._check(gpu)
+                self._gather(gpu, lay.pieces_for(gpu.slot, k0, k1))
+                for t in tasks:
+                    self._product(gpu, kit, t, k0, k1, 0.0 if n_step == 0 else 1.0, "step")
+            given = self._blocks(gpu, kit)
+        finally:
+            if self.balance is not None:
+                self.balance.close(gpu.slot)
+        self._serve(gpu, kit)
+        for part in given:
+            self._add_part(gpu, part)
+        gpu.writes.put(None)
+
+    def _blocks(self, gpu, kit):
+        """Queue the final range's blocks (each handed to the writer), a part of one of the last blocks' k to another
+        GPU where band_tail says so; the parts handed out."""
+        lay = self.layout
         k0, k1 = lay.final
         stepped = bool(lay.steps)
+        given = []
         for b, block in enumerate(gpu.blocks):
             self._check(gpu)
             self._gather(gpu, [lay.pieces[i] for i in lay.block_pieces[gpu.slot][b]])
@@ -629,11 +686,106 @@ class _Call:
             if gpu.old is not None:
                 self._add_old(gpu, b, block, stepped)
                 beta = 1.0
+            part = self._pace(gpu, b) if gpu.lane is not None and b >= gpu.lane.first else None
+            cut = k1 if part is None else part.k0
             for t in block:
-                self._product(gpu, backend, operands, kx, t, k0, k1, beta, "final", side)
+                self._product(gpu, kit, t, k0, cut, beta, "final")
+            if part is not None:
+                gpu.ends.append(gpu.set.event(gpu.s_comp))
+                given.append(part)
+                continue
             stored = self._store_diagonals(gpu, b, block)
-            gpu.writes.put((b, gpu.set.event(gpu.s_comp), stored))
-        gpu.writes.put(None)
+            end = gpu.set.event(gpu.s_comp)
+            gpu.ends.append(end)
+            gpu.writes.put((b, end, stored))
+        return given
+
+    # ------------------------------------------------------------------ the end in balance (band_tail)
+    def _pace(self, gpu, b):
+        """Before block b of the last ones (band_tail.Lane): wait until block b - 2 has ended, report when this GPU's
+        work will end, and where b may give, hand part of its k to the GPU free first; that part (its taker's inbox
+        has it), or None."""
+        if b >= 2:
+            self._wait_event(gpu.ends[b - 2])
+        k0, k1 = self.layout.final
+        block = gpu.blocks[b]
+        decision = gpu.lane.step(self.balance, b, time.perf_counter(), lambda t: self._taker_s(block, t), k0, k1,
+                                 ALIGN)
+        if decision is None:
+            return None
+        taker, cut = decision
+        part = _Part(gpu.slot, b, block, cut, k1)
+        gpu.stats.setdefault("given", []).append((b, cut, k1, self.gpus[taker].device.name))
+        with self.lock:
+            self.parts.append(part)
+        self.balance.inbox[taker].put(part)
+        return part
+
+    def _taker_s(self, tasks, t):
+        """Modelled seconds of ``tasks`` over the final range on GPU slot ``t`` at its pace so far."""
+        return self._seconds(tasks, t) * self.gpus[t].lane.pace.factor()
+
+    def _wait_event(self, event):
+        while not event.done:
+            if self.stop.is_set():
+                raise _Stop()
+            time.sleep(TAIL_POLL)
+
+    def _serve(self, gpu, kit):
+        """Compute the parts other GPUs hand this one, until none can come any more."""
+        bal = self.balance
+        if bal is None or bal.giver[gpu.slot]:
+            return
+        inbox = bal.inbox[gpu.slot]
+        while True:
+            try:
+                part = inbox.get(timeout=POLL)
+            except queue.Empty:
+                if self.stop.is_set():
+                    raise _Stop() from None
+                continue
+            if part is None:            # every GPU has closed (Balance.close): no part comes after
+                return
+            self._take_part(gpu, kit, part)
+
+    def _take_part(self, gpu, kit, part):
+        """A part of another GPU's block: the factor rows it reads that this GPU lacks (from the GPUs that uploaded
+        them), its products into a buffer of this GPU's, an event after them for the giver."""
+        self._check(gpu)
+        p, lay = self.problem, self.layout
+        reads = band_tail.block_reads(p, lay.factor_of, part.tasks)
+        self._gather(gpu, [x for x in band_tail.pieces_over(lay.pieces, reads, part.k0, part.k1)
+                           if x.index not in gpu.have])
+        r0, r1, c0, c1 = part.box
+        with gpu.s_comp:
+            part.buffer = _padded(self.cp, (r1 - r0, c1 - c0), p.dtype)
+        for t in part.tasks:
+            out = part.buffer[t.i0 - r0:t.i1 - r0, t.j0 - c0:t.j1 - c0]
+            self._product(gpu, kit, t, part.k0, part.k1, 0.0, "part", out=out)
+        part.event = gpu.set.event(gpu.s_comp)
+        gpu.stats.setdefault("taken", []).append((self.gpus[part.slot].device.name, part.b, part.k0, part.k1))
+        part.posted.set()
+
+    def _add_part(self, gpu, part):
+        """The giver's end of a part: once its taker has computed it, copy it over (s_peer), add it to the block on
+        s_comp and hand the block to the writer."""
+        while not part.posted.wait(POLL):
+            if self.stop.is_set():
+                raise _Stop()
+        r0, r1, c0, c1 = part.box
+        with gpu.s_comp:
+            part.landed = _padded(self.cp, (r1 - r0, c1 - c0), self.problem.dtype)
+        gpu.s_peer.wait_event(gpu.set.event(gpu.s_comp))      # the buffer's memory: s_comp's arena
+        gpu.s_peer.wait_event(part.event)
+        cuda_transfer.copy_2d(part.landed, part.buffer, gpu.s_peer)
+        gpu.s_comp.wait_event(gpu.set.event(gpu.s_peer))
+        with gpu.s_comp:
+            for t in part.tasks:
+                out = self._view(gpu, gpu.box, t)
+                out += part.landed[t.i0 - r0:t.i1 - r0, t.j0 - c0:t.j1 - c0]
+        gpu.stats["bytes_from_peer"] += part.landed.nbytes
+        stored = self._store_diagonals(gpu, part.b, part.tasks)
+        gpu.writes.put((part.b, gpu.set.event(gpu.s_comp), stored))
 
     def _store_diagonals(self, gpu, b, block):
         """The diagonal tasks of a finished block whose panels' diagonal blocks a kernel stores straight into a
@@ -662,6 +814,7 @@ class _Call:
             self._mark(gpu, "wait", piece.index)
             ev = self.board.wait(piece.index)
             self._mark(gpu, "posted", piece.index)
+            gpu.have.add(piece.index)
             if piece.owner == gpu.slot:
                 gpu.s_comp.wait_event(ev)
                 continue
@@ -681,10 +834,13 @@ class _Call:
                 gpu.piece_events.append(("peer", piece.index, start, end, time.perf_counter() - self.t0))
             gpu.s_comp.wait_event(end)
 
-    def _product(self, gpu, backend, operands, kx, task, k0, k1, beta, phase, side=None):
+    def _product(self, gpu, kit, task, k0, k1, beta, phase, out=None):
+        """Queue ``task``'s product over k range [k0, k1) on s_comp into ``out`` (default: its place in the GPU's box);
+        ``kit``: (backend, the GPU's operands, rank_kx, _Side or None)."""
+        backend, operands, kx, side = kit
         p = self.problem
         part = plan.with_k(task, p, k0, k1)
-        out = self._view(gpu, gpu.box, task)
+        out = self._view(gpu, gpu.box, task) if out is None else out
         start = gpu.set.event(gpu.s_comp, timing=True)
         self._mark(gpu, "product")
         with gpu.s_comp:
@@ -725,6 +881,7 @@ class _Call:
                     raise _Stop() from None
                 continue
             if item is None:
+                gpu.s_comp.synchronize()                # parts taken from other GPUs end after its last block
                 gpu.summary = self._summary(gpu)        # beside the other GPUs' work, not after it
                 return
             b, done, stored = item
@@ -923,6 +1080,19 @@ class _Call:
             rates = [self.ctx.rate(d, p) for d in live]
             Engine(p, self.ctx, live, rates, pending=plan.dynamic_order(p, redo, self.ctx.tail_fraction)).run()
         return True
+
+
+class _Part:
+    """The share [k0, k1) of the final range of block ``b`` (``tasks``) of GPU slot ``slot`` that another GPU computes
+    (band_tail): into ``buffer`` there (C's entries of the block's bounding ``box``), ``event`` after it, ``posted``
+    once both are set; ``landed``: the giver's copy of it."""
+
+    def __init__(self, slot, b, tasks, k0, k1):
+        self.slot, self.b, self.tasks, self.k0, self.k1 = slot, b, tasks, k0, k1
+        self.box = (min(t.i0 for t in tasks), max(t.i1 for t in tasks),
+                    min(t.j0 for t in tasks), max(t.j1 for t in tasks))
+        self.buffer = self.event = self.landed = None
+        self.posted = threading.Event()
 
 
 _idle_sets = {}            # GPU index -> [_StreamSet] not held by a call

@@ -1,7 +1,9 @@
 """Host operands by bands (devices.cuda_bands) on one GPU and on every GPU: each routine, triangle, layout and
 beta against float64 references with C poisoned where beta = 0, the other triangle untouched; page-locked and
-staged host memory; concurrent callers; a GPU that fails mid-call; out of GPU memory going to the tiles."""
+staged host memory; concurrent callers; a GPU that fails mid-call; out of GPU memory going to the tiles; parts of
+the last blocks handed between GPUs (band_tail), with a fault on either side."""
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -193,6 +195,70 @@ def test_bands_fault_on_one_gpu(beta, after, small_units, rng):
     mask = triangle_mask(600, True)
     assert np.abs(out[mask] - expected[mask]).max() <= tol
     np.testing.assert_array_equal(out[~mask], c0[~mask])
+
+
+@pytest.fixture
+def forced_parts(monkeypatch):
+    """GPU 0 taken as far behind at each of its last blocks (band_tail.Balance.split told so once another GPU has
+    reported when it ends), so it hands the most of their k it may to the GPU free first; the others never give."""
+    from hybridblas import band_tail
+    split = band_tail.Balance.split
+
+    def forced(self, g, now, left, block, cost, k0, k1, align):
+        if g != 0:                      # the others only take
+            self.ends[g] = now + left
+            return None
+        deadline = time.perf_counter() + 5.0
+        while all(e is None for t, e in enumerate(self.ends) if t != g) and time.perf_counter() < deadline:
+            time.sleep(1e-3)
+        return split(self, g, now, left + 10.0, block, cost, k0, k1, align)
+    monkeypatch.setattr(band_tail.Balance, "split", forced)
+    monkeypatch.setattr(band_tail, "MIN_MOVE", 0.0)
+
+
+PART_CASES = [("gemmt", np.complex128, ("C", "N")), ("gemmt", np.complex128, ("N", "T")),
+              ("gemmt", np.float64, ("T", "N")), ("herk", np.complex128, ("N",)), ("her2k", np.complex128, ("C",)),
+              ("syrk", np.float64, ("T",)), ("syr2k", np.complex128, ("N",))]
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("name,dtype,trans", PART_CASES)
+@pytest.mark.parametrize("lower", [True, False])
+def test_parts_of_the_last_blocks_handed_between_gpus(name, dtype, trans, lower, small_units, forced_parts, rng):
+    """Staged, then page-locked: GPU 0 gives parts, GPU 1 takes them, C matches the reference and the products of
+    both add up to all of C over all of k."""
+    from hybridblas.devices.cuda import last_stats
+    ctx = hb.Context(devices=_gpus()[:2], min_call_seconds=0, pin_host=True)
+    for _ in range(2):
+        _run(name, dtype, trans, lower, 0.0, ctx, rng, n=517, k=640)
+        assert _path(ctx) == {"bands"}
+        given, taken = last_stats["cuda:0"].get("given", []), last_stats["cuda:1"].get("taken", [])
+        assert bool(given) == (last_stats["cuda:0"]["final_k"] >= 128)     # a final range of one ALIGN: no cut
+        assert len(given) == len(taken)
+        assert all(to == "cuda:1" for *_, to in given) and all(fr == "cuda:0" for fr, *_ in taken)
+        assert "given" not in last_stats["cuda:1"] and "taken" not in last_stats["cuda:0"]
+        _products_cover(ctx, 517, 517, 640, True)
+        host_pinning.wait_ready()
+
+
+@pytest.mark.multi_gpu
+@pytest.mark.parametrize("where", [0, 1])
+@pytest.mark.parametrize("after", [1, 4, 7, 10])
+def test_a_fault_while_parts_are_handed(where, after, small_units, forced_parts, rng):
+    """A fault on the giver or the taker at any step of the call: C is right all the same (the blocks not written
+    run on the GPU left), the GPU that failed is left out."""
+    name, trans = "gemmt", ("C", "N")
+    values, c0, expected, tol = make_case(rng, name, np.complex128, trans, True, 517, 640, 0.5 - 0.25j, 0.0)
+    ctx = hb.Context(devices=_gpus()[:2], min_call_seconds=0)
+    c = np.array(c0, order="F")
+    with hb.testing.inject_fault(ctx, where, after_tiles=after) as fault:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", hb.DeviceFailureWarning)
+            out = call_routine(name, 0.5 - 0.25j, values, 0.0, c, trans, True, ctx)
+    mask = triangle_mask(517, True)
+    assert np.abs(out[mask] - expected[mask]).max() <= tol
+    np.testing.assert_array_equal(out[~mask], c0[~mask])
+    assert list(ctx.failed) == ([f"cuda:{where}"] if fault.fired else [])
 
 
 @pytest.mark.gpu
