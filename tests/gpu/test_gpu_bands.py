@@ -242,6 +242,35 @@ def test_parts_of_the_last_blocks_handed_between_gpus(name, dtype, trans, lower,
 
 
 @pytest.mark.multi_gpu
+def test_parts_under_concurrent_callers(small_units, forced_parts, rng):
+    """Six threads share one Context of two GPUs, each handing parts between them in every call: every C exact."""
+    ctx = hb.Context(devices=_gpus()[:2], min_call_seconds=0)
+    cases = [(rng.standard_normal((640, 300 + 23 * i)) + 1j * rng.standard_normal((640, 300 + 23 * i)),
+              rng.standard_normal((640, 300 + 23 * i)) + 1j * rng.standard_normal((640, 300 + 23 * i)))
+             for i in range(6)]
+    errors = []
+
+    def one(a, b):
+        try:
+            for _ in range(3):
+                c = np.full((a.shape[1], a.shape[1]), np.nan + 0j, order="F")
+                hb.gemmt(1.0, a, b, 0.0, c, trans_a="C", context=ctx)
+                want = a.conj().T @ b
+                low = np.tril(np.ones(c.shape, bool))
+                err = np.abs(c[low] - want[low]).max() / np.abs(want).max()
+                if not err < 1e-13:
+                    errors.append(err)
+        except Exception as exc:              # noqa: BLE001 - reported below
+            errors.append(exc)
+    threads = [threading.Thread(target=one, args=ab) for ab in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+@pytest.mark.multi_gpu
 @pytest.mark.parametrize("where", [0, 1])
 @pytest.mark.parametrize("after", [1, 4, 7, 10])
 def test_a_fault_while_parts_are_handed(where, after, small_units, forced_parts, rng):
