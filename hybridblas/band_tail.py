@@ -1,6 +1,7 @@
 """The end of a band call (devices.cuda_bands) in balance: a GPU that runs late hands the last part of k of one of
-its last blocks to the GPU that will be free first, which computes that part into a buffer of its own; the late
-GPU adds it over NVLink before the block's write-back.
+its last blocks to the GPU that will be free first, which computes that part into a buffer of its own after its
+own blocks; the part is then copied back over NVLink and added to the block beside the late GPU's next blocks, and
+the block written back.
 
 The bands follow the speeds earlier calls measured, but kernel rates move by 4-8 % from call to call: on 2 x H100,
 zgemmt n = k = 16384, one GPU ended 7-8 ms (4 % of the call) after the other, GPU 0 in one call, GPU 1 in the next.
@@ -14,7 +15,10 @@ estimated imbalance instead of all of it: 1.014 x as long.
   took over what the speeds gave them, from the first such wait on) and when its work will end (``Balance.report``).
 - At each of its last GIVE_BLOCKS blocks, a GPU whose work would end after another's (one that has reported and
   has handed out nothing) hands that one the last share of the block's k that brings both to end together
-  (``Balance.split``): at most MAX_SHARE, and only where it moves at least MIN_MOVE seconds. A GPU gives or
+  (``Balance.split``): at most MAX_SHARE, and only where it moves at least MIN_MOVE seconds more than the split
+  adds at the end (the part's copy back; for a block before the last, its write-back, which then comes after the
+  last block instead of under its compute: on 2 x H100, zgemmt n = k = 16384, a part of 7 % of a 30 ms block
+  left 4.5 ms of that block's write-back after the call's last product). A GPU gives or
   takes, never both, in a call: a giver's last step waits for its takers' parts, a taker serves its parts
   once every GPU has stopped giving (``Balance.close``), so none waits for another that waits for it.
 
@@ -72,17 +76,17 @@ class Lane:
         self.first = first
         self.give_from = max(first, len(self.seconds) - GIVE_BLOCKS)
 
-    def step(self, balance, b, now, cost, k0, k1, align):
+    def step(self, balance, b, now, cost, k0, k1, align, after=0.0):
         """Block b - 2 ended at ``now`` (block b - 1 runs): report when this GPU's work ends and, at a block that may
         give, ask ``balance`` to split block b over k range [k0, k1) (Balance.split; ``cost(t)``: the whole block's
-        seconds on GPU t): (taker, cut) or None."""
+        seconds on GPU t; ``after``: seconds a split adds after this GPU's end): (taker, cut) or None."""
         self.pace.observe(now, sum(self.seconds[:max(b - 1, 0)]))
         pace = self.pace.factor()
         left = pace * sum(s * kept for s, kept in zip(self.seconds[max(b - 1, 0):], self.kept[max(b - 1, 0):]))
         if b < self.give_from:
             balance.report(self.slot, now, left)
             return None
-        decision = balance.split(self.slot, now, left, pace * self.seconds[b], cost, k0, k1, align)
+        decision = balance.split(self.slot, now, left, pace * self.seconds[b], cost, k0, k1, align, after)
         if decision is not None:
             self.kept[b] = (decision[1] - k0) / (k1 - k0)
         return decision
@@ -110,10 +114,12 @@ class Balance:
         with self.lock:
             self.ends[g] = now + left + self.received[g]
 
-    def split(self, g, now, left, block, cost, k0, k1, align):
+    def split(self, g, now, left, block, cost, k0, k1, align, after=0.0):
         """GPU g, ``left`` seconds of its own work to go from ``now``, is at a block over k range [k0, k1) that takes
         ``block`` of them: (taker, cut) where the block's k from ``cut`` on (a multiple of ``align`` long) goes to
-        GPU ``taker``, or None. ``cost(t)``: seconds the whole block would take on GPU t. The taker is the GPU
+        GPU ``taker``, or None. ``cost(t)``: seconds the whole block would take on GPU t; ``after``: seconds the
+        split adds after g's end (the part's copy back, and a block before g's last one written back only then,
+        not under the last one's compute): a split moves at least that plus MIN_MOVE. The taker is the GPU
         expected to be free first that has reported and given nothing."""
         with self.lock:
             self.ends[g] = now + left + self.received[g]
@@ -126,7 +132,7 @@ class Balance:
             t_left, t = min(free)
             c = cost(t) * PART_COST
             share = min(MAX_SHARE, (left - t_left) / (block + c))
-            cut = split_k(k0, k1, share, align) if share * block >= MIN_MOVE else None
+            cut = split_k(k0, k1, share, align) if share * block >= MIN_MOVE + after else None
             if cut is None:
                 return None
             share = (k1 - cut) / (k1 - k0)

@@ -19,7 +19,8 @@ Per GPU of the call up to three jobs run:
   band_outer), each handed to the writer;
 - over the last blocks the worker keeps at most two blocks queued ahead of its GPU; a GPU that runs late hands the
   last share of k of one of its last two blocks to the GPU that will be free first, which computes it after its own
-  blocks into a buffer of its own; the giver copies it over and adds it before the block's write-back (band_tail);
+  blocks into a buffer of its own, then (its thread, on the giver's ``s_part``, beside the giver's next blocks) has
+  it copied over and added to the block, and hands the block to the giver's writer (band_tail);
 - the writer copies each finished block into the caller's C (``s_out``: DMA straight into a page-locked C, the
   diagonal blocks' triangles by 128-column panels, the panels' own diagonal blocks stored straight into it by a
   kernel that the worker queues on ``s_comp`` after the block's products where the GPU can reach C
@@ -56,7 +57,7 @@ import warnings
 import numpy as np
 
 from .. import band_tail, cublas, cuda_transfer, downloads, host_pinning, plan, policy, workers
-from ..band_outer import simulate
+from ..band_outer import PEER_RATE, simulate
 from ..band_plan import ALIGN, CORNER_DIAG, device_bytes, layout_for, padded_rows, rebuilding, region, upload_bytes
 from ..faults import DeviceFailure, DeviceFailureWarning
 from ..kernels import compute_block
@@ -356,6 +357,7 @@ class _Call:
             return None
         speeds = _speeds(p, self.devices, self.rates, self.ctx)
         mixes = _mixes(p, self.devices, self.ctx)
+        self.d2h = _rate(self.ctx, self.devices, "d2h_pinned")     # write-back bytes/s (band_plan.write_bytes')
         corner = lay.corner and lay.order == "outer"
         self.rates_by_class = []                 # per GPU: (flop/s of its diagonal blocks, of its other products)
         for g, s in enumerate(speeds):
@@ -668,8 +670,11 @@ class _Call:
             if self.balance is not None:
                 self.balance.close(gpu.slot)
         self._serve(gpu, kit)
-        for part in given:
-            self._add_part(gpu, part)
+        for part in given:              # each handed to the writer by its taker before the writer's end
+            while not part.handed.wait(POLL):
+                if self.stop.is_set():
+                    raise _Stop()
+            gpu.stats["bytes_from_peer"] += part.landed.nbytes
         gpu.writes.put(None)
 
     def _blocks(self, gpu, kit):
@@ -690,9 +695,11 @@ class _Call:
             cut = k1 if part is None else part.k0
             for t in block:
                 self._product(gpu, kit, t, k0, cut, beta, "final")
-            if part is not None:
-                gpu.ends.append(gpu.set.event(gpu.s_comp))
+            if part is not None:            # its taker finishes it (_finish_part) once this GPU's share is done
+                part.own = gpu.set.event(gpu.s_comp)
+                gpu.ends.append(part.own)
                 given.append(part)
+                self.balance.inbox[part.taker].put(part)
                 continue
             stored = self._store_diagonals(gpu, b, block)
             end = gpu.set.event(gpu.s_comp)
@@ -703,22 +710,25 @@ class _Call:
     # ------------------------------------------------------------------ the end in balance (band_tail)
     def _pace(self, gpu, b):
         """Before block b of the last ones (band_tail.Lane): wait until block b - 2 has ended, report when this GPU's
-        work will end, and where b may give, hand part of its k to the GPU free first; that part (its taker's inbox
-        has it), or None."""
+        work will end, and where b may give, the part of its k to hand to the GPU free first, or None."""
         if b >= 2:
             self._wait_event(gpu.ends[b - 2])
-        k0, k1 = self.layout.final
+        lay = self.layout
+        k0, k1 = lay.final
         block = gpu.blocks[b]
+        r0, r1, c0, c1 = _Part.bounds(block)
+        after = (r1 - r0) * (c1 - c0) * lay.item / PEER_RATE        # the part's copy back
+        if b < len(gpu.blocks) - 1:                                 # its write-back, after the last block's compute
+            after += sum(lay.write_bytes(t) for t in block) / self.d2h
         decision = gpu.lane.step(self.balance, b, time.perf_counter(), lambda t: self._taker_s(block, t), k0, k1,
-                                 ALIGN)
+                                 ALIGN, after)
         if decision is None:
             return None
         taker, cut = decision
-        part = _Part(gpu.slot, b, block, cut, k1)
+        part = _Part(gpu.slot, taker, b, block, cut, k1)
         gpu.stats.setdefault("given", []).append((b, cut, k1, self.gpus[taker].device.name))
         with self.lock:
             self.parts.append(part)
-        self.balance.inbox[taker].put(part)
         return part
 
     def _taker_s(self, tasks, t):
@@ -750,7 +760,7 @@ class _Call:
 
     def _take_part(self, gpu, kit, part):
         """A part of another GPU's block: the factor rows it reads that this GPU lacks (from the GPUs that uploaded
-        them), its products into a buffer of this GPU's, an event after them for the giver."""
+        them), its products into a buffer of this GPU's, then the block finished on its own GPU (_finish_part)."""
         self._check(gpu)
         p, lay = self.problem, self.layout
         reads = band_tail.block_reads(p, lay.factor_of, part.tasks)
@@ -764,30 +774,40 @@ class _Call:
             self._product(gpu, kit, t, part.k0, part.k1, 0.0, "part", out=out)
         part.event = gpu.set.event(gpu.s_comp)
         gpu.stats.setdefault("taken", []).append((self.gpus[part.slot].device.name, part.b, part.k0, part.k1))
-        part.posted.set()
+        self._finish_part(part)
 
-    def _add_part(self, gpu, part):
-        """The giver's end of a part: once its taker has computed it, copy it over (s_peer), add it to the block on
-        s_comp and hand the block to the writer."""
-        while not part.posted.wait(POLL):
-            if self.stop.is_set():
-                raise _Stop()
+    def _finish_part(self, part):
+        """In the taker's thread, on the giver's part stream (s_part: beside the giver's next blocks on s_comp, so
+        the block's write-back overlaps them): once the giver's share and the part are done, copy the part over,
+        add it to the block in the giver's box, store its diagonal panels (cuda_tri_store), and hand the block to the
+        giver's writer. An error here is the giver's."""
+        giver = self.gpus[part.slot]
         r0, r1, c0, c1 = part.box
-        with gpu.s_comp:
-            part.landed = _padded(self.cp, (r1 - r0, c1 - c0), self.problem.dtype)
-        gpu.s_peer.wait_event(gpu.set.event(gpu.s_comp))      # the buffer's memory: s_comp's arena
-        gpu.s_peer.wait_event(part.event)
-        cuda_transfer.copy_2d(part.landed, part.buffer, gpu.s_peer)
-        gpu.s_comp.wait_event(gpu.set.event(gpu.s_peer))
-        with gpu.s_comp:
-            for t in part.tasks:
-                out = self._view(gpu, gpu.box, t)
-                out += part.landed[t.i0 - r0:t.i1 - r0, t.j0 - c0:t.j1 - c0]
-        gpu.stats["bytes_from_peer"] += part.landed.nbytes
-        stored = self._store_diagonals(gpu, part.b, part.tasks)
-        gpu.writes.put((part.b, gpu.set.event(gpu.s_comp), stored))
+        try:
+            with giver.dev:
+                stream = giver.set.s_part
+                with stream:
+                    part.landed = _padded(self.cp, (r1 - r0, c1 - c0), self.problem.dtype)
+                stream.wait_event(part.own)
+                stream.wait_event(part.event)
+                cuda_transfer.copy_2d(part.landed, part.buffer, stream)
+                with stream:
+                    for t in part.tasks:
+                        out = self._view(giver, giver.box, t)
+                        out += part.landed[t.i0 - r0:t.i1 - r0, t.j0 - c0:t.j1 - c0]
+                stored = self._store_diagonals(giver, part.b, part.tasks, stream)
+                done = self.cp.cuda.Event(disable_timing=True)      # not the set's: the giver's threads record those
+                done.record(stream)
+        except Exception as exc:        # noqa: BLE001 - the giver's device failed: its error, not the taker's
+            traceback.clear_frames(exc.__traceback__)
+            with self.lock:
+                self.errors.append((giver, exc))
+            self.stop.set()
+            raise _Stop() from None
+        giver.writes.put((part.b, done, stored))
+        part.handed.set()
 
-    def _store_diagonals(self, gpu, b, block):
+    def _store_diagonals(self, gpu, b, block, stream=None):
         """The diagonal tasks of a finished block whose panels' diagonal blocks a kernel stores straight into a
         page-locked C the GPU reaches (cuda_tri_store.queue_diagonals), queued on s_comp right after the block's
         products, so that it takes its turn between products instead of waiting for SMs on s_out; the writer
@@ -803,7 +823,8 @@ class _Call:
             where = cuda_tri_store.address(self.cp, dst)
             if where is not None:
                 gpu.state[b] = "touched"
-                cuda_tri_store.queue_diagonals(self.cp, dst, where, self._view(gpu, gpu.box, t), p.lower, gpu.s_comp)
+                cuda_tri_store.queue_diagonals(self.cp, dst, where, self._view(gpu, gpu.box, t), p.lower,
+                                               gpu.s_comp if stream is None else stream)
                 out.append(t)
         return tuple(out)
 
@@ -1083,16 +1104,21 @@ class _Call:
 
 
 class _Part:
-    """The share [k0, k1) of the final range of block ``b`` (``tasks``) of GPU slot ``slot`` that another GPU computes
-    (band_tail): into ``buffer`` there (C's entries of the block's bounding ``box``), ``event`` after it, ``posted``
-    once both are set; ``landed``: the giver's copy of it."""
+    """The share [k0, k1) of the final range of block ``b`` (``tasks``) of GPU slot ``slot`` that GPU slot ``taker``
+    computes (band_tail): ``own`` the event after the giver's share, ``buffer`` the taker's (C's entries of the
+    block's bounding ``box``), ``event`` after it there, ``landed`` the giver's copy of it; ``handed`` once the block
+    is with the giver's writer."""
 
-    def __init__(self, slot, b, tasks, k0, k1):
-        self.slot, self.b, self.tasks, self.k0, self.k1 = slot, b, tasks, k0, k1
-        self.box = (min(t.i0 for t in tasks), max(t.i1 for t in tasks),
-                    min(t.j0 for t in tasks), max(t.j1 for t in tasks))
-        self.buffer = self.event = self.landed = None
-        self.posted = threading.Event()
+    def __init__(self, slot, taker, b, tasks, k0, k1):
+        self.slot, self.taker, self.b, self.tasks, self.k0, self.k1 = slot, taker, b, tasks, k0, k1
+        self.box = self.bounds(tasks)
+        self.own = self.buffer = self.event = self.landed = None
+        self.handed = threading.Event()
+
+    @staticmethod
+    def bounds(tasks):
+        """(r0, r1, c0, c1): the box of C that ``tasks`` lie in."""
+        return (min(t.i0 for t in tasks), max(t.i1 for t in tasks), min(t.j0 for t in tasks), max(t.j1 for t in tasks))
 
 
 _idle_sets = {}            # GPU index -> [_StreamSet] not held by a call
@@ -1189,16 +1215,16 @@ def _timeline(cp, gpu):
 
 
 class _StreamSet:
-    """GPU ``index``'s four streams (s_in, s_peer, s_comp, s_out) and a side stream (s_side) for one call at a time,
-    cuBLAS handles of its own for s_comp and s_side (comp_handle, side_handle: a call's jobs take whichever pooled
-    threads are idle, and a worker on a thread without CuPy's per-thread handle for its GPU made one before its
-    first product: 2 x H100, zgemmt n = k = 8192, 2.5 and 4.0 ms, while the calling thread queued no upload for
-    1.5 ms), and the CUDA events calls record on them, kept for the next call:
-    a call records 100-450 (zgemmt at n = 8192 on two GPUs), whose destruction had held the caller ~0.2 ms after
-    the GPUs finished. Each stream is recorded on by one thread of a call at a time (s_in: the calling thread,
-    then the feeder once started; s_peer, s_comp and s_side: the worker; s_out: the writer). An event recorded
-    again by a later call is one whose waits have all been queued: a stream waits for the record that preceded
-    its wait."""
+    """GPU ``index``'s streams for one call at a time: four (s_in, s_peer, s_comp, s_out), a side and a part stream
+    (s_side, s_part); cuBLAS handles of its own for s_comp and s_side (comp_handle, side_handle: a call's jobs take
+    whichever pooled threads are idle, and a worker on a thread without CuPy's per-thread handle for its GPU made one
+    before its first product: 2 x H100, zgemmt n = k = 8192, 2.5 and 4.0 ms, while the calling thread queued no
+    upload for 1.5 ms), and the CUDA events calls record on them, kept for the next call: a call records 100-450
+    (zgemmt at n = 8192 on two GPUs), whose destruction had held the caller ~0.2 ms after the GPUs finished. Each
+    stream is recorded on by one thread of a call at a time (s_in: the calling thread, then the feeder once started;
+    s_peer, s_comp and s_side: the worker; s_out: the writer; s_part: the worker of the GPU that takes a part of this
+    one's block, whose events are its own, not the set's). An event recorded again by a later call is one whose
+    waits have all been queued: a stream waits for the record that preceded its wait."""
 
     def __init__(self, cp, index):
         self.cp = cp
@@ -1206,6 +1232,7 @@ class _StreamSet:
         with cp.cuda.Device(index):
             self.streams = tuple(cp.cuda.Stream(non_blocking=True) for _ in range(4))
             self.s_side = cp.cuda.Stream(non_blocking=True)
+            self.s_part = cp.cuda.Stream(non_blocking=True)
         self._handles = {}          # stream pointer -> this set's cuBLAS handle bound to it
         self._events = {}           # (stream pointer, timing) -> events created for that stream
         self._used = {}             # (stream pointer, timing) -> how many of them this call has recorded
@@ -1214,8 +1241,8 @@ class _StreamSet:
         return iter(self.streams)
 
     def all(self):
-        """Every stream of the set, the side stream included."""
-        return self.streams + (self.s_side,)
+        """Every stream of the set, the side and part streams included."""
+        return self.streams + (self.s_side, self.s_part)
 
     def close(self):
         """Destroy the set's cuBLAS handles (a set dropped after its GPU failed)."""
