@@ -149,32 +149,40 @@ def test_bands_same_array_twice(small_units, rng):
     assert _path(ctx) == {"bands"}
 
 
-@pytest.mark.gpu
-def test_bands_concurrent_callers(small_units, rng):
-    """Eight threads, each its own operands and C, share one Context of every GPU: every result exact."""
-    ctx = hb.Context(devices=_gpus(), min_call_seconds=0)
-    cases = [(rng.standard_normal((300 + 17 * i, 250)) + 1j * rng.standard_normal((300 + 17 * i, 250)))
-             for i in range(8)]
+def _exact_under_threads(cases, call, rounds):
+    """``call(*case)`` ``rounds`` times in a thread of its own per case, each time (C, the exact product): the errors
+    (a relative error of C's lower triangle of 1e-13 or more, or what raised)."""
     errors = []
 
-    def one(a):
+    def one(case):
         try:
-            for _ in range(4):
-                c = np.full((a.shape[0], a.shape[0]), np.nan + 0j, order="F")
-                hb.herk(1.0, a, 0.0, c, context=ctx)
-                want = a @ a.conj().T
+            for _ in range(rounds):
+                c, want = call(*case)
                 low = np.tril(np.ones(c.shape, bool))
                 err = np.abs(c[low] - want[low]).max() / np.abs(want).max()
                 if not err < 1e-13:
                     errors.append(err)
-        except Exception as exc:              # noqa: BLE001 - reported below
+        except Exception as exc:              # noqa: BLE001 - reported by the caller
             errors.append(exc)
-    threads = [threading.Thread(target=one, args=(a,)) for a in cases]
+    threads = [threading.Thread(target=one, args=(case,)) for case in cases]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not errors
+    return errors
+
+
+@pytest.mark.gpu
+def test_bands_concurrent_callers(small_units, rng):
+    """Eight threads, each its own operands and C, share one Context of every GPU: every result exact."""
+    ctx = hb.Context(devices=_gpus(), min_call_seconds=0)
+    cases = [(rng.standard_normal((300 + 17 * i, 250)) + 1j * rng.standard_normal((300 + 17 * i, 250)),)
+             for i in range(8)]
+
+    def herk(a):
+        c = np.full((a.shape[0], a.shape[0]), np.nan + 0j, order="F")
+        return hb.herk(1.0, a, 0.0, c, context=ctx), a @ a.conj().T
+    assert not _exact_under_threads(cases, herk, 4)
 
 
 @pytest.mark.multi_gpu
@@ -248,26 +256,11 @@ def test_parts_under_concurrent_callers(small_units, forced_parts, rng):
     cases = [(rng.standard_normal((640, 300 + 23 * i)) + 1j * rng.standard_normal((640, 300 + 23 * i)),
               rng.standard_normal((640, 300 + 23 * i)) + 1j * rng.standard_normal((640, 300 + 23 * i)))
              for i in range(6)]
-    errors = []
 
-    def one(a, b):
-        try:
-            for _ in range(3):
-                c = np.full((a.shape[1], a.shape[1]), np.nan + 0j, order="F")
-                hb.gemmt(1.0, a, b, 0.0, c, trans_a="C", context=ctx)
-                want = a.conj().T @ b
-                low = np.tril(np.ones(c.shape, bool))
-                err = np.abs(c[low] - want[low]).max() / np.abs(want).max()
-                if not err < 1e-13:
-                    errors.append(err)
-        except Exception as exc:              # noqa: BLE001 - reported below
-            errors.append(exc)
-    threads = [threading.Thread(target=one, args=ab) for ab in cases]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    def gemmt(a, b):
+        c = np.full((a.shape[1], a.shape[1]), np.nan + 0j, order="F")
+        return hb.gemmt(1.0, a, b, 0.0, c, trans_a="C", context=ctx), a.conj().T @ b
+    assert not _exact_under_threads(cases, gemmt, 3)
 
 
 @pytest.mark.multi_gpu
