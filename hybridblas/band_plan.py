@@ -214,13 +214,9 @@ class BandLayout:
 
     def _needs(self, tasks):
         """[(lo, hi) or None] per unique factor: the outer range a band's tasks read (its hull)."""
-        p = self.problem
-        tagged = [Operand(f, fac.op) for f, fac in enumerate(p.factors)]
         ranges = [[] for _ in self.uniques]
-        for t in tasks:
-            for _coef, x, y in p.terms(tagged):
-                ranges[self.factor_of[x.base]].append((t.i0, t.i1))
-                ranges[self.factor_of[y.base]].append((t.j0, t.j1))
+        for u, lo, hi in task_reads(self.problem, self.factor_of, tasks):
+            ranges[u].append((lo, hi))
         return [(min(a for a, _ in r), max(b for _, b in r)) if r else None for r in ranges]
 
     # ---------------------------------------------------------------- k
@@ -393,6 +389,18 @@ class BandLayout:
             if b < g1:
                 out.append(mk(p, b, g1, s, b, 0, k))
         return out
+
+
+def task_reads(problem, factor_of, tasks):
+    """[(unique factor, lo, hi)]: the outer ranges of each unique factor (``factor_of``: BandLayout.factor_of) that
+    ``tasks`` read."""
+    tagged = [Operand(f, fac.op) for f, fac in enumerate(problem.factors)]
+    out = set()
+    for t in tasks:
+        for _coef, x, y in problem.terms(tagged):
+            out.add((factor_of[x.base], t.i0, t.i1))
+            out.add((factor_of[y.base], t.j0, t.j1))
+    return sorted(out)
 
 
 def _area(t):

@@ -27,8 +27,6 @@ Pure arithmetic and locks: tested without a GPU.
 import queue
 import threading
 
-from .problem import Operand
-
 TRACK = 0.5               # the share of a band's flops, at its end, over which its worker keeps two blocks queued ahead
 GIVE_BLOCKS = 2           # a GPU's last this many blocks may hand part of their k to another GPU
 MAX_SHARE = 0.85          # at most this share of a block's k goes to another GPU
@@ -161,19 +159,8 @@ def split_k(k0, k1, share, align):
     return cut if k0 < cut < k1 else None
 
 
-def block_reads(problem, factor_of, tasks):
-    """[(unique factor, lo, hi)]: the outer ranges of each unique factor (``factor_of``: BandLayout.factor_of) that
-    ``tasks`` read."""
-    tagged = [Operand(f, fac.op) for f, fac in enumerate(problem.factors)]
-    out = set()
-    for t in tasks:
-        for _coef, x, y in problem.terms(tagged):
-            out.add((factor_of[x.base], t.i0, t.i1))
-            out.add((factor_of[y.base], t.j0, t.j1))
-    return sorted(out)
-
-
 def pieces_over(pieces, reads, k0, k1):
-    """The pieces (band_plan.Piece) that hold any of ``reads`` (block_reads) over k range [k0, k1), in order."""
+    """The pieces (band_plan.Piece) that hold any of ``reads`` (band_plan.task_reads) over k range [k0, k1), in
+    order."""
     return [x for x in pieces if x.k0 < k1 and k0 < x.k1
             and any(u == x.factor and x.o0 < hi and lo < x.o1 for u, lo, hi in reads)]

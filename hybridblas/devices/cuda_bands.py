@@ -58,7 +58,8 @@ import numpy as np
 
 from .. import band_tail, cublas, cuda_transfer, downloads, host_pinning, plan, policy, workers
 from ..band_outer import PEER_RATE, simulate
-from ..band_plan import ALIGN, CORNER_DIAG, device_bytes, layout_for, padded_rows, rebuilding, region, upload_bytes
+from ..band_plan import (ALIGN, CORNER_DIAG, device_bytes, layout_for, padded_rows, rebuilding, region, task_reads,
+                         upload_bytes)
 from ..faults import DeviceFailure, DeviceFailureWarning
 from ..kernels import compute_block
 from ..problem import Operand
@@ -716,10 +717,12 @@ class _Call:
         lay = self.layout
         k0, k1 = lay.final
         block = gpu.blocks[b]
-        r0, r1, c0, c1 = _Part.bounds(block)
-        after = (r1 - r0) * (c1 - c0) * lay.item / PEER_RATE        # the part's copy back
-        if b < len(gpu.blocks) - 1:                                 # its write-back, after the last block's compute
-            after += sum(lay.write_bytes(t) for t in block) / self.d2h
+        after = 0.0
+        if b >= gpu.lane.give_from:                                 # what a split adds at the end
+            r0, r1, c0, c1 = _Part.bounds(block)
+            after = (r1 - r0) * (c1 - c0) * lay.item / PEER_RATE    # the part's copy back
+            if b < len(gpu.blocks) - 1:                             # its write-back, after the last block's compute
+                after += sum(lay.write_bytes(t) for t in block) / self.d2h
         decision = gpu.lane.step(self.balance, b, time.perf_counter(), lambda t: self._taker_s(block, t), k0, k1,
                                  ALIGN, after)
         if decision is None:
@@ -763,7 +766,7 @@ class _Call:
         them), its products into a buffer of this GPU's, then the block finished on its own GPU (_finish_part)."""
         self._check(gpu)
         p, lay = self.problem, self.layout
-        reads = band_tail.block_reads(p, lay.factor_of, part.tasks)
+        reads = task_reads(p, lay.factor_of, part.tasks)
         self._gather(gpu, [x for x in band_tail.pieces_over(lay.pieces, reads, part.k0, part.k1)
                            if x.index not in gpu.have])
         r0, r1, c0, c1 = part.box

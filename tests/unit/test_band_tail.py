@@ -134,7 +134,7 @@ def test_a_part_gathers_every_piece_of_what_it_reads(kind, trans, n, k, order):
     k0, k1 = lay.final
     for g in range(lay.slots):
         for block in lay.blocks[g]:
-            reads = band_tail.block_reads(prob, lay.factor_of, block)
+            reads = band_plan.task_reads(prob, lay.factor_of, block)
             for cut in (k0, (k0 + k1) // 2 // 64 * 64, k1 - 64):
                 if not k0 <= cut < k1:
                     continue
