@@ -25,7 +25,9 @@ compute), that tail is a third of the call; the outer order overlaps the three.
   A strip that crosses the diagonal ends where its diagonal block's herkx fills its waves of tiles on the GPUs'
   SMs (complex data, diag_width), and no strip leaves a thin rest at the band's end (CORNER_REST): 2 x H100,
   zgemmt n = k = 8192, best call 28.9-29.0 ms (median 29.3) against 29.1-29.9 (29.9-30.3) with the widths as
-  grown; 16384 the same within the noise.
+  grown; 16384 the same within the noise. A band that would end on a triangle at least twice TAIL_DIAG wide ends on
+  one that wide, the columns left of it a block before (_thin_end): the last block's write-back is left after all of
+  the band's compute.
 - Pieces: each unique factor's outer index over the final range, cut where a block's reads start or end and
   into at most PIECE_BYTES, queued in the order of the expected start of the first block that reads them;
   each crosses PCIe once, uploaded by the GPU that has uploaded the fewest bytes so far (with peer access
@@ -58,6 +60,12 @@ CORNER_FIRST = 512        # rows of the corner order's first strips: 2 x H100, z
 CORNER_GROW = 0.25        # a later strip: this share of the corner rectangle's longer side so far
 CORNER_REST = 512         # a strip that would leave fewer rows than this to its band's end takes them: a thin last
                           # strip's herkx costs about a wide one's (1 x H100, k = 8192: 192 wide 0.37 ms, 704 0.45)
+TAIL_DIAG = 1408          # the corner order's last block, where it is a diagonal triangle at least twice this wide, is
+                          # cut so that the band ends on one this wide (_thin_end): the band's last write-back follows
+                          # all of its compute (2 x H100, zgemmt n = k = 16384: a 3136-wide last triangle went back in
+                          # 1.9-2.5 ms after the last product). In turns, 6 rounds of 3 calls, against the whole
+                          # triangle: 16384 best 179.0 ms against 178.9, median 185.7 against 187.7; 24576 611.9
+                          # against 611.3, medians 615.0 and 615.1 (within the noise)
 DIAG_TILE = 64            # cuBLAS zherkx covers a triangle of width w in t (t + 1) / 2 tiles, t = ceil(w / 64), one per
                           # SM a wave: 1 x H100 (132 SMs), k = 8192, its time steps where they pass a multiple of 132
                           # (960 wide 0.76 ms, 1024 1.29; 1408 1.32, 1472 1.87; 1728 1.93, 1792 2.47; 2048 2.53, 2112
@@ -163,7 +171,21 @@ def corner_strips(g0, g1, align, first=None, grow=None, sms=None):
             v = edge
         if rects:
             out.append(rects)
-    return out
+    return _thin_end(out, align, sms)
+
+
+def _thin_end(strips, align, sms):
+    """The strips with a last block that is one diagonal triangle at least twice TAIL_DIAG wide cut in two: its
+    columns left of the last TAIL_DIAG (diag_width's) as one block, that triangle as the band's last block."""
+    last = strips[-1] if strips else None
+    if not last or len(last) != 1 or not last[0][4]:
+        return strips
+    a, b = last[0][0], last[0][1]
+    tail = diag_width(TAIL_DIAG, sms, align)
+    if b - a < 2 * tail:
+        return strips
+    m = b - tail
+    return strips[:-1] + [[(a, m, a, m, True), (m, b, a, m, False)], [(m, b, m, b, True)]]
 
 
 def diag_width(width, sms, align):

@@ -173,6 +173,21 @@ def test_corner_strips_cover_the_band_once_growing_from_its_corner(g0, g1, sms):
             O.CORNER_REST, B.ALIGN * 2)
 
 
+def test_a_band_ends_on_a_thin_triangle_where_its_last_one_is_wide():
+    """_thin_end: a band whose corner order would end on a triangle at least twice TAIL_DIAG wide ends on one of
+    diag_width(TAIL_DIAG)'s, the columns left of it one block before; a narrower last triangle stays whole."""
+    tail = O.diag_width(O.TAIL_DIAG, 132, B.ALIGN)
+    strips = O.corner_strips(11520, 16384, B.ALIGN, sms=132)
+    m = 16384 - tail
+    assert strips[-1] == [(m, 16384, m, 16384, True)]
+    (a, b, c, d, diag), below = strips[-2]
+    assert diag and (b, c, d) == (m, a, m) and below == (m, 16384, a, m, False) and m - a >= tail
+    whole = O._thin_end([[(0, 2 * tail - B.ALIGN, 0, 2 * tail - B.ALIGN, True)]], B.ALIGN, 132)
+    assert whole == [[(0, 2 * tail - B.ALIGN, 0, 2 * tail - B.ALIGN, True)]]
+    assert O._thin_end([[(0, 4096, 0, 512, False)]], B.ALIGN, 132) == [[(0, 4096, 0, 512, False)]]
+    assert O._thin_end([], B.ALIGN, 132) == []
+
+
 def waste(w, sms):
     """The share of its waves' slots that a triangle of width w in 64 x 64 tiles leaves idle on sms SMs."""
     t = -(-w // O.DIAG_TILE)
