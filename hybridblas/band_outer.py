@@ -251,14 +251,23 @@ def _cuts(start, end, count, ramp, align, position):
     return edges + [end]
 
 
-def needs(problem, factor_of, n_unique, tasks):
-    """Per unique factor, the merged outer ranges that ``tasks`` read."""
+def task_reads(problem, factor_of, tasks):
+    """[(unique factor, lo, hi)]: the outer ranges of each unique factor (``factor_of``: BandLayout.factor_of) that
+    ``tasks`` read."""
     tagged = [Operand(f, fac.op) for f, fac in enumerate(problem.factors)]
-    ranges = [[] for _ in range(n_unique)]
+    out = set()
     for t in tasks:
         for _coef, x, y in problem.terms(tagged):
-            ranges[factor_of[x.base]].append((t.i0, t.i1))
-            ranges[factor_of[y.base]].append((t.j0, t.j1))
+            out.add((factor_of[x.base], t.i0, t.i1))
+            out.add((factor_of[y.base], t.j0, t.j1))
+    return sorted(out)
+
+
+def needs(problem, factor_of, n_unique, tasks):
+    """Per unique factor, the merged outer ranges that ``tasks`` read."""
+    ranges = [[] for _ in range(n_unique)]
+    for u, lo, hi in task_reads(problem, factor_of, tasks):
+        ranges[u].append((lo, hi))
     return [_merge(r) for r in ranges]
 
 

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import band_outer, plan, workers
-from .problem import Operand, k_axis
+from .band_outer import task_reads
+from .problem import k_axis
 
 ALIGN = 64                # k units, steps and block columns are cut at multiples of this
 UNIT_BYTES = 64 << 20     # bytes of one unit of all the factors together (the first: a quarter of it)
@@ -389,18 +390,6 @@ class BandLayout:
             if b < g1:
                 out.append(mk(p, b, g1, s, b, 0, k))
         return out
-
-
-def task_reads(problem, factor_of, tasks):
-    """[(unique factor, lo, hi)]: the outer ranges of each unique factor (``factor_of``: BandLayout.factor_of) that
-    ``tasks`` read."""
-    tagged = [Operand(f, fac.op) for f, fac in enumerate(problem.factors)]
-    out = set()
-    for t in tasks:
-        for _coef, x, y in problem.terms(tagged):
-            out.add((factor_of[x.base], t.i0, t.i1))
-            out.add((factor_of[y.base], t.j0, t.j1))
-    return sorted(out)
 
 
 def _area(t):

@@ -160,7 +160,7 @@ def split_k(k0, k1, share, align):
 
 
 def pieces_over(pieces, reads, k0, k1):
-    """The pieces (band_plan.Piece) that hold any of ``reads`` (band_plan.task_reads) over k range [k0, k1), in
+    """The pieces (band_plan.Piece) that hold any of ``reads`` (band_outer.task_reads) over k range [k0, k1), in
     order."""
     return [x for x in pieces if x.k0 < k1 and k0 < x.k1
             and any(u == x.factor and x.o0 < hi and lo < x.o1 for u, lo, hi in reads)]
