@@ -62,8 +62,8 @@ from ..band_plan import (ALIGN, CORNER_DIAG, device_bytes, layout_for, padded_ro
                          upload_bytes)
 from ..faults import DeviceFailure, DeviceFailureWarning
 from ..kernels import compute_block
-from ..problem import Operand
-from . import cuda, cuda_direct, cuda_tri_store
+from ..problem import Operand, leading_dim
+from . import cuda, cuda_direct, cuda_raw, cuda_tri_store
 
 ENABLED = True            # module switch (benchmarks compare the tiled run on the same inputs)
 STORE_ON_COMPUTE = True   # the diagonal blocks' store kernel on s_comp after their products (False: on s_out before
@@ -76,6 +76,8 @@ RECT_COLUMNS = 768        # the corner order (gemmt, two factors): a block's rec
                           # 768-column calls: 1.032 x as long at n = k = 16384, 1.045 x at 24576, 1.016 x at 8192 (640:
                           # like 768, 512 and 896: less gain); zher2k in 768-column calls took 1.039 x at 8192: other
                           # kinds make one call
+RAW_CALLS = True          # the products' gemm and herk/syrk/her2k/syr2k calls from pointers and integers (cuda_raw;
+                          # False: through kernels.compute_block's views and checks)
 POLL = 0.05               # s: how often a wait looks whether the call is being stopped
 UPLOAD_SHARE = 0.8        # bands only where the uploads take at most this share of compute plus write-back
 ONE_GPU_MODEL = 1.25      # on one GPU, bands where their modelled time is within this many times the compute
@@ -659,7 +661,8 @@ class _Call:
             operands = [Operand(gpu.factors[lay.factor_of[f]], fac.op) for f, fac in enumerate(p.factors)]
             kx = cuda_direct.rank_kx(p, operands, beta=1.0) if p.kind == "gemmt" else None
             side = _Side.make(gpu.set) if SIDE_DOTS and kx is not None and kx[0] == "herkx" else None
-            kit = (backend, operands, kx, side)
+            raw = cuda_raw.Calls.make(backend.handle, p, operands) if RAW_CALLS else None
+            kit = (backend, operands, kx, side, raw)
             self._mark(gpu, "side")
             for n_step, (k0, k1) in enumerate(lay.steps):
                 self._check(gpu)
@@ -860,15 +863,15 @@ class _Call:
 
     def _product(self, gpu, kit, task, k0, k1, beta, phase, out=None):
         """Queue ``task``'s product over k range [k0, k1) on s_comp into ``out`` (default: its place in the GPU's box);
-        ``kit``: (backend, the GPU's operands, rank_kx, _Side or None)."""
-        backend, operands, kx, side = kit
+        ``kit``: (backend, the GPU's operands, rank_kx, _Side or None, cuda_raw.Calls or None)."""
+        backend, operands, kx, side, raw = kit
         p = self.problem
         part = plan.with_k(task, p, k0, k1)
         out = self._view(gpu, gpu.box, task) if out is None else out
         start = gpu.set.event(gpu.s_comp, timing=True)
         self._mark(gpu, "product")
         with gpu.s_comp:
-            queue_product(backend, p, operands, kx, part, out, beta, side, self.columns)
+            queue_product(backend, p, operands, kx, part, out, beta, side, self.columns, raw)
         gpu.marks.setdefault("host_first_product_s", time.perf_counter() - self.t0)
         label = f"{phase}-{'diag' if task.diag else 'rect'}"
         gpu.kernel_events.append((start, gpu.set.event(gpu.s_comp, timing=True), label, part.flops, part))
@@ -1136,25 +1139,46 @@ def rect_columns(layout):
     return RECT_COLUMNS if layout.corner and layout.order == "outer" else 0
 
 
-def queue_product(backend, problem, factors, kx, task, out, beta, side=None, columns=0):
+def queue_product(backend, problem, factors, kx, task, out, beta, side=None, columns=0, raw=None):
     """out (+)= ``task``'s product on ``backend``'s stream, as a band call queues it: a diagonal block of a gemmt
     as one cuBLAS herkx/syrkx (``kx`` from cuda_direct.rank_kx over ``factors``; None for other kinds), anything
-    else by kernels.compute_block. ``side``: a _Side whose stream computes a herkx's diagonal values while the
-    herkx runs (their reads of the factors are memory-bound; the herkx leaves SMs idle in its last wave).
-    ``columns``: a rectangle at least twice as wide goes as calls of about that many columns (multiples of 64)."""
+    else by ``raw`` (cuda_raw.Calls on backend's handle and stream over ``factors``) where it is given, else by
+    kernels.compute_block. ``side``: a _Side whose stream computes a herkx's diagonal values while the herkx runs
+    (their reads of the factors are memory-bound; the herkx leaves SMs idle in its last wave). ``columns``: a
+    rectangle at least twice as wide goes as calls of about that many columns (multiples of 64)."""
     if task.diag and kx is not None:
         kind, coef, x, y = kx
         xb, yb = x.block(task.i0, task.i1, task.k0, task.k1), y.block(task.k0, task.k1, task.i0, task.i1)
         dots = side.dots(backend, coef, xb, yb, out) if side is not None and kind == "herkx" else None
         cuda_direct.gemmt_kx(backend, kind, coef, xb, yb, out, problem.lower, beta, dots=dots)
-    elif columns and not task.diag and task.j1 - task.j0 >= 2 * columns:
-        count = round((task.j1 - task.j0) / columns)
-        cuts = sorted({task.j0 + (task.j1 - task.j0) * i // count // 64 * 64 for i in range(count)} | {task.j1})
+        return
+    cuts = _column_cuts(task, columns)
+    if raw is not None and (out.shape[0] <= 1 or out.strides[0] == out.itemsize):
+        if task.diag and raw.rank is not None:
+            raw.diagonal(task.i0, task.i1, task.k0, task.k1, out, beta)
+            return
+        if not task.diag:
+            ldc, c = leading_dim(out), out.data.ptr
+            for a, b in zip(cuts, cuts[1:]):
+                raw.rect(task.i0, task.i1, a, b, task.k0, task.k1, c + (a - task.j0) * ldc * out.itemsize, ldc,
+                         beta)
+            return
+    if len(cuts) > 2:
         for a, b in zip(cuts, cuts[1:]):
             sub = plan.make_task(problem, task.i0, task.i1, a, b, task.k0, task.k1)
             compute_block(backend, problem, sub, out[:, a - task.j0:b - task.j0], beta, factors=factors)
     else:
         compute_block(backend, problem, task, out, beta, factors=factors)
+
+
+def _column_cuts(task, columns):
+    """The column edges of a task's cuBLAS calls: a rectangle at least twice ``columns`` wide in calls of about
+    that many columns (on multiples of 64), anything else in one."""
+    width = task.j1 - task.j0
+    if not columns or task.diag or width < 2 * columns:
+        return [task.j0, task.j1]
+    count = round(width / columns)
+    return sorted({task.j0 + width * i // count // 64 * 64 for i in range(count)} | {task.j1})
 
 
 class _Side:
