@@ -626,3 +626,24 @@ def test_a_call_whose_rates_moved_runs_on_the_kept_layout_while_a_worker_makes_t
     second.build_s = 0.0
     call([1e13, 4e13])                                          # shares moved past STALE_SHARE: made in the call
     assert used[-1] is not second and used[-1].edges[1] < second.edges[1] and not band_plan.rebuilding()
+
+
+PRIVATE = [("herk", np.complex128, ("N",), True), ("her2k", np.complex128, ("C",), False),
+           ("syrk", np.float64, ("T",), True), ("gemmt", np.complex128, ("C", "N"), False),
+           ("gemm", np.float64, ("T", "N"), None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,dtype,trans,lower", PRIVATE)
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_bands_where_each_gpu_uploads_what_it_reads(name, dtype, trans, lower, beta, small_units, monkeypatch, rng):
+    """GPUs without peer access (each uploads every piece it reads, no peer copy, no part handed over): the
+    reference, in every order, and no byte comes from another GPU."""
+    from hybridblas.devices.cuda import last_stats
+    monkeypatch.setattr(cuda_bands, "_peer_access", lambda ids: False)
+    ctx = hb.Context(devices=_gpus(), min_call_seconds=0, pin_host=True)
+    for _ in range(2):
+        _run(name, dtype, trans, lower, beta, ctx, rng)
+        assert _path(ctx) == {"bands"}
+        assert all(last_stats[d.name]["bytes_from_peer"] == 0 for d in ctx.devices)
+
