@@ -446,3 +446,36 @@ def test_shared_gpu_shares_and_its_refusal_without_two_gpus(capsys, monkeypatch,
     _refused_on_one_gpu("shared-gpu", capsys, monkeypatch, tmp_path)
     assert main("blas", blas.__doc__, blas.COMMANDS, ["shared-gpu", "--after", "-1"]) == 2
     assert "--after: must be an integer >= 0, got '-1'" in capsys.readouterr().err
+
+
+def test_host_profile_times_what_it_wraps_and_puts_it_back(capsys, monkeypatch, tmp_path):
+    """benchmarks.blas host-profile's wrappers: runs, wall and CPU seconds per label while on, nothing while off,
+    the originals back after restore; the table per call, longest wall first; refused without two GPUs."""
+    import time as time_mod
+
+    from benchmarks.measure.blas_host_profile import TARGETS, Profile, table
+
+    class Owner:
+        def work(self, x):
+            time_mod.sleep(0.002)
+            return x + 1
+
+    module = SimpleNamespace(helper=lambda x: 2 * x)
+    real_work, real_helper = Owner.__dict__["work"], module.helper
+    prof = Profile([(Owner, "work", "Owner.work"), (module, "helper", "helper")])
+    assert Owner().work(1) == 2 and module.helper(3) == 6 and not prof.totals      # off: nothing counted
+    prof.on = True
+    for _ in range(4):
+        assert Owner().work(1) == 2
+    assert module.helper(5) == 10
+    prof.on = False
+    runs, wall, cpu = prof.totals["Owner.work"]
+    assert runs == 4 and wall >= 0.008 and 0 <= cpu < wall
+    assert prof.totals["helper"][0] == 1
+    rows = table(prof.totals, 2)
+    assert [r[0] for r in rows] == ["Owner.work", "helper"] and rows[0][1] == 2.0
+    assert rows[0][2] == pytest.approx(wall / 2 * 1e3) and rows[0][4] == pytest.approx(wall / 4 * 1e6)
+    prof.restore()
+    assert Owner.__dict__["work"] is real_work and module.helper is real_helper
+    assert all(name in owner.__dict__ for owner, name, _ in TARGETS)       # every target exists
+    _refused_on_one_gpu("host-profile", capsys, monkeypatch, tmp_path)
