@@ -75,6 +75,20 @@ def parse_setting(items):
     return name, values, one
 
 
+def set_constants(items):
+    """Set the band path's constants of ``--set`` ``items`` (MODULE.CONSTANT=VALUE, as parse_setting reads them;
+    refused with exit 2 otherwise); {"MODULE.CONSTANT": value} of what was set."""
+    try:
+        _, values, one = parse_setting(["set"] + list(items))
+    except ValueError as exc:
+        refuse(str(exc).replace("--setting", "--set"))
+    if one:
+        refuse("--set takes MODULE.CONSTANT=VALUE items only, got 'one-gpu'")
+    for (module, const), value in values.items():
+        setattr(MODULES[module], const, value)
+    return {f"{m}.{c}": v for (m, c), v in values.items()}
+
+
 def _timed(cp, fn, count):
     """Wall seconds of ``count`` calls of fn(), both GPUs synchronized around each (blas_gpu.timed)."""
     return timed(fn, gpu_sync(cp, (0, 1)), count)

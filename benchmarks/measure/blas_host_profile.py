@@ -18,8 +18,8 @@ from hybridblas import cublas, downloads, host_pinning, plan
 from hybridblas.console import check_output_path, positive_int
 from hybridblas.devices import cuda_bands, cuda_direct, cuda_raw, cuda_tri_store
 
-from benchmarks.common import gpu_sync, refuse, two_gpu_run, write_json
-from benchmarks.measure.blas_band_settings import MODULES, parse_setting
+from benchmarks.common import gpu_sync, two_gpu_run, write_json
+from benchmarks.measure.blas_band_settings import set_constants
 from benchmarks.measure.blas_gpu import ROUTINES, call_hybrid, host_cases, timed
 
 CALL_METHODS = ("_execute", "_pin", "_take_rings", "_allocate", "_queue_uploads", "_upload_piece", "_upload", "_feed",
@@ -92,16 +92,7 @@ def table(totals, calls):
 def run(args):
     if args.json:
         check_output_path(args.json, "--json")
-    try:
-        _, values, one = parse_setting(["set"] + args.set)
-    except ValueError as exc:
-        refuse(str(exc).replace("--setting", "--set"))
-    if one:
-        refuse("--set takes MODULE.CONSTANT=VALUE items only, got 'one-gpu'")
-    for (module, const), value in values.items():
-        setattr(MODULES[module], const, value)
-    cp, ctx, gpus, doc = two_gpu_run("host-profile", "bench_blas_host_profile")
-    doc["set"] = {f"{m}.{c}": v for (m, c), v in values.items()}
+    cp, ctx, gpus, doc = two_gpu_run("host-profile", "bench_blas_host_profile", set=set_constants(args.set))
     sync = gpu_sync(cp, gpus)
     profile = Profile(TARGETS)
     try:

@@ -36,9 +36,9 @@ import numpy as np
 from hybridblas import host_pinning
 from hybridblas.console import check_output_path, positive_int
 
-from benchmarks.common import gpu_sync, refuse, two_gpu_run, write_json
+from benchmarks.common import gpu_sync, two_gpu_run, write_json
 from benchmarks.measure.blas_band_replay import Clocks
-from benchmarks.measure.blas_band_settings import MODULES, parse_setting
+from benchmarks.measure.blas_band_settings import set_constants
 from benchmarks.measure.blas_gpu import FLOPS, ROUTINES, call_device, call_hybrid, host_cases, sample_error
 
 CLOCK_INTERVAL = 0.01
@@ -183,16 +183,7 @@ def _report(entry, rows, mhz):
 def run(args):
     if args.json:
         check_output_path(args.json, "--json")
-    try:
-        _, values, one = parse_setting(["set"] + args.set)
-    except ValueError as exc:
-        refuse(str(exc).replace("--setting", "--set"))
-    if one:
-        refuse("--set takes MODULE.CONSTANT=VALUE items only, got 'one-gpu'")
-    for (module, const), value in values.items():
-        setattr(MODULES[module], const, value)
-    cp, ctx, gpus, doc = two_gpu_run("turns", "bench_blas_turns")
-    doc["set"] = {f"{m}.{c}": v for (m, c), v in values.items()}
+    cp, ctx, gpus, doc = two_gpu_run("turns", "bench_blas_turns", set=set_constants(args.set))
     clocks = Clocks(len(gpus), CLOCK_INTERVAL)
     rng = np.random.default_rng(7)
     try:
