@@ -27,8 +27,9 @@ CALL_METHODS = ("_execute", "_pin", "_take_rings", "_allocate", "_queue_uploads"
                 "_summary", "_record_stats", "_settle", "_release", "_balance", "__init__")
 TARGETS = ([(cuda_bands._Call, m, "Call." + m) for m in CALL_METHODS]
            + [(cuda_bands, "applies", "cuda_bands.applies"), (cuda_bands, "run", "cuda_bands.run"),
-              (cuda_bands, "queue_product", "queue_product"), (cuda_bands, "compute_block", "compute_block"), (cuda_bands._Side, "dots", "Side.dots"),
-              (cuda_bands._StreamSet, "event", "StreamSet.event"), (cuda_bands._Board, "wait", "Board.wait"),
+              (cuda_bands, "queue_product", "queue_product"), (cuda_bands, "compute_block", "compute_block"),
+              (cuda_bands._Side, "dots", "Side.dots"), (cuda_bands._StreamSet, "event", "StreamSet.event"),
+              (cuda_bands._Board, "wait", "Board.wait"),
               (cuda_direct, "gemmt_kx", "gemmt_kx"), (cuda_direct, "diagonal_dots", "diagonal_dots"),
               (cublas, "call", "cublas.call"), (cublas, "_gemm", "cublas._gemm"),
               (cuda_raw.Calls, "rect", "raw.rect"), (cuda_raw.Calls, "diagonal", "raw.diagonal"),
