@@ -224,8 +224,9 @@ class RunOptions:
     caller_events: tuple = ()        # events on the caller's streams that the GPUs' work must follow
     call: object = field(default_factory=object)      # one token for the call, shared by its GPUs
     emulation: int = None            # bits kept per row and column by INT8-emulated FP64 tiles; None: native
-    bands: tuple = None              # (device names, rates, layout, shared) that devices.cuda_bands.applies()
-                                     # chose the band path with, for its run() on the same devices and rates
+    bands: tuple = None              # (device names, rates, layout, shared, speeds, mixes) that
+                                     # devices.cuda_bands.applies() chose the band path with, for its run() on the
+                                     # same devices and rates
 
 
 @dataclass

@@ -132,15 +132,16 @@ def applies(problem, devices, rates, ctx):
         return False
     if problem.kind == "gemmt" and cuda_direct.rank_kx(problem, beta=1.0) is None:
         return False
-    lay, shared, _ = _layout(problem, devices, rates, ctx, checked=True)
+    lay, shared, speeds, mixes = _layout(problem, devices, rates, ctx, checked=True)
     if lay is None:
         return False
-    problem.run.bands = (_names(devices), list(rates), lay, shared)
+    problem.run.bands = (_names(devices), list(rates), lay, shared, speeds, mixes)
     return True
 
 
 def _layout(problem, devices, rates, ctx, checked=False):
-    """The call's layout (band_plan.layout_for, cached), whether its GPUs share pieces, their flop rates.
+    """The call's layout (band_plan.layout_for, cached), whether its GPUs share pieces, their flop rates (_speeds)
+    and corner mixes (_mixes).
     ``checked``: the layout only where its uploads hide and it fits (else None); a layout kept for rates that have
     moved serves where it passes that check while a worker makes the new one (it decides nothing otherwise: the
     call makes one for its own rates)."""
@@ -149,10 +150,11 @@ def _layout(problem, devices, rates, ctx, checked=False):
 
     def usable(lay):
         return _hides_uploads(problem, devices, ctx, lay, shared, speeds) and _fits(problem, devices, lay)
+    mixes = _mixes(problem, devices, ctx)
     lay = layout_for(problem, list(rates), _rate(ctx, devices, "d2h_pinned"), _rate(ctx, devices, "h2d_pinned"),
-                     shared=shared, speeds=speeds, mixes=_mixes(problem, devices, ctx),
+                     shared=shared, speeds=speeds, mixes=mixes,
                      sms=_sms(devices) if DIAG_WIDTHS else None, ahead=usable if checked else None)
-    return (lay if not checked or usable(lay) else None), shared, speeds
+    return (lay if not checked or usable(lay) else None), shared, speeds, mixes
 
 
 def _hides_uploads(problem, devices, ctx, layout, shared, speeds):
@@ -328,7 +330,8 @@ class _Call:
         self.rates = list(rates)
         known, problem.run.bands = problem.run.bands, None      # a layout may refer to the problem: no cycle kept
         self.prepared = known is not None and known[:2] == (_names(devices), self.rates)
-        self.layout, self.shared = known[2:] if self.prepared else _layout(problem, self.devices, self.rates, ctx)[:2]
+        self.layout, self.shared, self.speeds, self.mixes = (known[2:] if self.prepared
+                                                             else _layout(problem, self.devices, self.rates, ctx))
         self.columns = rect_columns(self.layout)        # the rectangles' cuBLAS calls' width (queue_product)
         self.stop = threading.Event()
         self.board = _Board(len(self.layout.pieces), self.stop)
@@ -358,13 +361,11 @@ class _Call:
         p, lay = self.problem, self.layout
         if len(self.gpus) < 2 or not self.shared or p.beta != 0:
             return None
-        speeds = _speeds(p, self.devices, self.rates, self.ctx)
-        mixes = _mixes(p, self.devices, self.ctx)
         self.d2h = _rate(self.ctx, self.devices, "d2h_pinned")     # write-back bytes/s (band_plan.write_bytes')
         corner = lay.corner and lay.order == "outer"
         self.rates_by_class = []                 # per GPU: (flop/s of its diagonal blocks, of its other products)
-        for g, s in enumerate(speeds):
-            ratio, share = mixes[g] if mixes else (CORNER_DIAG if corner else 1.0, 0.0)
+        for g, s in enumerate(self.speeds):
+            ratio, share = self.mixes[g] if self.mixes else (CORNER_DIAG if corner else 1.0, 0.0)
             plain = s * (1.0 - share + share / ratio)
             self.rates_by_class.append((plain * ratio, plain))
         for g, gpu in enumerate(self.gpus):
