@@ -27,12 +27,19 @@ _RANK_K = {1: [_P, _I, _I, _I, _I, _P, _P, _I, _P, _P, _I],              # herk 
            2: [_P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I]}      # her2k / syr2k
 
 
+_functions = {}            # cuBLAS name -> this module's ctypes function object, made once
+
+
 def _function(name, argtypes):
-    """A ctypes function object of libcublas's ``name`` of this module's own (CDLL's item lookup makes a new one:
-    the argument types declared here bind no other caller's object)."""
-    fn = cublas.lib()[name]
-    fn.argtypes = argtypes
-    fn.restype = ctypes.c_int
+    """A ctypes function object of libcublas's ``name`` of this module's own, made once (CDLL's item lookup makes a
+    new one: the argument types declared here bind no other caller's object; two threads that make one at once
+    each get a valid one, and one is kept)."""
+    fn = _functions.get(name)
+    if fn is None:
+        fn = cublas.lib()[name]
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+        fn = _functions.setdefault(name, fn)
     return fn
 
 
