@@ -28,6 +28,12 @@ compute), that tail is a third of the call; the outer order overlaps the three.
   grown; 16384 the same within the noise. A band that would end on a triangle at least twice TAIL_DIAG wide ends on
   one that wide, the columns left of it a block before (_thin_end): the last block's write-back is left after all of
   the band's compute.
+  The ramp's starved GPU time (about 4.5 ms of a 26 ms zgemmt at n = k = 8192) is not filled by two passes over
+  the blocks, the first over half of k (64 KiB segments of a k-minor factor) with nothing written back: modelled
+  4-7 % faster at 52 GB/s up, measured on 2 x H100 in turns 1.067 x as long for zgemmt and 1.028 x for zherk at
+  8192 (zgemmt's rectangles over half of k ran at 50-51 TF/s against 56, its second pass's diagonal products, beta
+  = 1, at 6-19 TF/s against 42-48), and as fast at 16384, where the gaps shrank but the kernels took 182 ms against
+  162-167.
 - Pieces: each unique factor's outer index over the final range, cut where a block's reads start or end and
   into at most PIECE_BYTES, queued in the order of the expected start of the first block that reads them;
   each crosses PCIe once, uploaded by the GPU that has uploaded the fewest bytes so far (with peer access
@@ -57,7 +63,10 @@ CORNER_FIRST = 512        # rows of the corner order's first strips: 2 x H100, z
                           # 16384 and 24576 no slower. With the calling thread's uploads, in turns (median of the
                           # rounds' best over 512's): 256 1.029 x as long at 8192, 1.006 x at 16384; 384 1.010,
                           # 1.018 x (the first product starts 1 ms sooner; the thinner strips' products run slower)
-CORNER_GROW = 0.25        # a later strip: this share of the corner rectangle's longer side so far
+CORNER_GROW = 0.25        # a later strip: this share of the corner rectangle's longer side so far. 2 x H100, zgemmt
+                          # n = k = 8192 in turns, the rounds' best over 0.25's: 0.15 1.047 x, 0.1 1.145 x as long
+                          # (16384: 0.15 1.016 x), though modelled 2.4 and 3.3 % faster: the model does not take the
+                          # thinner strips' products slower
 CORNER_REST = 512         # a strip that would leave fewer rows than this to its band's end takes them: a thin last
                           # strip's herkx costs about a wide one's (1 x H100, k = 8192: 192 wide 0.37 ms, 704 0.45)
 TAIL_DIAG = 1408          # the corner order's last block, where it is a diagonal triangle at least twice this wide, is
