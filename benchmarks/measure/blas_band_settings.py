@@ -36,8 +36,9 @@ from benchmarks.measure.blas_gpu import ROUTINES, call_device, call_hybrid, host
 
 MODULES = {"band_plan": band_plan, "band_outer": band_outer, "band_tail": band_tail, "cuda_bands": cuda_bands,
            "cuda_tri_store": cuda_tri_store}
-STATS = ("order", "steps", "blocks", "kernel_s", "lead_s", "gaps_s", "tail_s", "wall_s", "host_worker_s",
-         "host_first_upload_s", "host_first_product_s", "kernels", "upload_gbps", "writeback_gbps", "given", "taken")
+STATS = ("order", "steps", "blocks", "new_layout", "beside_build", "kernel_s", "lead_s", "gaps_s", "tail_s",
+         "wall_s", "host_worker_s", "host_first_upload_s", "host_first_product_s", "kernels", "upload_gbps",
+         "writeback_gbps", "given", "taken")
 
 
 def add_arguments(ap):
