@@ -32,8 +32,8 @@ compute), that tail is a third of the call; the outer order overlaps the three.
   the blocks, the first over half of k (64 KiB segments of a k-minor factor) with nothing written back: modelled
   4-7 % faster at 52 GB/s up, measured on 2 x H100 in turns 1.067 x as long for zgemmt and 1.028 x for zherk at
   8192 (zgemmt's rectangles over half of k ran at 50-51 TF/s against 56, its second pass's diagonal products, beta
-  = 1, at 6-19 TF/s against 42-48), and as fast at 16384, where the gaps shrank but the kernels took 182 ms against
-  162-167.
+  = 1, at 6-19 TF/s against 42-48, though cuBLAS zherkx alone takes as long with beta = 1 as with 0), and as fast
+  at 16384, where the gaps shrank but the kernels took 182 ms against 162-167.
 - Pieces: each unique factor's outer index over the final range, cut where a block's reads start or end and
   into at most PIECE_BYTES, queued in the order of the expected start of the first block that reads them;
   each crosses PCIe once, uploaded by the GPU that has uploaded the fewest bytes so far (with peer access
