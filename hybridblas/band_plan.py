@@ -180,14 +180,14 @@ class BandLayout:
         corner-order call that measured its speed; that call's cost of them is taken out of the speed first (a
         measured speed already pays for its band's diagonal blocks), and the ratio replaces CORNER_DIAG."""
         out = []
+        plains = plain_speeds(speeds, mixes)
         for g, (g0, g1) in enumerate(self.bands):
-            ratio, share = mixes[g] if mixes else (CORNER_DIAG, 0.0)
+            ratio = mixes[g][0] if mixes else CORNER_DIAG
             tasks = [t for blk in band_outer.blocks(self.problem, g0, g1, 1, ALIGN, corner=True, sms=self.sms)
                      for t in blk]
             flops = sum(t.flops for t in tasks)
             diag = sum(t.flops for t in tasks if t.diag)
-            plain = speeds[g] * (1.0 - share + share / ratio)
-            out.append(plain * flops / (flops - diag + diag / ratio) if flops else speeds[g])
+            out.append(plains[g] * flops / (flops - diag + diag / ratio) if flops else speeds[g])
         return out
 
     def _box(self, g0, g1):
@@ -413,7 +413,7 @@ def layout_for(problem, rates, writeback_rate, upload_rate, shared=True, speeds=
     itself; wait_rebuilds waits for them);
     None: made in the call. A layout from here holds no reference to the call's arrays (``problem`` is None)."""
     speeds = list(speeds or rates)
-    values = list(rates) + _plain(speeds, mixes) + [writeback_rate, upload_rate] + [r for r, _ in mixes or ()]
+    values = list(rates) + plain_speeds(speeds, mixes) + [writeback_rate, upload_rate] + [r for r, _ in mixes or ()]
     key = (_signature(problem), bool(shared), len(rates), sms, len(values))
     args = (problem, list(rates), writeback_rate, upload_rate, shared, speeds, mixes, sms)
     with _cache_lock:
@@ -463,10 +463,12 @@ def _shift(known, values, gpus):
     return max(abs(a / sum(now) - b / sum(was)) for a, b in zip(now, was))
 
 
-def _plain(speeds, mixes):
-    """The speeds a layout is made for, compared by _serves: with ``mixes``, each GPU's speed less the cost of the
-    diagonal blocks its measuring call ran (BandLayout._corner_speeds' first step). Their share of the flops is the
-    last layout's, not the GPU's: compared as it is, it made every other call a new layout."""
+def plain_speeds(speeds, mixes):
+    """Each GPU's speed less the cost of the diagonal blocks its measuring call ran, where ``mixes`` (per GPU: the
+    diagonal blocks' rate over the other products', their share of the flops) are given: the rate of its other
+    products (BandLayout._corner_speeds' first step, cuda_bands' tail balance), and the speeds a layout is made for,
+    compared by _serves. Their share of the flops is the last layout's, not the GPU's: compared as it is, it made
+    every other call a new layout."""
     if not mixes:
         return list(speeds)
     return [s * (1.0 - share + share / ratio) for s, (ratio, share) in zip(speeds, mixes)]
@@ -534,7 +536,7 @@ def _build(problem, rates, writeback_rate, upload_rate, shared, speeds, mixes, s
 
 
 def _serves(known, values, gpus, lay):
-    """Whether ``lay``, made for rate values ``known`` (layout_for's list: rates, speeds (_plain), link rates, the
+    """Whether ``lay``, made for rate values ``known`` (layout_for's list: rates, speeds (plain_speeds), link rates, the
     mixes' ratios), serves ``values``: each within RATE_SLACK of its own, and each GPU's share of the speeds within
     SHARE_SLACK, or within what a new layout would repay in PAYBACK_CALLS calls: a shift of the shares by s moves
     about s x GPUs x the call's time onto or off its slowest GPU, against the time making ``lay`` took."""

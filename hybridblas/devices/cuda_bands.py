@@ -58,8 +58,8 @@ import numpy as np
 
 from .. import band_tail, cublas, cuda_transfer, downloads, host_pinning, plan, policy, workers
 from ..band_outer import PEER_RATE, simulate
-from ..band_plan import (ALIGN, CORNER_DIAG, device_bytes, layout_for, padded_rows, rebuilding, region, task_reads,
-                         upload_bytes)
+from ..band_plan import (ALIGN, CORNER_DIAG, device_bytes, layout_for, padded_rows, plain_speeds, rebuilding, region,
+                         task_reads, upload_bytes)
 from ..faults import DeviceFailure, DeviceFailureWarning
 from ..kernels import compute_block
 from ..problem import Operand, leading_dim
@@ -364,9 +364,8 @@ class _Call:
         self.d2h = _rate(self.ctx, self.devices, "d2h_pinned")     # write-back bytes/s (band_plan.write_bytes')
         corner = lay.corner and lay.order == "outer"
         self.rates_by_class = []                 # per GPU: (flop/s of its diagonal blocks, of its other products)
-        for g, s in enumerate(self.speeds):
-            ratio, share = self.mixes[g] if self.mixes else (CORNER_DIAG if corner else 1.0, 0.0)
-            plain = s * (1.0 - share + share / ratio)
+        for g, plain in enumerate(plain_speeds(self.speeds, self.mixes)):
+            ratio = self.mixes[g][0] if self.mixes else (CORNER_DIAG if corner else 1.0)
             self.rates_by_class.append((plain * ratio, plain))
         for g, gpu in enumerate(self.gpus):
             gpu.lane = band_tail.Lane(g, [self._seconds(block, g) for block in gpu.blocks])

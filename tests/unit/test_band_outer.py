@@ -532,7 +532,7 @@ def test_pieces_read_the_blocks_once_and_lay_out_as_if_afresh(case, monkeypatch)
 
 def test_a_kept_layout_is_compared_on_speeds_less_the_diagonal_blocks_cost(monkeypatch):
     """The diagonal blocks' share of a GPU's flops is the measuring call's layout's: a call whose measured speed and
-    share moved together (the same plain speed, _plain) keeps the layout; a moved plain speed or ratio does not."""
+    share moved together (the same plain speed, plain_speeds) keeps the layout; a moved plain speed or ratio does not."""
     from collections import OrderedDict
     monkeypatch.setattr(B, "_cache", OrderedDict())
     wb, up = 45e9, 50e9
@@ -540,7 +540,7 @@ def test_a_kept_layout_is_compared_on_speeds_less_the_diagonal_blocks_cost(monke
     speeds, mixes = [5.0e13, 5.0e13], [(0.8, 0.16), (0.8, 0.08)]
     lay = B.layout_for(gemmt, speeds, wb, up, mixes=mixes)
     lay.build_s = 0.0
-    plain = B._plain(speeds, mixes)
+    plain = B.plain_speeds(speeds, mixes)
     assert plain[0] == pytest.approx(5.0e13 * (1 - 0.16 + 0.16 / 0.8)) and plain[0] > plain[1] > 5.0e13
     other = [(0.8, 0.02), (0.8, 0.30)]                    # another layout's shares, the same plain speeds
     same = [p / (1 - sh + sh / r) for p, (r, sh) in zip(plain, other)]
