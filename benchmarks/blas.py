@@ -12,6 +12,7 @@ cuBLASXt on GPUs, small calls, host-to-GPU staging, the static split's ratios, t
     python3 -m benchmarks.blas band-trace --sizes 8192 --json out.json --plot out.png
     python3 -m benchmarks.blas turns --sizes 8192 16384 --routines zgemmt --rounds 8 --json out.json
     python3 -m benchmarks.blas busy-thread --sizes 8192 --routines zgemmt zherk --json out.json
+    python3 -m benchmarks.blas writeback-bound --sizes 8192 --routines zgemmt --rounds 6 --json out.json
     python3 -m benchmarks.blas host-profile --sizes 8192 --routines zgemmt zherk --calls 6 --json out.json
     python3 -m benchmarks.blas shared-gpu --sizes 16384 --routines zgemmt zher2k --calls 10 --json out.json
     python3 -m benchmarks.blas first-calls --sizes 8192 --routines zgemmt zherk --ahead on off --json out.json
@@ -39,7 +40,9 @@ COMMANDS = {
     "band-replay": ("blas_band_replay", "a two-GPU band call's products replayed on device operands, no transfers"),
     "band-trace": ("blas_band_trace", "a two-GPU band call's timeline (uploads, copies, products) and its model"),
     "turns": ("blas_turns", "device cuBLAS on both GPUs and hybridblas on host operands in turn, with SM clocks"),
-    "busy-thread": ("blas_busy_thread", "two-GPU calls on host operands while another Python thread spins or computes"),
+    "busy-thread": ("blas_busy_thread", "two-GPU calls on host operands while another Python thread spins or computes"
+                    " (numpy, scipy.linalg.blas)"),
+    "writeback-bound": ("blas_writeback_bound", "two-GPU band calls with C's write-back as is, none, or contiguous"),
     "host-profile": ("blas_host_profile", "a two-GPU band call's host seconds by function (wall and thread CPU)"),
     "shared-gpu": ("blas_shared_gpu", "two-GPU calls on host operands while another process runs products on GPU 1"),
     "first-calls": ("blas_first_calls", "the first two-GPU calls after page-locking, layouts made ahead or in call"),

@@ -7,7 +7,9 @@ up to the interpreter's switch interval (sys.getswitchinterval(), 5 ms) at every
   - quiet: nothing else runs;
   - spin: a thread runs a pure-Python loop for the whole call;
   - numpy: a thread multiplies 256 x 256 float64 matrices with numpy in a loop (numpy lets go of the
-    interpreter while it computes).
+    interpreter while it computes);
+  - scipy-blas: a thread multiplies 512 x 512 complex128 matrices with scipy.linalg.blas.zgemm in a loop (its
+    f2py wrapper keeps the interpreter for the whole BLAS call, so every hand-over waits for a product).
 
     python3 -m benchmarks.blas busy-thread --sizes 8192 --routines zgemmt zherk --calls 3 --rounds 2 --json out.json
 
@@ -26,19 +28,21 @@ from hybridblas.console import check_output_path, positive_int
 from benchmarks.common import gpu_sync, two_gpu_run, write_json
 from benchmarks.measure.blas_gpu import ROUTINES, call_hybrid, host_cases, sample_error, timed
 
-KINDS = ("quiet", "spin", "numpy")
+KINDS = ("quiet", "spin", "numpy", "scipy-blas")
 
 
 def add_arguments(ap):
     ap.add_argument("--sizes", nargs="+", type=positive_int, default=[8192], help="n = k of each run")
     ap.add_argument("--routines", nargs="+", choices=ROUTINES, default=["zgemmt", "zherk"])
     ap.add_argument("--calls", type=positive_int, default=3, help="calls of each kind a round")
-    ap.add_argument("--rounds", type=positive_int, default=2, help="rounds of the three kinds")
+    ap.add_argument("--rounds", type=positive_int, default=2, help="rounds of the kinds")
+    ap.add_argument("--kinds", nargs="+", choices=KINDS[1:], default=list(KINDS[1:]),
+                    help="the loads beside the quiet calls")
     ap.add_argument("--json", metavar="PATH", help="write the results here as JSON")
 
 
 class Load:
-    """A daemon thread that, while ``kind`` is set ("spin" or "numpy"), runs that kind of work."""
+    """A daemon thread that, while ``kind`` is set (one of KINDS but "quiet"), runs that kind of work."""
 
     def __init__(self):
         self.kind = None
@@ -53,7 +57,10 @@ class Load:
             self.wake.clear()
 
     def _run(self):
-        x = np.random.default_rng(0).standard_normal((256, 256))
+        from scipy.linalg import blas
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((256, 256))
+        z = np.asfortranarray(rng.standard_normal((512, 512)) + 1j * rng.standard_normal((512, 512)))
         while True:
             self.wake.wait()
             kind = self.kind
@@ -64,6 +71,8 @@ class Load:
             elif kind == "numpy":
                 x = x @ x
                 x /= np.abs(x).max()
+            elif kind == "scipy-blas":
+                blas.zgemm(1.0, z, z)
 
 
 def slowdown(rows):
@@ -93,9 +102,10 @@ def run(args):
         host_pinning.wait_ready()
         for _ in range(2):
             call_hybrid(routine, host_args, kw, c, ctx)
-        rows = {kind: [] for kind in KINDS}
+        kinds = ("quiet",) + tuple(k for k in KINDS[1:] if k in args.kinds)
+        rows = {kind: [] for kind in kinds}
         for r in range(args.rounds):
-            for kind in KINDS if r % 2 == 0 else KINDS[::-1]:
+            for kind in kinds if r % 2 == 0 else kinds[::-1]:
                 load.set(kind)
                 rows[kind] += timed(lambda: call_hybrid(routine, host_args, kw, c, ctx), sync, args.calls)
                 load.set("quiet")
@@ -103,9 +113,9 @@ def run(args):
         err = sample_error(routine, host_args, c, rng)
         doc["results"].append(dict(routine=routine, n=n, seconds=rows, summary=res, rel_error=err))
         print(f"== {routine} n = k = {n} (the last call's result: sampled entries' error {err:.1e})", flush=True)
-        for kind in KINDS:
+        for kind in kinds:
             s = res[kind]
-            print(f"  {kind:6s} best {s['best'] * 1e3:9.2f} ms ({s['best_ratio']:5.1f} x quiet)  median "
+            print(f"  {kind:10s} best {s['best'] * 1e3:9.2f} ms ({s['best_ratio']:5.1f} x quiet)  median "
                   f"{s['median'] * 1e3:9.2f} ms ({s['median_ratio']:5.1f} x)  calls (ms) "
                   + " ".join(f"{x * 1e3:.1f}" for x in rows[kind]), flush=True)
         write_json(args.json, doc)

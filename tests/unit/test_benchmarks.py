@@ -332,6 +332,41 @@ def _refused_on_one_gpu(command, capsys, monkeypatch, tmp_path):
     assert not out.exists()
 
 
+def test_writeback_bound_switches_the_write_back_and_puts_it_back(capsys, monkeypatch, tmp_path):
+    """benchmarks.blas writeback-bound: "none" and "contiguous" replace the band path's write-back functions and keep
+    the write-back rate out of the calibration; "as-is" and restore() put every one of them back."""
+    from contextlib import nullcontext
+
+    from hybridblas import downloads
+    from hybridblas.devices import cuda_bands, cuda_tri_store
+
+    from benchmarks.measure import blas_writeback_bound as wbb
+    calls = []
+    fake = SimpleNamespace(cuda=SimpleNamespace(Device=lambda g: nullcontext(), alloc_pinned_memory=lambda n: None),
+                           empty=lambda n, dtype: None)
+    monkeypatch.setattr(cuda_bands, "_calibrate", lambda *a, **k: calls.append(a[1]))
+    before = (downloads.queue_full, cuda_tri_store.queue_off_diagonal, cuda_tri_store.queue, cuda_bands._calibrate)
+    wb = wbb.Writeback(fake, (0, 1))
+    for name in ("none", "contiguous"):
+        wb.set(name)
+        assert downloads.queue_full is not before[0] and cuda_tri_store.queue is not before[2]
+        cuda_bands._calibrate("cuda:0", "d2h_pinned", None, 1e9)
+        cuda_bands._calibrate("cuda:0", "flops", "gemmt", 5e13)
+    wb.set("none")
+    assert downloads.queue_full(None, None, None) is None               # nothing queued
+    wb.set("as-is")
+    assert downloads.queue_full is before[0] and cuda_bands._calibrate is before[3]
+    wb.set("none")
+    wb.restore()
+    assert (downloads.queue_full, cuda_tri_store.queue_off_diagonal, cuda_tri_store.queue,
+            cuda_bands._calibrate) == before
+    assert calls == ["flops", "flops"]
+    row = wbb.gpu_row({"upload_gbps": 48.0, "lead_s": 1e-3, "gaps_s": 2e-3, "tail_s": 3e-3, "kernel_s": 0.02})
+    assert row == {"upload_gbps": 48.0, "writeback_gbps": None, "lead_ms": 1.0, "gaps_ms": 2.0, "tail_ms": 3.0,
+                   "kernel_ms": 20.0}
+    _refused_on_one_gpu("writeback-bound", capsys, monkeypatch, tmp_path)
+
+
 def test_first_calls_is_refused_without_two_gpus_and_leaves_no_output(capsys, monkeypatch, tmp_path):
     _refused_on_one_gpu("first-calls", capsys, monkeypatch, tmp_path)
     assert main("blas", blas.__doc__, blas.COMMANDS, ["first-calls", "--ahead", "maybe"]) == 2
