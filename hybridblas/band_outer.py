@@ -25,9 +25,12 @@ compute), that tail is a third of the call; the outer order overlaps the three.
   A strip that crosses the diagonal ends where its diagonal block's herkx fills its waves of tiles on the GPUs'
   SMs (complex data, diag_width), and no strip leaves a thin rest at the band's end (CORNER_REST): 2 x H100,
   zgemmt n = k = 8192, best call 28.9-29.0 ms (median 29.3) against 29.1-29.9 (29.9-30.3) with the widths as
-  grown; 16384 the same within the noise. A band that would end on a triangle at least twice TAIL_DIAG wide ends on
-  one that wide, the columns left of it a block before (_thin_end): the last block's write-back is left after all of
-  the band's compute.
+  grown; 16384 the same within the noise. Strips made at least 1408, 1728 or 2048 wide where they cross the
+  diagonal ran the diagonal blocks at 49-52 TF/s against 40-43 and took GPU 0's kernels from 21.3 to 19.5 ms, but
+  the call no faster (in turns, best 27.31, 27.16 and 28.31 ms against 27.44; in blocks of 10 calls 27.68-28.84
+  against 27.67-27.96): the GPUs waited for uploads instead. A band that would end on a triangle at least twice
+  TAIL_DIAG wide ends on one that wide, the columns left of it a block before (_thin_end): the last block's
+  write-back is left after all of the band's compute.
   The ramp's starved GPU time (about 4.5 ms of a 26 ms zgemmt at n = k = 8192) is not filled by two passes over
   the blocks, the first over half of k (64 KiB segments of a k-minor factor) with nothing written back: modelled
   4-7 % faster at 52 GB/s up, measured on 2 x H100 in turns 1.067 x as long for zgemmt and 1.028 x for zherk at
