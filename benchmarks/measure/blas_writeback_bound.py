@@ -1,6 +1,7 @@
 """How much of a two-GPU band call on host operands its write-back of C costs: the same calls, in turns, with the
-write-back as the band path queues it, with none at all, and with DMAs of the same bytes from and to contiguous
-buffers (what C's column segments cost against whole copies). Only the first is a correct result: the other two
+write-back as the band path queues it, with none at all, and with DMAs of about the same bytes from and to contiguous
+buffers (what C's column segments cost against whole copies; a diagonal block's is its whole strict triangle, a little
+more than the band path's DMAs move beside its store kernel). Only the first is a correct result: the other two
 are measurements of the links, and C is not written by them (their calls' results are not checked, and the GPUs'
 measured write-back rates are kept out of the calibration while they run).
 
