@@ -94,6 +94,7 @@ class BandLayout:
         self.build_s = None       # seconds layout_for took to make it (both orders)
         self.calls = 0            # band calls that have run on it (cuda_bands: the first one's kernels are no reading)
         self._upload_share = None
+        self._slot_link_bytes = None
         self.slots = len(rates)
         self.k = problem.k
         self.item = problem.dtype.itemsize
@@ -145,6 +146,13 @@ class BandLayout:
             slow = sum(self.link_bytes(x) for x in self.pieces)
             self._upload_share = total / slow if slow else 1.0
         return self._upload_share
+
+    def slot_link_bytes(self, g):
+        """The link_bytes of every piece GPU slot ``g`` uploads (kept: a call's upload-rate reading takes it after
+        its GPUs have finished)."""
+        if self._slot_link_bytes is None:
+            self._slot_link_bytes = [sum(self.link_bytes(x) for x in self.uploads(s)) for s in range(self.slots)]
+        return self._slot_link_bytes[g]
 
     def link_bytes(self, piece):
         """Bytes a piece's upload costs at the link's full rate: its bytes over the share its segments reach."""

@@ -387,3 +387,32 @@ def test_only_calls_by_dma_on_warm_gpus_and_a_kept_layout_rebalance():
     assert not call._rebalances(False, False, [True, True])
     call.gpus, call.first_use = [object()], False
     assert not call._rebalances(False, False, [True])
+
+
+def test_fits_from_the_pools_free_blocks_before_asking_the_device(monkeypatch):
+    """_fits: a GPU whose memory pool already holds free blocks for the call's arrays fits without a device memory
+    query; otherwise (or with a pool limit) the budget decides."""
+    import contextlib
+    import sys
+    from hybridblas import band_plan
+    from hybridblas.devices import cuda
+    prob = _problem("gemmt", 2048)
+    lay = band_plan.BandLayout(prob, [1e13, 1e13], 20e9, 40e9, shared=True, order="outer")
+    totals, _ = band_plan.device_bytes(prob, None, edges=lay.edges)
+    pool = SimpleNamespace(free=0, limit=0)
+    fake = SimpleNamespace(cuda=SimpleNamespace(Device=lambda i: contextlib.nullcontext()),
+                           get_default_memory_pool=lambda: SimpleNamespace(free_bytes=lambda: pool.free,
+                                                                           get_limit=lambda: pool.limit))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    asked = []
+    budget = [0]
+    monkeypatch.setattr(cuda, "budget", lambda d, p: asked.append(d.index) or budget[0])
+    devs = [SimpleNamespace(index=g, memory_limit=None) for g in (0, 1)]
+    pool.free = max(totals)                     # an earlier call's blocks: no query
+    assert cuda_bands._fits(prob, devs, lay) and asked == []
+    pool.free = min(totals) - 1                 # too few free blocks: the budget decides
+    assert not cuda_bands._fits(prob, devs, lay) and asked
+    budget[0], asked[:] = max(totals), []
+    assert cuda_bands._fits(prob, devs, lay) and len(asked) == 2
+    pool.free, pool.limit, asked[:] = max(totals), 1 << 40, []   # a pool limit: always the budget
+    assert cuda_bands._fits(prob, devs, lay) and len(asked) == 2
