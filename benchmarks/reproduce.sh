@@ -184,6 +184,9 @@ run_stage() {
                     $STORED/h100x2-2026-11-27/front/blas-host/bench_blas_gpu.json \
                     $STORED/h100x2-2026-11-27/front/blas-24576/bench_blas_gpu.json \
                     $STORED/h100x2-2026-11-27/host-device/blas-host-device/bench_blas_gpu.json \
+                    $STORED/h100x2-2026-11-27/host-path/blas-host-device/bench_blas_gpu.json \
+                    $STORED/h100x2-2026-11-27/host-path/blas-24576/bench_blas_gpu.json \
+                    $STORED/h100x2-2026-11-27/host-path/blas-8192/bench_blas_gpu.json \
                     --out $O/img/blas-h100x2-host &&
                 $BLAS plot $STORED/h200x4-2026-11-22/blas-24576/bench_blas_gpu.json --out $O/img/blas-h200-scaling &&
                 $BLAS plot $STORED/h100-2026-11-22/blas-16384-24576/bench_blas_gpu.json --out $O/img/blas-h100 &&
